@@ -1,0 +1,275 @@
+"""The graph: CSC in-edges, built from edge lists or scipy matrices, saved as memory-mappable ``.npy``.
+
+A :class:`Graph` stores, for every destination vertex ``v``, the sources of its in-edges in
+``indices[indptr[v]:indptr[v + 1]]``. Sampling walks in-edges (messages flow src -> dst), so CSC is the
+layout every other part reads. The position of an edge in ``indices`` is its edge id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+_FORMAT_VERSION = 1
+
+
+def _as_int64_tensor(x, name: str) -> torch.Tensor:
+    if isinstance(x, np.ndarray):
+        if not np.issubdtype(x.dtype, np.integer):
+            raise TypeError(f"{name} must hold integers, got numpy dtype {x.dtype}")
+        t = torch.from_numpy(np.ascontiguousarray(x))
+    elif isinstance(x, torch.Tensor):
+        if x.dtype.is_floating_point or x.dtype == torch.bool or x.is_complex():
+            raise TypeError(f"{name} must hold integers, got torch dtype {x.dtype}")
+        t = x
+    else:
+        t = torch.as_tensor(np.asarray(x, dtype=np.int64))
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be one-dimensional, got shape {tuple(t.shape)}")
+    return t.to(torch.int64).contiguous()
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A directed graph in CSC form (in-edges grouped by destination).
+
+    Example:
+        >>> g = Graph.from_edges([0, 1, 2], [1, 2, 0], symmetric=True)
+        >>> g.num_nodes, g.num_edges
+        (3, 6)
+        >>> g.in_neighbors(0).tolist()
+        [1, 2]
+    """
+
+    indptr: torch.Tensor
+    """int64 ``[num_nodes + 1]``: in-edges of ``v`` are ``indices[indptr[v]:indptr[v+1]]``."""
+    indices: torch.Tensor
+    """int64 ``[num_edges]``: source vertex of each in-edge; the position is the edge id."""
+
+    def __post_init__(self):
+        if self.indptr.dtype != torch.int64 or self.indices.dtype != torch.int64:
+            raise TypeError(
+                f"Graph needs int64 indptr and indices, got {self.indptr.dtype} and {self.indices.dtype}; "
+                "build graphs with Graph.from_edges / Graph.from_csc"
+            )
+
+    # ------------------------------------------------------------------ constructors
+    @staticmethod
+    def from_csc(indptr, indices, validate: bool = True) -> "Graph":
+        """Wrap existing CSC arrays; checks shapes, monotonicity and id ranges unless ``validate=False``."""
+        indptr = _as_int64_tensor(indptr, "indptr")
+        indices = _as_int64_tensor(indices, "indices")
+        g = Graph(indptr, indices)
+        if validate:
+            g.validate()
+        return g
+
+    @staticmethod
+    def from_edges(
+        src,
+        dst,
+        num_nodes: Optional[int] = None,
+        *,
+        symmetric: bool = False,
+        remove_duplicates: bool = False,
+        remove_self_loops: bool = False,
+    ) -> "Graph":
+        """Build a graph from edge lists ``src[i] -> dst[i]``.
+
+        Args:
+            src, dst: integer sequences of equal length, ids in ``[0, num_nodes)``.
+            num_nodes: number of vertices; defaults to ``max id + 1``.
+            symmetric: add the reverse of every edge (for undirected data).
+            remove_duplicates: keep one copy of repeated ``(src, dst)`` pairs.
+            remove_self_loops: drop edges ``v -> v``.
+
+        Example:
+            >>> Graph.from_edges([0, 0, 1], [1, 1, 1], remove_duplicates=True).num_edges
+            2
+        """
+        src = _as_int64_tensor(src, "src")
+        dst = _as_int64_tensor(dst, "dst")
+        if src.numel() != dst.numel():
+            raise ValueError(f"src has {src.numel()} entries but dst has {dst.numel()}; pass one of each per edge")
+        max_id = int(torch.maximum(src.max(), dst.max())) if src.numel() else -1
+        min_id = int(torch.minimum(src.min(), dst.min())) if src.numel() else 0
+        if min_id < 0:
+            raise ValueError(f"edge lists contain negative vertex id {min_id}; ids must be in [0, num_nodes)")
+        if num_nodes is None:
+            num_nodes = max_id + 1
+        if num_nodes <= 0:
+            raise ValueError(f"a graph needs at least one vertex, got num_nodes={num_nodes}")
+        if max_id >= num_nodes:
+            raise ValueError(
+                f"edge lists contain vertex id {max_id} but num_nodes={num_nodes}; "
+                "ids must be in [0, num_nodes), pass a larger num_nodes or remap the ids"
+            )
+        if remove_self_loops:
+            keep = src != dst
+            src, dst = src[keep], dst[keep]
+        if symmetric:
+            src, dst = torch.cat([src, dst]), torch.cat([dst, src])
+        # Sort by (dst, src): CSC grouping, with sources ordered inside each row so that the graph (and
+        # hence sampling) does not depend on the order the edges were given in.
+        key = dst * num_nodes + src
+        key, _ = torch.sort(key)
+        if remove_duplicates or symmetric:
+            # symmetric input that already held both directions would otherwise get doubled edges
+            key = torch.unique_consecutive(key)
+        dst_s = key // num_nodes
+        src_s = key - dst_s * num_nodes
+        counts = torch.bincount(dst_s, minlength=num_nodes)
+        indptr = torch.zeros(num_nodes + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=indptr[1:])
+        return Graph(indptr, src_s.contiguous())
+
+    @staticmethod
+    def from_scipy(mat, *, symmetric: bool = False, remove_self_loops: bool = False) -> "Graph":
+        """Build from a scipy sparse adjacency matrix where ``mat[i, j] != 0`` means an edge ``i -> j``.
+
+        Stored values are ignored (the graph is unweighted); duplicates are summed by scipy first.
+        """
+        import scipy.sparse as sp
+
+        if not sp.issparse(mat):
+            raise TypeError(f"from_scipy expects a scipy sparse matrix, got {type(mat).__name__}")
+        n0, n1 = mat.shape
+        if n0 != n1:
+            raise ValueError(f"adjacency matrix must be square, got shape {mat.shape}")
+        coo = mat.tocoo()
+        return Graph.from_edges(
+            coo.row.astype(np.int64),
+            coo.col.astype(np.int64),
+            num_nodes=n0,
+            symmetric=symmetric,
+            remove_duplicates=True,
+            remove_self_loops=remove_self_loops,
+        )
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_nodes(self) -> int:
+        return self.indptr.numel() - 1
+
+    @property
+    def num_edges(self) -> int:
+        return self.indices.numel()
+
+    @property
+    def device(self) -> torch.device:
+        return self.indices.device
+
+    def in_degrees(self, nodes: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """In-degree of every vertex (or of ``nodes``), int64."""
+        if nodes is None:
+            return self.indptr[1:] - self.indptr[:-1]
+        return self.indptr[nodes + 1] - self.indptr[nodes]
+
+    def in_neighbors(self, v: int) -> torch.Tensor:
+        return self.indices[self.indptr[v] : self.indptr[v + 1]]
+
+    def edge_dst(self) -> torch.Tensor:
+        """Destination of every edge, aligned with ``indices`` (materialises ``num_edges`` int64s)."""
+        return torch.repeat_interleave(torch.arange(self.num_nodes, device=self.device), self.in_degrees())
+
+    def to_scipy(self):
+        """The adjacency as ``scipy.sparse.csc_matrix`` with ``A[src, dst] = 1``."""
+        import scipy.sparse as sp
+
+        n = self.num_nodes
+        data = np.ones(self.num_edges, dtype=np.float32)
+        return sp.csc_matrix((data, self.indices.cpu().numpy(), self.indptr.cpu().numpy()), shape=(n, n))
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Raise ``ValueError`` if the arrays do not form a valid CSC graph."""
+        if self.indptr.numel() < 2:
+            raise ValueError("a graph needs at least one vertex: indptr must have num_nodes + 1 >= 2 entries")
+        if int(self.indptr[0]) != 0:
+            raise ValueError(f"indptr[0] must be 0, got {int(self.indptr[0])}")
+        if int(self.indptr[-1]) != self.indices.numel():
+            raise ValueError(
+                f"indptr[-1]={int(self.indptr[-1])} but indices has {self.indices.numel()} entries; they must agree"
+            )
+        if self.indptr.numel() > 1 and bool((self.indptr[1:] < self.indptr[:-1]).any()):
+            raise ValueError("indptr must be non-decreasing")
+        if self.indices.numel():
+            lo, hi = int(self.indices.min()), int(self.indices.max())
+            if lo < 0 or hi >= self.num_nodes:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"indices holds vertex id {bad} outside [0, {self.num_nodes})")
+
+    def check_ids(self, ids: torch.Tensor, what: str = "vertex ids") -> None:
+        """Raise ``ValueError`` naming the first bad value if any id is outside ``[0, num_nodes)``."""
+        if ids.numel() == 0:
+            return
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise TypeError(f"{what} must be an integer tensor, got {ids.dtype}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= self.num_nodes:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{what} contain id {bad} but the graph has {self.num_nodes} vertices (ids 0..{self.num_nodes - 1})")
+
+    # ------------------------------------------------------------------ identity
+    def fingerprint(self) -> str:
+        """A short content hash of the structure; a ``PartitionMap`` uses it to refuse another graph."""
+        h = hashlib.blake2b(digest_size=12)
+        h.update(np.int64(self.num_nodes).tobytes())
+        h.update(np.int64(self.num_edges).tobytes())
+        h.update(memoryview(self.indptr.cpu().numpy()).cast("B"))
+        h.update(memoryview(self.indices.cpu().numpy()).cast("B"))
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ devices
+    def to(self, device: Union[str, torch.device]) -> "Graph":
+        return Graph(self.indptr.to(device), self.indices.to(device))
+
+    def pin_memory(self) -> "Graph":
+        """Page-locked copy so GPU kernels can read it over UVA; a no-op copy without CUDA."""
+        if not torch.cuda.is_available():
+            log.info("pin_memory: CUDA is not available; returning the graph unchanged")
+            return self
+        return Graph(self.indptr.pin_memory(), self.indices.pin_memory())
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write ``indptr.npy``, ``indices.npy`` and ``meta.json`` into folder ``path``."""
+        p = Path(path)
+        p.mkdir(parents=True, exist_ok=True)
+        np.save(p / "indptr.npy", self.indptr.cpu().numpy())
+        np.save(p / "indices.npy", self.indices.cpu().numpy())
+        meta = {"format": "gsplit-graph", "version": _FORMAT_VERSION,
+                "num_nodes": self.num_nodes, "num_edges": self.num_edges}
+        (p / "meta.json").write_text(json.dumps(meta, indent=1))
+
+    @staticmethod
+    def load(path: Union[str, os.PathLike], mmap: bool = True) -> "Graph":
+        """Load a folder written by :meth:`save`; with ``mmap=True`` the arrays are memory-mapped."""
+        p = Path(path)
+        if not (p / "indptr.npy").exists():
+            raise FileNotFoundError(f"{p} holds no saved graph (missing indptr.npy); write one with Graph.save")
+        # copy-on-write maps: torch.from_numpy refuses read-only arrays, and "c" keeps loading lazy
+        mode = "c" if mmap else None
+        indptr = np.load(p / "indptr.npy", mmap_mode=mode)
+        indices = np.load(p / "indices.npy", mmap_mode=mode)
+        g = Graph(torch.from_numpy(indptr), torch.from_numpy(indices))
+        meta_path = p / "meta.json"
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            if meta.get("num_nodes") != g.num_nodes or meta.get("num_edges") != g.num_edges:
+                raise ValueError(f"{p}: meta.json says {meta.get('num_nodes')} nodes / {meta.get('num_edges')} "
+                                 f"edges but the arrays hold {g.num_nodes} / {g.num_edges}; the folder is corrupt")
+        return g
+
+    def __repr__(self) -> str:
+        return f"Graph(num_nodes={self.num_nodes}, num_edges={self.num_edges}, device={self.device})"

@@ -1,0 +1,67 @@
+"""Counter-based random numbers: a pure function of ``(seed, epoch, iteration, layer, vertex, draw)``.
+
+Split parallelism needs every rank to pick the same neighbours for a vertex as a single process would,
+whatever rank samples it and in whatever order. So there is no random *state*: each pick is a hash
+(SplitMix64's finaliser) of its coordinates. The same arithmetic is implemented in
+``kernels/sample.cu``; change both together (tests compare them).
+
+torch has no uint64, so the 64-bit arithmetic runs on int64 with wrap-around multiplication, and right
+shifts are made logical by masking off the sign-extended bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+
+
+def _signed(x: int) -> int:
+    """Reinterpret an unsigned 64-bit Python int as the int64 with the same bits."""
+    x &= _MASK64
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+def mix64_int(z: int) -> int:
+    """SplitMix64 finaliser on a Python int (unsigned 64-bit semantics)."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * _M1) & _MASK64
+    z = ((z ^ (z >> 27)) * _M2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def stream_key(seed: int, epoch: int, iteration: int, layer: int) -> int:
+    """One 64-bit key per ``(seed, epoch, iteration, layer)``; vertices and draws are mixed in later."""
+    k = mix64_int(seed + GOLDEN)
+    for c in (epoch, iteration, layer):
+        k = mix64_int(k ^ ((c + GOLDEN) & _MASK64))
+    return k
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def mix64(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 finaliser, element-wise on int64 tensors holding 64-bit patterns."""
+    z = (z ^ _shr(z, 30)) * _signed(_M1)
+    z = (z ^ _shr(z, 27)) * _signed(_M2)
+    return z ^ _shr(z, 31)
+
+
+def vertex_keys(key: int, vertices: torch.Tensor) -> torch.Tensor:
+    """Per-vertex 64-bit keys: ``mix64(key ^ (v * GOLDEN))``."""
+    return mix64(vertices.to(torch.int64) * _signed(GOLDEN) ^ _signed(key))
+
+
+def draw_below(vkeys: torch.Tensor, draw: int, bound: torch.Tensor) -> torch.Tensor:
+    """Draw number ``draw`` for each vertex key: an integer uniform in ``[0, bound)`` (``bound >= 1``).
+
+    Uses the top 63 bits modulo ``bound``; the bias is below ``bound / 2**63``, negligible for graphs.
+    """
+    r = mix64(vkeys + _signed((draw + 1) * GOLDEN))
+    return _shr(r, 1) % bound

@@ -1,0 +1,168 @@
+"""Counter-based uniform neighbour sampling, vectorised over vertices.
+
+The picks for vertex ``v`` at layer ``l`` of iteration ``t`` in epoch ``e`` are a pure function of
+``(seed, e, t, l, v)`` (see :mod:`gsplit.sampling.counter_rng`), so sampling a set of vertices in any
+order or grouping, on any rank, gives the same edges. That is what lets split-parallel sampling
+reproduce the single-process mini-batch exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence, Tuple
+
+import torch
+
+from gsplit.graph import Graph
+from gsplit.sampling import counter_rng
+from gsplit.sampling.block import Block
+
+
+@dataclass(frozen=True)
+class SampledEdges:
+    """In-edges picked for a set of destination vertices, grouped by destination."""
+
+    src: torch.Tensor
+    """int64 global id of each picked edge's source."""
+    dst_index: torch.Tensor
+    """int64 index (into the ``nodes`` that were sampled) of each edge's destination; non-decreasing."""
+    edge_ids: torch.Tensor
+    """int64 edge id (position in ``Graph.indices``) of each picked edge."""
+
+
+def _segment_arange(counts: torch.Tensor) -> torch.Tensor:
+    """``cat([arange(c) for c in counts])`` without a Python loop."""
+    total = int(counts.sum())
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64, device=counts.device)
+    starts = torch.cumsum(counts, 0) - counts
+    return torch.arange(total, device=counts.device) - torch.repeat_interleave(starts, counts, output_size=total)
+
+
+def relabel(dst_nodes: torch.Tensor, src: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Local numbering for a block: ``src_nodes = dst_nodes ++ sorted(new ids in src)``.
+
+    Returns ``(src_nodes, src_local)`` where ``src_nodes[src_local] == src``. ``dst_nodes`` must be unique.
+    """
+    nd = dst_nodes.numel()
+    uniq, inv = torch.unique(torch.cat([dst_nodes, src]), return_inverse=True)
+    is_dst = torch.zeros(uniq.numel(), dtype=torch.bool, device=uniq.device)
+    is_dst[inv[:nd]] = True
+    new_nodes = uniq[~is_dst]
+    pos = torch.empty(uniq.numel(), dtype=torch.int64, device=uniq.device)
+    pos[inv[:nd]] = torch.arange(nd, device=uniq.device)
+    pos[~is_dst] = torch.arange(nd, nd + new_nodes.numel(), device=uniq.device)
+    return torch.cat([dst_nodes, new_nodes]), pos[inv[nd:]]
+
+
+class NeighborSampler:
+    """Uniform neighbour sampler with per-layer fanouts, reproducible per ``(seed, epoch, iteration)``.
+
+    Args:
+        fanouts: neighbours to pick per vertex for each layer, listed from the input layer up
+            (``fanouts[0]`` feeds the first GNN layer), as in DGL. ``-1`` takes all in-neighbours.
+        replace: sample with replacement (default: without, each in-edge at most once).
+        seed: base seed; with ``epoch`` and ``iteration`` it fixes every pick.
+
+    Example:
+        >>> from gsplit.graph import Graph
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> blocks = NeighborSampler([2, 2]).sample_blocks(g, torch.tensor([0]), epoch=0, iteration=0)
+        >>> [b.num_dst_nodes() for b in blocks]
+        [3, 1]
+    """
+
+    def __init__(self, fanouts: Sequence[int], replace: bool = False, seed: int = 0):
+        fanouts = [int(f) for f in fanouts]
+        if len(fanouts) == 0:
+            raise ValueError("fanouts is empty; pass one fanout per GNN layer, e.g. [15, 10, 5]")
+        for i, f in enumerate(fanouts):
+            if f < -1 or f == 0:
+                raise ValueError(f"fanouts[{i}] = {f}; each fanout must be a positive number of neighbours or -1 for all")
+        self.fanouts: List[int] = fanouts
+        self.replace = bool(replace)
+        self.seed = int(seed)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.fanouts)
+
+    def __repr__(self) -> str:
+        return f"NeighborSampler(fanouts={self.fanouts}, replace={self.replace}, seed={self.seed})"
+
+    def to_config(self) -> dict:
+        return {"fanouts": list(self.fanouts), "replace": self.replace, "seed": self.seed}
+
+    # ------------------------------------------------------------------ one layer
+    def sample_neighbors(self, graph: Graph, nodes: torch.Tensor, layer: int, epoch: int, iteration: int) -> SampledEdges:
+        """Pick in-edges of ``nodes`` for ``layer``; result grouped by destination in ``nodes`` order.
+
+        Within one destination, edges come in graph (CSC) order, so the output depends only on the set
+        of picks. ``nodes`` need not be unique or sorted.
+        """
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer={layer} but the sampler has {self.num_layers} fanouts (layers 0..{self.num_layers - 1})")
+        nodes = nodes.to(torch.int64)
+        k = self.fanouts[layer]
+        start = graph.indptr[nodes]
+        deg = graph.indptr[nodes + 1] - start
+        dev = nodes.device
+        if k == -1:
+            counts = deg
+            dst_index = torch.repeat_interleave(torch.arange(nodes.numel(), device=dev), counts)
+            eids = start[dst_index] + _segment_arange(counts)
+            return SampledEdges(graph.indices[eids], dst_index, eids)
+
+        key = counter_rng.stream_key(self.seed, epoch, iteration, layer)
+        vkeys = counter_rng.vertex_keys(key, nodes)
+        n = nodes.numel()
+        pos = torch.full((n, k), -1, dtype=torch.int64, device=dev)
+        if self.replace:
+            has = deg > 0
+            d, vk = deg[has], vkeys[has]
+            picks = torch.stack([counter_rng.draw_below(vk, i, d) for i in range(k)], 1) if d.numel() else pos[has]
+            pos[has] = torch.sort(picks, 1).values
+        else:
+            small = deg <= k
+            cols = torch.arange(k, device=dev)
+            pos[small] = torch.where(cols[None, :] < deg[small, None], cols[None, :], -1)
+            big = ~small
+            d, vk = deg[big], vkeys[big]
+            if d.numel():
+                # Floyd's algorithm: a uniform k-subset of [0, d) in k draws, no rejection loop.
+                chosen = torch.empty((d.numel(), k), dtype=torch.int64, device=dev)
+                for i in range(k):
+                    j = d - k + i
+                    r = counter_rng.draw_below(vk, i, j + 1)
+                    if i:
+                        taken = (chosen[:, :i] == r[:, None]).any(1)
+                        r = torch.where(taken, j, r)
+                    chosen[:, i] = r
+                pos[big] = torch.sort(chosen, 1).values
+        valid = pos >= 0
+        counts = valid.sum(1)
+        eids = (start[:, None] + pos)[valid]
+        dst_index = torch.repeat_interleave(torch.arange(n, device=dev), counts)
+        return SampledEdges(graph.indices[eids], dst_index, eids)
+
+    # ------------------------------------------------------------------ a whole mini-batch
+    def sample_blocks(self, graph: Graph, seeds: torch.Tensor, epoch: int = 0, iteration: int = 0) -> List[Block]:
+        """The single-process reference mini-batch: blocks from the input layer (index 0) to the output.
+
+        ``blocks[-1].dst_nodes`` equals ``seeds``; ``blocks[0].src_nodes`` are the input vertices.
+        """
+        seeds = torch.as_tensor(seeds, dtype=torch.int64)
+        graph.check_ids(seeds, "seeds")
+        if torch.unique(seeds).numel() != seeds.numel():
+            raise ValueError("seeds contain repeated vertex ids; pass each target vertex once")
+        blocks: List[Block] = []
+        frontier = seeds.to(graph.device)
+        for layer in reversed(range(self.num_layers)):
+            sampled = self.sample_neighbors(graph, frontier, layer, epoch, iteration)
+            src_nodes, src_local = relabel(frontier, sampled.src)
+            blocks.append(Block(src_nodes=src_nodes, num_dst=frontier.numel(), edge_src=src_local,
+                                edge_dst=sampled.dst_index, edge_ids=sampled.edge_ids, layer=layer,
+                                global_num_dst=frontier.numel()))
+            frontier = src_nodes
+        blocks.reverse()
+        return blocks
