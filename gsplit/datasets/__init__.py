@@ -1,0 +1,64 @@
+"""Datasets: synthetic generators, real-graph file loaders and OGB, all returning a :class:`Dataset`.
+
+``load(name, **kwargs)`` picks the loader from the name:
+
+=====================  =============================================================================
+``"synthetic"``        power-law graph with planted communities, :func:`make_synthetic`
+``"npz:PATH"``         gnn-benchmark CSR ``.npz`` (Cora, CiteSeer), :func:`load_npz`
+``"edgelist:PATH"``    CSV/TSV/whitespace edge list, random features and labels, :func:`load_edgelist`
+``"ogbn-arxiv"`` etc.  OGB node-property datasets (needs ``gsplit[ogb]``), :func:`load_ogb`
+=====================  =============================================================================
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from gsplit.datasets.base import Dataset, check_finite, planetoid_split, random_split
+from gsplit.datasets.files import load_edgelist, load_npz, read_edgelist
+from gsplit.datasets.ogb import SUPPORTED as OGB_DATASETS
+from gsplit.datasets.ogb import default_root, load_ogb
+from gsplit.datasets.synthetic import make_synthetic, synthetic_graph
+
+NAMES = ("synthetic", "npz:PATH", "edgelist:PATH") + OGB_DATASETS
+"""The accepted forms of ``load``'s ``name``."""
+
+
+def load(name: str, **kwargs) -> Dataset:
+    """Load or generate a dataset by name; keyword arguments go to the loader.
+
+    Names: ``"synthetic"`` (:func:`make_synthetic`), ``"npz:PATH"`` (:func:`load_npz`),
+    ``"edgelist:PATH"`` (:func:`load_edgelist`), ``"ogbn-arxiv"``, ``"ogbn-products"``,
+    ``"ogbn-papers100M"`` (:func:`load_ogb`).
+
+    Example:
+        >>> ds = load("synthetic", num_nodes=5000, seed=1)
+        >>> ds.name, ds.num_nodes
+        ('synthetic', 5000)
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"dataset name must be a string, got {type(name).__name__}; accepted: {', '.join(NAMES)}")
+    args: tuple = ()
+    if name == "synthetic":
+        fn = make_synthetic
+    elif name.startswith(("npz:", "edgelist:")):
+        kind, _, path = name.partition(":")
+        if not path:
+            raise ValueError(f"dataset name {name!r} has no path after '{kind}:'; write e.g. '{kind}:data/graph.csv'")
+        fn, args = (load_npz if kind == "npz" else load_edgelist), (path,)
+    elif name.startswith("ogbn-"):
+        fn, args = load_ogb, (name,)
+    else:
+        raise ValueError(f"unknown dataset name {name!r}; accepted: {', '.join(NAMES)}")
+    params = list(inspect.signature(fn).parameters)
+    accepted = params[len(args):]  # the name already supplied the leading positional ones
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise TypeError(f"load({name!r}) got unexpected option(s) {unknown}; {fn.__name__} accepts {accepted}")
+    return fn(*args, **kwargs)
+
+
+__all__ = [
+    "Dataset", "load", "NAMES", "make_synthetic", "synthetic_graph", "load_npz", "load_edgelist",
+    "read_edgelist", "load_ogb", "OGB_DATASETS", "default_root", "planetoid_split", "random_split", "check_finite",
+]

@@ -55,6 +55,59 @@ def relabel(dst_nodes: torch.Tensor, src: torch.Tensor) -> Tuple[torch.Tensor, t
     return torch.cat([dst_nodes, new_nodes]), pos[inv[nd:]]
 
 
+def sample_neighbors_torch(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int) -> SampledEdges:
+    """The torch sampler for one layer, given its stream key (``counter_rng.stream_key(seed, epoch, iteration, layer)``).
+
+    The reference that ``kernels/sample.cu`` reproduces; ``graph`` and ``nodes`` on one device.
+
+    Example:
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> sample_neighbors_torch(g, torch.tensor([0]), 1, False, counter_rng.stream_key(0, 0, 0, 0)).dst_index.tolist()
+        [0]
+    """
+    nodes = nodes.to(torch.int64)
+    k = int(fanout)
+    start = graph.indptr[nodes]
+    deg = graph.indptr[nodes + 1] - start
+    dev = nodes.device
+    if k == -1:
+        counts = deg
+        dst_index = torch.repeat_interleave(torch.arange(nodes.numel(), device=dev), counts)
+        eids = start[dst_index] + _segment_arange(counts)
+        return SampledEdges(graph.indices[eids], dst_index, eids)
+
+    vkeys = counter_rng.vertex_keys(key, nodes)
+    n = nodes.numel()
+    pos = torch.full((n, k), -1, dtype=torch.int64, device=dev)
+    if replace:
+        has = deg > 0
+        d, vk = deg[has], vkeys[has]
+        picks = torch.stack([counter_rng.draw_below(vk, i, d) for i in range(k)], 1) if d.numel() else pos[has]
+        pos[has] = torch.sort(picks, 1).values
+    else:
+        small = deg <= k
+        cols = torch.arange(k, device=dev)
+        pos[small] = torch.where(cols[None, :] < deg[small, None], cols[None, :], -1)
+        big = ~small
+        d, vk = deg[big], vkeys[big]
+        if d.numel():
+            # Floyd's algorithm: a uniform k-subset of [0, d) in k draws, no rejection loop.
+            chosen = torch.empty((d.numel(), k), dtype=torch.int64, device=dev)
+            for i in range(k):
+                j = d - k + i
+                r = counter_rng.draw_below(vk, i, j + 1)
+                if i:
+                    taken = (chosen[:, :i] == r[:, None]).any(1)
+                    r = torch.where(taken, j, r)
+                chosen[:, i] = r
+            pos[big] = torch.sort(chosen, 1).values
+    valid = pos >= 0
+    counts = valid.sum(1)
+    eids = (start[:, None] + pos)[valid]
+    dst_index = torch.repeat_interleave(torch.arange(n, device=dev), counts)
+    return SampledEdges(graph.indices[eids], dst_index, eids)
+
+
 class NeighborSampler:
     """Uniform neighbour sampler with per-layer fanouts, reproducible per ``(seed, epoch, iteration)``.
 
@@ -98,52 +151,17 @@ class NeighborSampler:
         """Pick in-edges of ``nodes`` for ``layer``; result grouped by destination in ``nodes`` order.
 
         Within one destination, edges come in graph (CSC) order, so the output depends only on the set
-        of picks. ``nodes`` need not be unique or sorted.
+        of picks. ``nodes`` need not be unique or sorted. CUDA ``nodes`` are sampled by the GPU kernel
+        (:func:`gsplit.gpu.sample_neighbors_gpu`, same picks) when CuPy is installed.
         """
         if not 0 <= layer < self.num_layers:
             raise ValueError(f"layer={layer} but the sampler has {self.num_layers} fanouts (layers 0..{self.num_layers - 1})")
-        nodes = nodes.to(torch.int64)
-        k = self.fanouts[layer]
-        start = graph.indptr[nodes]
-        deg = graph.indptr[nodes + 1] - start
-        dev = nodes.device
-        if k == -1:
-            counts = deg
-            dst_index = torch.repeat_interleave(torch.arange(nodes.numel(), device=dev), counts)
-            eids = start[dst_index] + _segment_arange(counts)
-            return SampledEdges(graph.indices[eids], dst_index, eids)
-
         key = counter_rng.stream_key(self.seed, epoch, iteration, layer)
-        vkeys = counter_rng.vertex_keys(key, nodes)
-        n = nodes.numel()
-        pos = torch.full((n, k), -1, dtype=torch.int64, device=dev)
-        if self.replace:
-            has = deg > 0
-            d, vk = deg[has], vkeys[has]
-            picks = torch.stack([counter_rng.draw_below(vk, i, d) for i in range(k)], 1) if d.numel() else pos[has]
-            pos[has] = torch.sort(picks, 1).values
-        else:
-            small = deg <= k
-            cols = torch.arange(k, device=dev)
-            pos[small] = torch.where(cols[None, :] < deg[small, None], cols[None, :], -1)
-            big = ~small
-            d, vk = deg[big], vkeys[big]
-            if d.numel():
-                # Floyd's algorithm: a uniform k-subset of [0, d) in k draws, no rejection loop.
-                chosen = torch.empty((d.numel(), k), dtype=torch.int64, device=dev)
-                for i in range(k):
-                    j = d - k + i
-                    r = counter_rng.draw_below(vk, i, j + 1)
-                    if i:
-                        taken = (chosen[:, :i] == r[:, None]).any(1)
-                        r = torch.where(taken, j, r)
-                    chosen[:, i] = r
-                pos[big] = torch.sort(chosen, 1).values
-        valid = pos >= 0
-        counts = valid.sum(1)
-        eids = (start[:, None] + pos)[valid]
-        dst_index = torch.repeat_interleave(torch.arange(n, device=dev), counts)
-        return SampledEdges(graph.indices[eids], dst_index, eids)
+        if nodes.is_cuda:
+            from gsplit import gpu  # lazy: gsplit.gpu imports this module for its fallback
+
+            return SampledEdges(*gpu.sample_neighbors_gpu(graph, nodes, self.fanouts[layer], self.replace, key))
+        return sample_neighbors_torch(graph, nodes, self.fanouts[layer], self.replace, key)
 
     # ------------------------------------------------------------------ a whole mini-batch
     def sample_blocks(self, graph: Graph, seeds: torch.Tensor, epoch: int = 0, iteration: int = 0) -> List[Block]:

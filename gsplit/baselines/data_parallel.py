@@ -1,0 +1,98 @@
+"""The data-parallel baseline: what ``dgl.dataloading.DataLoader(use_ddp=True)`` does.
+
+Each rank samples its own micro-batch of ``batch_size`` targets with the same sampler, loads every
+input feature of that micro-batch and computes all of it; gradients are averaged across ranks. The
+micro-batches of one iteration are consecutive slices of the same global order that
+:class:`gsplit.DataLoader` splits, so their union is exactly the split loader's global mini-batch and
+the two systems' counters compare like for like. The overlap between the micro-batches' k-hop
+neighbourhoods is the redundancy that split parallelism removes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator, List, Optional, Tuple, Union
+
+import torch
+
+from gsplit.comm.communicator import Communicator
+from gsplit.graph import Graph
+from gsplit.loader import IterationStats
+from gsplit.sampling.batches import epoch_permutation, num_iterations
+from gsplit.sampling.block import Block
+from gsplit.sampling.neighbor import NeighborSampler
+
+
+class DataParallelLoader:
+    """Per-rank micro-batch loader with the same arguments and output triple as :class:`gsplit.DataLoader`.
+
+    Example:
+        >>> loader = DataParallelLoader(g, train_idx, sampler, use_ddp=True, batch_size=1024,
+        ...                             features=feats, labels=labels)          # doctest: +SKIP
+        >>> for input_nodes, output_nodes, blocks in loader: ...                # doctest: +SKIP
+    """
+
+    def __init__(self, graph: Graph, indices, sampler: NeighborSampler, *,
+                 device: Union[str, torch.device, None] = None, use_ddp: bool = False, ddp_seed: int = 0,
+                 batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
+                 features: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
+                 group=None, partition=None):
+        del partition  # accepted so both loaders take the same arguments; data parallelism ignores it
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}; it must be at least 1 (targets per rank per iteration)")
+        self.comm = Communicator(group)
+        if self.comm.world_size > 1 and not use_ddp:
+            raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
+                             "pass use_ddp=True so each rank takes its own share of the targets")
+        self.graph = graph
+        self.indices = torch.as_tensor(indices, dtype=torch.int64).cpu()
+        graph.check_ids(self.indices, "indices")
+        self.sampler = sampler
+        self.device = torch.device(device) if device is not None else graph.device
+        self.ddp_seed, self.batch_size = int(ddp_seed), int(batch_size)
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.features, self.labels = features, labels
+        self._next_epoch = 0
+        self.last_stats = IterationStats()
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def set_epoch(self, epoch: int) -> None:
+        self._next_epoch = int(epoch)
+
+    def __len__(self) -> int:
+        return num_iterations(self.indices.numel(), self.batch_size, self.world_size, self.drop_last)
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, List[Block]]]:
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        order = epoch_permutation(self.indices, self.ddp_seed, epoch, self.shuffle)
+        gb, b = self.batch_size * self.world_size, self.batch_size
+        for it in range(len(self)):
+            start = it * gb + self.rank * b
+            seeds = order[start:min(start + b, (it + 1) * gb)]
+            stats = IterationStats()
+            t0 = time.perf_counter()
+            blocks = self.sampler.sample_blocks(self.graph, seeds.to(self.graph.device), epoch=epoch, iteration=it)
+            if self.device != self.graph.device:
+                blocks = [blk.to(self.device) for blk in blocks]
+            t1 = time.perf_counter()
+            input_nodes = blocks[0].src_nodes
+            if self.features is not None:
+                blocks[0].srcdata["feat"] = self.features[input_nodes.to(self.features.device)].to(self.device)
+            if self.labels is not None:
+                blocks[-1].dstdata["label"] = self.labels[seeds.to(self.labels.device)].to(self.device)
+            t2 = time.perf_counter()
+            stats.sample_s, stats.load_s = t1 - t0, t2 - t1
+            stats.input_rows = input_nodes.numel()
+            stats.edges = [blk.num_edges() for blk in blocks]
+            stats.dst_vertices = [blk.num_dst_nodes() for blk in blocks]
+            stats.targets = seeds.numel()
+            self.last_stats = stats
+            yield input_nodes, blocks[-1].dst_nodes, blocks

@@ -1,0 +1,291 @@
+"""``gsplit prepare | train | stats | bench``: the command line.
+
+The CLI is the only part that prints; the library logs. Bad arguments end with one line on stderr and
+exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+log = logging.getLogger("gsplit.cli")
+
+
+class CliError(Exception):
+    """A user mistake the CLI reports in one line."""
+
+
+# ---------------------------------------------------------------------------- argument helpers
+def parse_fanouts(text: str) -> List[int]:
+    try:
+        fanouts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--fanouts {text!r} is not a comma-separated list of integers; e.g. --fanouts 15,10,5")
+    if not fanouts:
+        raise CliError("--fanouts is empty; pass one fanout per layer, e.g. --fanouts 15,10,5")
+    return fanouts
+
+
+def parse_dataset_options(pairs: List[str]) -> Dict[str, object]:
+    """``-D key=value`` pairs, values parsed as int, float, bool or left as strings."""
+    opts: Dict[str, object] = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise CliError(f"-D {pair!r} is not key=value; e.g. -D num_nodes=100000")
+        key, value = pair.split("=", 1)
+        parsed: object = value
+        for conv in (int, float):
+            try:
+                parsed = conv(value)
+                break
+            except ValueError:
+                continue
+        if value.lower() in ("true", "false"):
+            parsed = value.lower() == "true"
+        opts[key.strip().replace("-", "_")] = parsed
+    return opts
+
+
+def _add_dataset_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", default="synthetic",
+                   help="synthetic (default), npz:PATH, edgelist:PATH, ogbn-NAME, or a folder written by prepare")
+    p.add_argument("-D", dest="dataset_opts", action="append", metavar="KEY=VALUE",
+                   help="dataset option, repeatable (e.g. -D num_nodes=100000 -D avg_degree=20)")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fanouts", default="15,10,5", help="neighbours per layer from the input up (default 15,10,5)")
+    p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration (default 1024)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _load_dataset(args):
+    from gsplit import datasets
+
+    opts = parse_dataset_options(args.dataset_opts)
+    print(f"loading dataset {args.dataset} {opts if opts else ''}".rstrip(), flush=True)
+    t = time.perf_counter()
+    ds = datasets.load(args.dataset, **opts)
+    print(f"  {ds.describe()} ({time.perf_counter() - t:.1f}s)", flush=True)
+    return ds
+
+
+# ---------------------------------------------------------------------------- prepare
+def prepare_partition(ds, num_parts: int, fanouts: List[int], batch_size: int, method: str, seed: int,
+                      presample_epochs: int, out: Optional[Path], stats_batches: int = 20):
+    """Pre-sample, partition and measure; saves the map, weights and stats under ``out`` when given."""
+    import gsplit
+
+    sampler = gsplit.NeighborSampler(fanouts, seed=seed)
+    weights = None
+    t0 = time.perf_counter()
+    if method in ("gsplit", "node"):
+        print(f"pre-sampling {presample_epochs} epochs (batch {batch_size * num_parts}, fanouts {fanouts})", flush=True)
+        weights = gsplit.presample(ds.graph, ds.train_idx, sampler, batch_size=batch_size * num_parts,
+                                   epochs=presample_epochs, seed=seed, progress=True)
+    t1 = time.perf_counter()
+    print(f"partitioning into {num_parts} parts with method {method}", flush=True)
+    pmap = gsplit.partition(ds.graph, num_parts, method=method, weights=weights, train_idx=ds.train_idx, seed=seed,
+                            fanouts=fanouts, batch_size=batch_size)
+    t2 = time.perf_counter()
+    stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, batch_size * num_parts,
+                               num_batches=stats_batches, seed=seed)
+    report = {"dataset": ds.name, "num_parts": num_parts, "method": method, "fanouts": fanouts,
+              "batch_size": batch_size, "presample_epochs": presample_epochs if weights is not None else 0,
+              "presample_s": t1 - t0, "partition_s": t2 - t1, "stats": stats.to_dict()}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        pmap.save(out)
+        if weights is not None:
+            weights.save(out / "presample")
+        (out / "prepare.json").write_text(json.dumps(report, indent=1))
+    return pmap, report
+
+
+def _print_stats(stats: dict) -> None:
+    print(f"{'layer':>6} {'cross-split edges':>18} {'imbalance':>10}")
+    for layer, (cross, imb) in enumerate(zip(stats["cross_edge_fraction"], stats["imbalance"])):
+        print(f"{layer:>6} {cross:>18.3f} {imb:>10.3f}")
+
+
+def cmd_prepare(args) -> int:
+    ds = _load_dataset(args)
+    fanouts = parse_fanouts(args.fanouts)
+    out = Path(args.out)
+    _, report = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
+                                  args.presample_epochs, out)
+    print(f"presample {report['presample_s']:.1f}s, partition {report['partition_s']:.1f}s; map written to {out}")
+    _print_stats(report["stats"])
+    return 0
+
+
+def cmd_stats(args) -> int:
+    import gsplit
+
+    ds = _load_dataset(args)
+    pmap = gsplit.PartitionMap.load(args.partition)
+    fanouts = parse_fanouts(args.fanouts) if args.fanouts else list(pmap.fanouts or [15, 10, 5])
+    batch = args.batch_size or int(pmap.batch_size or 1024)
+    sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
+    stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, batch * pmap.num_parts,
+                               num_batches=args.num_batches, seed=args.seed)
+    print(f"{pmap!r}")
+    _print_stats(stats.to_dict())
+    if args.json:
+        Path(args.json).write_text(json.dumps(stats.to_dict(), indent=1))
+    return 0
+
+
+# ---------------------------------------------------------------------------- train
+def print_epoch(record: dict) -> None:
+    """Per-epoch line printed from rank 0 (picklable, so it can cross into the rank processes)."""
+    acc = "  ".join(f"{k[:-4]} acc {record[k]:.4f}" for k in ("val_acc", "test_acc") if k in record)
+    print(f"epoch {record['epoch']:>3}  loss {record['loss']:.4f}  time {record['epoch_s']:.2f}s "
+          f"(sample {record['sample_s']:.2f} / load {record['load_s']:.2f} / fwd-bwd {record['train_s']:.2f})  "
+          f"{acc}", flush=True)
+
+
+def default_num_ranks() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def cmd_train(args) -> int:
+    import gsplit
+    from gsplit.trainer import TrainConfig, train_rank
+
+    ds = _load_dataset(args)
+    fanouts = parse_fanouts(args.fanouts)
+    ranks = args.num_ranks or default_num_ranks()
+    cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
+                      heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
+                      seed=args.seed, max_iters=args.max_iters, device=args.device)
+    owner = None
+    if args.system == "split" and ranks > 1:
+        pdir = Path(args.partition) if args.partition else None
+        if pdir is not None and (pdir / "meta.json").exists():
+            pmap = gsplit.PartitionMap.load(pdir)
+            pmap.check_graph(ds.graph)
+            pmap.check_world_size(ranks)
+            print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
+        else:
+            pmap, report = prepare_partition(ds, ranks, fanouts, args.batch_size, args.method, args.seed,
+                                             args.presample_epochs, pdir)
+            _print_stats(report["stats"])
+        owner = pmap.assignment
+    print(f"training {args.model} with {args.system} on {ranks} rank(s) "
+          f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
+          flush=True)
+    t = time.perf_counter()
+    if ranks == 1:
+        result = train_rank(0, 1, cfg, ds, owner, print_epoch)
+    else:
+        backend = None if args.device != "cpu" else "gloo"
+        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch), backend=backend)[0]
+    result["dataset"] = ds.name
+    result["wall_s"] = time.perf_counter() - t
+    if args.log:
+        Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.log).write_text(json.dumps(result, indent=1))
+        print(f"log written to {args.log}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- bench
+def cmd_bench(args) -> int:
+    import gsplit
+    from gsplit.sampling.bench import time_sampler
+
+    ds = _load_dataset(args)
+    fanouts = parse_fanouts(args.fanouts)
+    sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
+    res = time_sampler(ds.graph, ds.train_idx, sampler, args.batch_size, args.batches)
+    print(f"sampler: {res['ms_per_batch']:.1f} ms per batch of {args.batch_size} (median of {args.batches}), "
+          f"{res['edges_per_s'] / 1e6:.2f} M sampled edges/s")
+    return 0
+
+
+# ---------------------------------------------------------------------------- entry point
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gsplit", description="split-parallel GNN training")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log library messages")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="pre-sample, partition and write a partition map")
+    _add_dataset_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--num-parts", type=int, required=True, help="number of GPUs/ranks")
+    p.add_argument("--method", default="gsplit", choices=["gsplit", "node", "edge", "random"])
+    p.add_argument("--presample-epochs", type=int, default=10)
+    p.add_argument("--out", required=True, help="folder for the map, its metadata and stats")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("train", help="train a GNN with split (or data) parallelism")
+    _add_dataset_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--model", default="sage", choices=["sage", "gat", "gcn"])
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--num-ranks", type=int, default=0, help="ranks (default: all GPUs, else 2 CPU processes)")
+    p.add_argument("--system", default="split", choices=["split", "dp"])
+    p.add_argument("--partition", help="partition folder; prepared on the fly (and saved here) when absent")
+    p.add_argument("--method", default="gsplit", choices=["gsplit", "node", "edge", "random"])
+    p.add_argument("--presample-epochs", type=int, default=10)
+    p.add_argument("--max-iters", type=int, default=0, help="stop each epoch after this many iterations")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--log", help="write every number as JSON here")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("stats", help="cross-split edges and load imbalance of a partition map")
+    _add_dataset_args(p)
+    p.add_argument("--partition", required=True)
+    p.add_argument("--fanouts", default=None)
+    p.add_argument("--batch-size", type=int, default=0)
+    p.add_argument("--num-batches", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="also write the stats here")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("bench", help="time the sampler on a dataset")
+    _add_dataset_args(p)
+    _add_sampling_args(p)
+    p.add_argument("--batches", type=int, default=20)
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    for name in ("batch_size", "num_parts", "epochs", "num_ranks", "presample_epochs"):
+        value = getattr(args, name, None)
+        if value is not None and value < (0 if name in ("num_ranks", "epochs") else 1):
+            print(f"gsplit: error: --{name.replace('_', '-')} must be positive, got {value}", file=sys.stderr)
+            return 2
+    try:
+        return args.func(args)
+    except (CliError, ValueError, TypeError, FileNotFoundError, ImportError) as e:
+        print(f"gsplit: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gsplit: interrupted", file=sys.stderr)
+        return 130
+    except RuntimeError as e:  # LaunchError and friends: the message already names the failing rank
+        print(f"gsplit: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""``Communicator``: the rank's view of its process group, with all-to-all of variable-sized row blocks.
+
+It wraps ``torch.distributed`` (NCCL for CUDA tensors, gloo for CPU tensors) on an explicit process
+group, and degrades to local copies at world size 1 without any process group, so single-process code
+paths need no special cases. It also counts what it sends (:class:`TrafficCounter`), so that the
+numbers in benchmark logs come from the code path itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class TrafficCounter:
+    """Rows and bytes this rank sent to *other* ranks, per tag (e.g. ``"ids/layer1"``)."""
+
+    rows: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Rows sent to other ranks (rows kept on this rank are not counted)."""
+    bytes: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Bytes sent to other ranks."""
+
+    def add(self, tag: str, rows: int, nbytes: int) -> None:
+        self.rows[tag] += rows
+        self.bytes[tag] += nbytes
+
+    def reset(self) -> None:
+        self.rows.clear()
+        self.bytes.clear()
+
+    def snapshot(self) -> dict:
+        return {"rows": dict(self.rows), "bytes": dict(self.bytes)}
+
+
+class Communicator:
+    """A rank's handle on its process group.
+
+    Args:
+        group: a ``torch.distributed`` process group; ``None`` means the default group when one is
+            initialised, otherwise a single-rank world with no communication at all.
+
+    Example:
+        >>> comm = Communicator()          # no process group: world size 1
+        >>> comm.rank, comm.world_size
+        (0, 1)
+        >>> comm.all_to_all_rows(torch.ones(3, 2), [3], [3]).shape
+        torch.Size([3, 2])
+    """
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None):
+        self.distributed = dist.is_available() and dist.is_initialized()
+        if group is not None and not self.distributed:
+            raise ValueError("a process group was given but torch.distributed is not initialised; "
+                             "call torch.distributed.init_process_group first (gsplit.launch does it)")
+        self.group = group
+        if self.distributed:
+            self.rank = dist.get_rank(group)
+            self.world_size = dist.get_world_size(group)
+            if self.rank < 0:
+                raise ValueError("this process is not a member of the given process group")
+        else:
+            self.rank, self.world_size = 0, 1
+        self.traffic = TrafficCounter()
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, world_size={self.world_size})"
+
+    # ------------------------------------------------------------------ collectives
+    def exchange_counts(self, send_counts: torch.Tensor) -> torch.Tensor:
+        """Tell every rank how many rows it will get from us; returns how many we get from each."""
+        if self.world_size == 1:
+            return send_counts.clone()
+        # NCCL needs device tensors; gloo needs CPU tensors. Counts follow the backend.
+        dev = self._collective_device(send_counts)
+        recv = torch.empty(self.world_size, dtype=torch.int64, device=dev)
+        dist.all_to_all_single(recv, send_counts.to(dev, torch.int64), group=self.group)
+        return recv.cpu()
+
+    def all_to_all_rows(self, x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
+                        tag: Optional[str] = None) -> torch.Tensor:
+        """Send ``x[rows of block j]`` to rank ``j``; rows are grouped by destination rank in ``x``.
+
+        ``send_counts[j]`` rows go to rank ``j`` and ``recv_counts[j]`` rows come from rank ``j``; the
+        result holds the received rows grouped by source rank.
+        """
+        send_counts = [int(c) for c in send_counts]
+        recv_counts = [int(c) for c in recv_counts]
+        if len(send_counts) != self.world_size or len(recv_counts) != self.world_size:
+            raise ValueError(f"send/recv counts have {len(send_counts)}/{len(recv_counts)} entries but the world "
+                             f"has {self.world_size} ranks; pass one count per rank")
+        if sum(send_counts) != x.shape[0]:
+            raise ValueError(f"send counts add up to {sum(send_counts)} rows but x has {x.shape[0]}")
+        if tag is not None and self.world_size > 1:
+            remote = sum(send_counts) - send_counts[self.rank]
+            row_bytes = math.prod(x.shape[1:]) * x.element_size()
+            self.traffic.add(tag, remote, remote * row_bytes)
+        if self.world_size == 1:
+            return x
+        x = x.contiguous()
+        out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
+        dev = self._collective_device(x)
+        if dev != x.device:  # e.g. CUDA tensors over gloo: stage through host memory
+            host_out = out.to(dev)
+            dist.all_to_all_single(host_out, x.to(dev), recv_counts, send_counts, group=self.group)
+            return host_out.to(x.device)
+        dist.all_to_all_single(out, x, recv_counts, send_counts, group=self.group)
+        return out
+
+    def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
+        """In-place sum over ranks (a no-op at world size 1)."""
+        if self.world_size > 1:
+            dev = self._collective_device(t)
+            if dev != t.device:
+                staged = t.to(dev)
+                dist.all_reduce(staged, group=self.group)
+                t.copy_(staged)
+            else:
+                dist.all_reduce(t, group=self.group)
+        return t
+
+    def all_gather_object(self, obj) -> List:
+        if self.world_size == 1:
+            return [obj]
+        out: List = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier(group=self.group)
+
+    def _collective_device(self, t: torch.Tensor) -> torch.device:
+        backend = dist.get_backend(self.group)
+        if backend == "nccl":
+            return t.device if t.is_cuda else torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")

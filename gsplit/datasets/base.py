@@ -1,0 +1,251 @@
+"""The :class:`Dataset` every loader returns, its validation, and the train/val/test split helpers."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from gsplit.graph import Graph
+
+log = logging.getLogger(__name__)
+
+# Rows per chunk when scanning features for NaN/inf: bounds the temporary bool mask on huge tables.
+_FINITE_CHECK_ROWS = 1 << 16
+
+
+@dataclass
+class Dataset:
+    """A node-classification dataset: graph, features, labels and a train/val/test split.
+
+    Built by :func:`gsplit.datasets.load`; construction validates everything (ids in range, labels in
+    range, finite features, matching lengths) and raises ``ValueError`` naming the bad value.
+
+    Example:
+        >>> import gsplit
+        >>> ds = gsplit.datasets.load("synthetic", num_nodes=2000, seed=0)
+        >>> ds.features.shape[0] == ds.graph.num_nodes
+        True
+    """
+
+    graph: Graph
+    """The graph, CSC in-edges (see :class:`gsplit.Graph`)."""
+    features: torch.Tensor
+    """float32 ``[num_nodes, feature_dim]``: input features, one row per vertex."""
+    labels: torch.Tensor
+    """int64 ``[num_nodes]``: class of every vertex in ``[0, num_classes)``, or -1 for an unlabelled vertex."""
+    train_idx: torch.Tensor
+    """int64: ids of the training vertices (all labelled, disjoint from val/test)."""
+    val_idx: torch.Tensor
+    """int64: ids of the validation vertices."""
+    test_idx: torch.Tensor
+    """int64: ids of the test vertices."""
+    num_classes: int
+    """Number of classes; labels lie in ``[0, num_classes)``."""
+    name: str
+    """Short name for logs and reports, e.g. ``"synthetic"``, ``"cora"``, ``"ogbn-arxiv"``."""
+    synthetic_features: bool = False
+    """True when ``features`` were generated at random (the source had none), not read from data."""
+    synthetic_labels: bool = False
+    """True when ``labels`` were generated at random (the source had none), so accuracy means nothing."""
+    node_ids: Optional[torch.Tensor] = None
+    """int64 ``[num_nodes]``: the source file's id of every vertex when ids were remapped, else None."""
+    communities: Optional[torch.Tensor] = None
+    """int64 ``[num_nodes]``: planted community of every vertex (synthetic graphs only), else None."""
+    meta: Dict[str, Any] = field(default_factory=dict)
+    """Provenance for logs and reports (source path, generator parameters, split kind)."""
+
+    def __post_init__(self):
+        self.validate()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def num_nodes(self) -> int:
+        return self.graph.num_nodes
+
+    @property
+    def num_edges(self) -> int:
+        return self.graph.num_edges
+
+    @property
+    def feature_dim(self) -> int:
+        return int(self.features.shape[1])
+
+    # ------------------------------------------------------------------ checks
+    def validate(self) -> None:
+        """Raise ``TypeError``/``ValueError`` saying what is wrong if the parts do not fit together."""
+        if not isinstance(self.graph, Graph):
+            raise TypeError(f"Dataset.graph must be a gsplit.Graph, got {type(self.graph).__name__}")
+        n = self.graph.num_nodes
+        _check_tensor(self.features, "features", torch.float32, 2)
+        _check_tensor(self.labels, "labels", torch.int64, 1)
+        if self.features.shape[0] != n:
+            raise ValueError(f"features has {self.features.shape[0]} rows but the graph has {n} vertices; "
+                             "pass one feature row per vertex")
+        if self.labels.shape[0] != n:
+            raise ValueError(f"labels has {self.labels.shape[0]} entries but the graph has {n} vertices; "
+                             "pass one label per vertex (-1 for unlabelled)")
+        if not isinstance(self.num_classes, (int, np.integer)) or self.num_classes < 1:
+            raise ValueError(f"num_classes must be a positive int, got {self.num_classes!r}")
+        self.num_classes = int(self.num_classes)
+        if self.labels.numel():
+            lo, hi = int(self.labels.min()), int(self.labels.max())
+            if lo < -1 or hi >= self.num_classes:
+                bad = lo if lo < -1 else hi
+                row = int(torch.nonzero(self.labels == bad)[0])
+                raise ValueError(f"labels[{row}] = {bad} is outside [0, {self.num_classes}) "
+                                 "(-1 marks an unlabelled vertex); fix the labels or num_classes")
+        check_finite(self.features, "features")
+        counts = torch.zeros(n, dtype=torch.int32)
+        for what in ("train_idx", "val_idx", "test_idx"):
+            idx = getattr(self, what)
+            _check_tensor(idx, what, torch.int64, 1)
+            self.graph.check_ids(idx, what)
+            unlabelled = self.labels[idx] < 0
+            if bool(unlabelled.any()):
+                v = int(idx[unlabelled][0])
+                raise ValueError(f"{what} contains vertex {v} which has no label (-1); "
+                                 "splits may only hold labelled vertices")
+            counts.index_add_(0, idx, torch.ones(idx.numel(), dtype=torch.int32))
+        if bool((counts > 1).any()):
+            v = int(torch.nonzero(counts > 1)[0])
+            raise ValueError(f"vertex {v} appears more than once in train_idx/val_idx/test_idx; "
+                             "the splits must be disjoint and free of repeats")
+        for what in ("node_ids", "communities"):
+            t = getattr(self, what)
+            if t is not None:
+                _check_tensor(t, what, torch.int64, 1)
+                if t.shape[0] != n:
+                    raise ValueError(f"{what} has {t.shape[0]} entries but the graph has {n} vertices")
+
+    # ------------------------------------------------------------------ display
+    def describe(self) -> str:
+        """A few human-readable lines: sizes, split, and whether features/labels are real."""
+        deg = self.num_edges / max(self.num_nodes, 1)
+        feat = "random" if self.synthetic_features else "real"
+        lab = "random" if self.synthetic_labels else "real"
+        lines = [
+            f"{self.name}: {self.num_nodes:,} vertices, {self.num_edges:,} edges (avg in-degree {deg:.1f})",
+            f"  features: {self.feature_dim} dims ({feat}); labels: {self.num_classes} classes ({lab})",
+            f"  split: {self.train_idx.numel():,} train / {self.val_idx.numel():,} val / "
+            f"{self.test_idx.numel():,} test" + (f" ({self.meta['split']})" if "split" in self.meta else ""),
+        ]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        flags = []
+        if self.synthetic_features:
+            flags.append("synthetic_features")
+        if self.synthetic_labels:
+            flags.append("synthetic_labels")
+        extra = (", " + ", ".join(flags)) if flags else ""
+        return (f"Dataset(name={self.name!r}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
+                f"feature_dim={self.feature_dim}, num_classes={self.num_classes}, "
+                f"train/val/test={self.train_idx.numel()}/{self.val_idx.numel()}/{self.test_idx.numel()}{extra})")
+
+
+def _check_tensor(t, what: str, dtype: torch.dtype, dim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise TypeError(f"{what} must have dtype {dtype}, got {t.dtype}; convert it with .to({dtype})")
+    if t.dim() != dim:
+        raise ValueError(f"{what} must be {dim}-dimensional, got shape {tuple(t.shape)}")
+
+
+def check_finite(features: torch.Tensor, what: str = "features") -> None:
+    """Raise ``ValueError`` naming the first row of ``features`` that holds NaN or inf.
+
+    Scans in row chunks so that the temporary mask stays small even for very large tables.
+
+    Example:
+        >>> check_finite(torch.zeros(3, 2))
+    """
+    n = features.shape[0]
+    for start in range(0, n, _FINITE_CHECK_ROWS):
+        chunk = features[start:start + _FINITE_CHECK_ROWS]
+        bad_rows = ~torch.isfinite(chunk).all(dim=1)
+        if bool(bad_rows.any()):
+            row = start + int(torch.nonzero(bad_rows)[0])
+            total = int(bad_rows.sum())
+            raise ValueError(f"{what} row {row} contains NaN or inf ({total} bad rows in rows "
+                             f"{start}..{start + chunk.shape[0] - 1}); clean the input or drop those vertices")
+
+
+# ---------------------------------------------------------------------------------- splits
+def random_split(
+    num_nodes: int,
+    fractions: Sequence[float] = (0.6, 0.2, 0.2),
+    seed: int = 0,
+    labels: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Seeded random train/val/test split of the vertices (of the labelled ones when ``labels`` is given).
+
+    ``fractions`` are the train, val and test shares; they may sum to less than 1 (the rest is unused).
+    Each returned index tensor is sorted.
+
+    Example:
+        >>> tr, va, te = random_split(10, (0.6, 0.2, 0.2), seed=0)
+        >>> (tr.numel(), va.numel(), te.numel())
+        (6, 2, 2)
+    """
+    fr = tuple(float(f) for f in fractions)
+    if len(fr) != 3 or any(f < 0 for f in fr) or sum(fr) > 1 + 1e-9:
+        raise ValueError(f"split fractions must be three non-negative numbers (train, val, test) summing to "
+                         f"at most 1, got {tuple(fractions)}")
+    if labels is not None:
+        candidates = torch.nonzero(labels >= 0).flatten()
+    else:
+        candidates = torch.arange(num_nodes, dtype=torch.int64)
+    m = candidates.numel()
+    g = torch.Generator().manual_seed(int(seed))
+    perm = candidates[torch.randperm(m, generator=g)]
+    n_train = int(round(fr[0] * m))
+    n_val = int(round(fr[1] * m))
+    n_test = min(int(round(fr[2] * m)), m - n_train - n_val)
+    parts = (perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:n_train + n_val + n_test])
+    return tuple(torch.sort(p).values for p in parts)  # type: ignore[return-value]
+
+
+def planetoid_split(
+    labels: torch.Tensor,
+    num_classes: int,
+    train_per_class: int = 20,
+    num_val: int = 500,
+    num_test: int = 1000,
+    seed: int = 0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Planetoid-style split: ``train_per_class`` random vertices per class, then ``num_val`` and ``num_test``.
+
+    Vertices are drawn in one seeded random order: the first ``train_per_class`` of each class train,
+    the next ``num_val`` of the others validate and the next ``num_test`` test. A class with fewer
+    vertices than ``train_per_class`` puts all of them in training. Unlabelled (-1) vertices are skipped.
+
+    Example:
+        >>> labels = torch.arange(3000) % 7
+        >>> [t.numel() for t in planetoid_split(labels, 7)]
+        [140, 500, 1000]
+    """
+    labelled = torch.nonzero(labels >= 0).flatten()
+    g = torch.Generator().manual_seed(int(seed))
+    perm = labelled[torch.randperm(labelled.numel(), generator=g)]
+    lab = labels[perm]
+    # rank of each vertex within its class, in the random order (stable sort keeps the order)
+    order = torch.sort(lab, stable=True).indices
+    sorted_lab = lab[order]
+    class_start = torch.searchsorted(sorted_lab, torch.arange(num_classes, dtype=sorted_lab.dtype))
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel()) - class_start[sorted_lab]
+    is_train = rank < train_per_class
+    rest = perm[~is_train]
+    if rest.numel() < num_val + num_test:
+        raise ValueError(f"the Planetoid split needs {num_val} + {num_test} vertices beyond the "
+                         f"{int(is_train.sum())} training ones but only {rest.numel()} are left; "
+                         "pass smaller num_val/num_test or use split='random'")
+    train = perm[is_train]
+    val = rest[:num_val]
+    test = rest[num_val:num_val + num_test]
+    return torch.sort(train).values, torch.sort(val).values, torch.sort(test).values

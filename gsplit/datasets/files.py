@@ -1,0 +1,228 @@
+"""Loaders for graphs stored in files: gnn-benchmark ``.npz`` (Cora, CiteSeer, ...) and plain edge lists."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from gsplit.datasets.base import Dataset, planetoid_split, random_split
+from gsplit.graph import Graph
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, os.PathLike]
+
+# Field separators tried, in order, on the first data line of an edge list (None = any whitespace).
+_DELIMITERS = (",", "\t", ";")
+_COMMENTS = ("#", "%")
+
+
+def _existing_file(path: PathLike, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} file {str(p)!r} does not exist (or is not a file); check the path")
+    return p
+
+
+# ---------------------------------------------------------------------------------- npz
+def load_npz(
+    path: PathLike,
+    *,
+    split: str = "planetoid",
+    split_seed: int = 0,
+    train_per_class: int = 20,
+    num_val: int = 500,
+    num_test: int = 1000,
+    split_fractions: Sequence[float] = (0.6, 0.2, 0.2),
+    symmetric: bool = True,
+    remove_self_loops: bool = True,
+    normalize_features: bool = False,
+    name: Optional[str] = None,
+) -> Dataset:
+    """Load a graph in the gnn-benchmark / nettack CSR ``.npz`` format (e.g. Cora, CiteSeer).
+
+    The file holds the adjacency as CSR pieces ``adj_data, adj_indices, adj_indptr, adj_shape``
+    (row = source), features as ``attr_data, attr_indices, attr_indptr, attr_shape`` (or a dense
+    ``attr_matrix``) and integer ``labels``. Pickled entries (``idx_to_node``, ...) are never loaded.
+
+    Citation graphs are directed; as is standard for GNN training on them the graph is made symmetric
+    (``symmetric=True``), repeated edges are dropped and self-loops removed (``remove_self_loops=True``:
+    GNN layers add their own self path). Features are dense float32, left as stored unless
+    ``normalize_features=True`` divides each row by its sum (the GCN paper's preprocessing; all-zero rows
+    stay zero). The default is off so the data are used as published.
+
+    Split: ``"planetoid"`` (default) takes ``train_per_class`` vertices per class, ``num_val`` and
+    ``num_test`` at random with ``split_seed``; ``"random"`` is a seeded ``split_fractions`` split.
+
+    Example:
+        >>> ds = load_npz("../shared/data/cora.npz")            # doctest: +SKIP
+        >>> ds.num_nodes, ds.num_classes, ds.train_idx.numel()  # doctest: +SKIP
+        (2708, 7, 140)
+    """
+    p = _existing_file(path, "npz")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files if k.startswith(("adj_", "attr_", "labels"))}
+    except (OSError, ValueError) as e:
+        raise ValueError(f"could not read {str(p)!r} as a numpy .npz archive: {e}") from e
+    missing = [k for k in ("adj_data", "adj_indices", "adj_indptr", "adj_shape") if k not in arrays]
+    if missing:
+        raise ValueError(f"{str(p)!r} lacks {missing}: expected the gnn-benchmark CSR layout "
+                         "(adj_data, adj_indices, adj_indptr, adj_shape, attr_*, labels)")
+    import scipy.sparse as sp
+
+    adj = sp.csr_matrix((arrays["adj_data"], arrays["adj_indices"], arrays["adj_indptr"]),
+                        shape=tuple(int(s) for s in arrays["adj_shape"]))
+    graph = Graph.from_scipy(adj, symmetric=symmetric, remove_self_loops=remove_self_loops)
+    n = graph.num_nodes
+
+    synthetic_features = False
+    if "attr_data" in arrays:
+        attr = sp.csr_matrix((arrays["attr_data"], arrays["attr_indices"], arrays["attr_indptr"]),
+                             shape=tuple(int(s) for s in arrays["attr_shape"]))
+        feats = attr.astype(np.float32).toarray()
+    elif "attr_matrix" in arrays:
+        feats = np.asarray(arrays["attr_matrix"], dtype=np.float32)
+    else:
+        log.warning("%s has no features; using random N(0, 1) features of width 64 (flagged synthetic)", p)
+        feats = torch.randn(n, 64, generator=torch.Generator().manual_seed(split_seed)).numpy()
+        synthetic_features = True
+    if feats.shape[0] != n:
+        raise ValueError(f"{str(p)!r}: features have {feats.shape[0]} rows but the adjacency has {n} vertices")
+    features = torch.from_numpy(np.ascontiguousarray(feats))
+    if normalize_features:
+        row_sum = features.sum(dim=1, keepdim=True)
+        features = features / torch.where(row_sum == 0, torch.ones_like(row_sum), row_sum)
+
+    if "labels" not in arrays:
+        raise ValueError(f"{str(p)!r} has no 'labels' array; this loader needs node labels")
+    raw_labels = np.asarray(arrays["labels"])
+    if raw_labels.ndim != 1 or not np.issubdtype(raw_labels.dtype, np.integer):
+        raise ValueError(f"{str(p)!r}: labels must be a 1-D integer array (one class per vertex), got "
+                         f"shape {raw_labels.shape} dtype {raw_labels.dtype}")
+    labels = torch.from_numpy(raw_labels.astype(np.int64))
+    num_classes = int(labels.max()) + 1 if labels.numel() else 1
+
+    if split == "planetoid":
+        train, val, test = planetoid_split(labels, num_classes, train_per_class, num_val, num_test, seed=split_seed)
+        split_desc = f"planetoid {train_per_class}/class + {num_val} val + {num_test} test, seed={split_seed}"
+    elif split == "random":
+        train, val, test = random_split(n, split_fractions, seed=split_seed, labels=labels)
+        split_desc = f"random {tuple(split_fractions)} seed={split_seed}"
+    else:
+        raise ValueError(f"split must be 'planetoid' or 'random', got {split!r}")
+
+    ds = Dataset(graph=graph, features=features, labels=labels, train_idx=train, val_idx=val, test_idx=test,
+                 num_classes=num_classes, name=name or p.stem, synthetic_features=synthetic_features,
+                 meta={"source": str(p), "format": "npz", "symmetric": symmetric,
+                       "remove_self_loops": remove_self_loops, "normalize_features": normalize_features,
+                       "split": split_desc})
+    log.info("loaded %r", ds)
+    return ds
+
+
+# ---------------------------------------------------------------------------------- edge lists
+def read_edgelist(path: PathLike, delimiter: Optional[str] = "auto") -> np.ndarray:
+    """Read the first two integer columns of an edge list into an int64 array of shape ``[E, 2]``.
+
+    Accepts comma, tab, semicolon or whitespace separated fields (``delimiter="auto"`` detects it from
+    the first data line; pass ``None`` for whitespace), an optional header line (detected when its first
+    two fields are not integers), ``#``/``%`` comment lines, LF, CRLF or bare-CR line ends and a UTF-8
+    byte-order mark. Further columns (weights, timestamps) are ignored.
+
+    Example:
+        >>> read_edgelist("edges.csv")   # doctest: +SKIP
+        array([[1394, 2778], ...])
+    """
+    p = _existing_file(path, "edge list")
+    # newline=None: Python's universal newlines turn "\r\n" and bare "\r" into "\n" before numpy parses
+    with open(p, "r", newline=None, encoding="utf-8-sig") as f:
+        skip, delim = _sniff(f, p, delimiter)
+        f.seek(0)
+        try:
+            edges = np.loadtxt(f, dtype=np.int64, delimiter=delim, comments=_COMMENTS, skiprows=skip,
+                               usecols=(0, 1), ndmin=2)
+        except ValueError as e:
+            raise ValueError(f"could not parse {str(p)!r} as an edge list of two integer columns "
+                             f"(delimiter {delim!r}, {skip} header line(s) skipped): {e}") from e
+    if edges.shape[0] == 0:
+        raise ValueError(f"edge list {str(p)!r} holds no edges")
+    return edges
+
+
+def _sniff(f, p: Path, delimiter: Optional[str]) -> Tuple[int, Optional[str]]:
+    """(lines to skip, delimiter) from the first non-blank, non-comment line."""
+    for lineno, line in enumerate(f):
+        s = line.strip()
+        if not s or s.startswith(_COMMENTS):
+            continue
+        delim = delimiter
+        if delim == "auto":
+            delim = next((d for d in _DELIMITERS if d in s), None)
+        fields = [x.strip() for x in (s.split(delim) if delim is not None else s.split())]
+        if len(fields) < 2:
+            raise ValueError(f"{str(p)!r} line {lineno + 1} ({s[:60]!r}) has fewer than two fields with "
+                             f"delimiter {delim!r}; an edge list needs 'src<sep>dst' per line")
+        try:
+            int(fields[0]), int(fields[1])
+        except ValueError:
+            return lineno + 1, delim  # a header: skip through it
+        return lineno, delim
+    raise ValueError(f"edge list {str(p)!r} holds no edges (only blank, comment or no lines)")
+
+
+def load_edgelist(
+    path: PathLike,
+    *,
+    symmetric: bool = True,
+    remove_self_loops: bool = True,
+    delimiter: Optional[str] = "auto",
+    feature_dim: int = 64,
+    num_classes: int = 8,
+    seed: int = 0,
+    split_fractions: Sequence[float] = (0.6, 0.2, 0.2),
+    name: Optional[str] = None,
+) -> Dataset:
+    """Load an edge list file (see :func:`read_edgelist` for the accepted formats) as a :class:`Dataset`.
+
+    Vertex ids may be any integers (e.g. gene ids up to ~1e14); they are remapped to ``0..N-1`` in
+    increasing order of the original id, and ``Dataset.node_ids`` keeps the original id of every vertex.
+    ``symmetric=True`` (default) adds the reverse of each edge; repeated edges are always dropped and
+    self-loops by default. Edge lists carry no features or labels, so seeded random ones are made
+    (``feature_dim`` N(0, 1) features, ``num_classes`` uniform labels), flagged ``synthetic_features``
+    and ``synthetic_labels`` and logged as a warning: accuracy on them is meaningless, timings are not.
+    Split: seeded random ``split_fractions``.
+
+    Example:
+        >>> ds = load_edgelist("../shared/data/bio-pathways-network.csv")   # doctest: +SKIP
+        >>> ds.num_nodes, ds.synthetic_labels                               # doctest: +SKIP
+        (21557, True)
+    """
+    if feature_dim < 1 or num_classes < 1:
+        raise ValueError(f"feature_dim and num_classes must be positive, got {feature_dim} and {num_classes}")
+    p = Path(path).expanduser()
+    edges = read_edgelist(p, delimiter)
+    ids, inverse = np.unique(edges.ravel(), return_inverse=True)
+    inverse = inverse.reshape(-1, 2)
+    n = int(ids.size)
+    graph = Graph.from_edges(inverse[:, 0], inverse[:, 1], num_nodes=n, symmetric=symmetric,
+                             remove_duplicates=True, remove_self_loops=remove_self_loops)
+    gen = torch.Generator().manual_seed(int(seed))
+    features = torch.randn(n, feature_dim, generator=gen)
+    labels = torch.randint(num_classes, (n,), generator=gen, dtype=torch.int64)
+    train, val, test = random_split(n, split_fractions, seed=seed)
+    ds = Dataset(graph=graph, features=features, labels=labels, train_idx=train, val_idx=val, test_idx=test,
+                 num_classes=num_classes, name=name or p.stem, synthetic_features=True, synthetic_labels=True,
+                 node_ids=torch.from_numpy(ids.astype(np.int64)),
+                 meta={"source": str(p), "format": "edgelist", "file_edges": int(edges.shape[0]),
+                       "symmetric": symmetric, "remove_self_loops": remove_self_loops,
+                       "split": f"random {tuple(split_fractions)} seed={seed}"})
+    log.warning("%s has no features or labels: using random features (dim %d) and random labels (%d classes), "
+                "seed %d; accuracy on this dataset is meaningless", p, feature_dim, num_classes, seed)
+    log.info("loaded %r", ds)
+    return ds

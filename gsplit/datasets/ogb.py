@@ -1,0 +1,233 @@
+"""Open Graph Benchmark node-property datasets (``ogbn-arxiv``, ``ogbn-products``, ``ogbn-papers100M``).
+
+Uses ``ogb.nodeproppred.NodePropPredDataset``, the numpy variant that needs neither PyG nor DGL, and
+works around three habits of ogb 1.3.6 that do not fit a library:
+
+* it reloads its processed file with ``torch.load``, which since torch 2.6 defaults to
+  ``weights_only=True`` and cannot read that file (a pickle of numpy arrays, protocol 4);
+* it asks on stdin (``input()``) whether to re-download when a folder lacks the current
+  ``RELEASE_v*.txt`` and before downloads over 1 GB, which blocks or fails without a terminal;
+* ``import ogb`` starts threads that ask PyPI whether ogb (and ``outdated``) are outdated, and it
+  prints progress.
+
+The fixes are scoped: while ogb runs, the names ``torch``, ``input`` and ``print`` inside ogb's own
+modules are shadowed by small stand-ins (``torch.load`` with ``weights_only=False`` for files inside
+the dataset folder, which ogb wrote itself; fixed answers instead of prompts; logging instead of
+print), and restored afterwards. Nothing outside ogb is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from gsplit.datasets.base import Dataset
+from gsplit.graph import Graph
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = ("ogbn-arxiv", "ogbn-products", "ogbn-papers100M")
+"""Homogeneous single-label OGB node datasets this loader handles."""
+_UNSUPPORTED = {
+    "ogbn-mag": "it is heterogeneous (several vertex and edge types)",
+    "ogbn-proteins": "it has 112 binary labels per vertex and no vertex features",
+}
+_MISSING = object()
+# ogb's stand-ins are module attributes while it runs: one loader at a time.
+_OGB_LOCK = threading.Lock()
+
+
+def default_root() -> Path:
+    """Where datasets are stored: ``$GSPLIT_DATA`` if set, else ``~/.gsplit/datasets``."""
+    env = os.environ.get("GSPLIT_DATA")
+    return Path(env).expanduser() if env else Path.home() / ".gsplit" / "datasets"
+
+
+def load_ogb(
+    name: str,
+    *,
+    root: Optional[os.PathLike] = None,
+    download: bool = True,
+    symmetric: bool = True,
+    remove_self_loops: bool = True,
+) -> Dataset:
+    """Load an OGB node-property dataset with its official split (needs ``pip install gsplit[ogb]``).
+
+    Args:
+        name: one of ``ogbn-arxiv``, ``ogbn-products``, ``ogbn-papers100M``.
+        root: folder holding OGB dataset folders (``<root>/ogbn_arxiv/...``); default :func:`default_root`.
+        download: fetch the dataset when it is not in ``root``; with ``False`` a missing dataset raises
+            ``FileNotFoundError`` without touching the network. Downloads never ask for confirmation.
+        symmetric: add reverse edges (``ogbn-arxiv`` and ``ogbn-papers100M`` are directed citation
+            graphs; GNNs on them are usually trained on the symmetric graph). Repeated edges are dropped.
+        remove_self_loops: drop ``v -> v`` edges (GNN layers add their own self path).
+
+    Vertices without a label (most of ``ogbn-papers100M``) get label -1; every split vertex is labelled.
+
+    Example:
+        >>> ds = load_ogb("ogbn-arxiv", root="/data/ogb")   # doctest: +SKIP
+        >>> ds.num_nodes, ds.num_classes                    # doctest: +SKIP
+        (169343, 40)
+    """
+    if name in _UNSUPPORTED:
+        raise ValueError(f"{name} is not supported: {_UNSUPPORTED[name]}; supported OGB datasets: "
+                         f"{', '.join(SUPPORTED)}")
+    if name not in SUPPORTED:
+        raise ValueError(f"unknown OGB dataset {name!r}; supported: {', '.join(SUPPORTED)}")
+    ogb_dataset_mod = _import_ogb(name)
+    root_path = Path(root).expanduser() if root is not None else default_root()
+    dataset_dir = root_path / name.replace("-", "_")
+    if not download and not _has_files(dataset_dir, name):
+        raise FileNotFoundError(
+            f"{name} is not in {dataset_dir} (no processed/data_processed and no raw files) and download=False; "
+            f"pass download=True, or unpack OGB's {name} archive so that {dataset_dir}/raw exists")
+    root_path.mkdir(parents=True, exist_ok=True)
+    # ogb saves its processed file here without creating the folder first
+    if dataset_dir.is_dir():
+        (dataset_dir / "processed").mkdir(exist_ok=True)
+
+    with _ogb_scoped(dataset_dir):
+        try:
+            ogb_ds = ogb_dataset_mod.NodePropPredDataset(name=name, root=str(root_path))
+            split = ogb_ds.get_idx_split()
+        except OSError as e:  # urllib errors are OSErrors
+            raise RuntimeError(f"could not fetch or read {name} under {dataset_dir}: {e}; check the network, "
+                               f"or place the unpacked dataset there and pass download=False") from e
+    g, raw_labels = ogb_ds[0]
+    num_classes = int(ogb_ds.num_classes)
+
+    edge_index = np.asarray(g["edge_index"])
+    n = int(g["num_nodes"])
+    graph = Graph.from_edges(edge_index[0], edge_index[1], num_nodes=n, symmetric=symmetric,
+                             remove_duplicates=True, remove_self_loops=remove_self_loops)
+    del edge_index
+    if g.get("node_feat") is None:
+        raise ValueError(f"{name} under {dataset_dir} has no node features; this loader needs them")
+    features = torch.from_numpy(np.ascontiguousarray(g["node_feat"], dtype=np.float32))
+    labels = _labels_to_int64(np.asarray(raw_labels), name)
+    idx = {k: torch.from_numpy(np.asarray(split[k]).astype(np.int64).reshape(-1)) for k in ("train", "valid", "test")}
+    ds = Dataset(graph=graph, features=features, labels=labels, train_idx=idx["train"], val_idx=idx["valid"],
+                 test_idx=idx["test"], num_classes=num_classes, name=name,
+                 meta={"source": str(dataset_dir), "format": "ogb", "symmetric": symmetric,
+                       "remove_self_loops": remove_self_loops,
+                       "split": f"official ({ogb_ds.meta_info['split']})"})
+    log.info("loaded %r", ds)
+    return ds
+
+
+def _labels_to_int64(raw: np.ndarray, name: str) -> torch.Tensor:
+    """OGB labels are ``[N, 1]``; float with NaN for unlabelled vertices in papers100M. NaN -> -1."""
+    if raw.ndim == 2 and raw.shape[1] == 1:
+        raw = raw[:, 0]
+    if raw.ndim != 1:
+        raise ValueError(f"{name}: expected one label per vertex, got a label array of shape {raw.shape}")
+    if np.issubdtype(raw.dtype, np.floating):
+        out = np.full(raw.shape, -1, dtype=np.int64)
+        ok = ~np.isnan(raw)
+        out[ok] = raw[ok].astype(np.int64)
+        return torch.from_numpy(out)
+    return torch.from_numpy(raw.astype(np.int64))
+
+
+def _has_files(dataset_dir: Path, name: str) -> bool:
+    """Whether ogb would find the dataset without downloading (mirrors NodePropPredDataset.pre_process)."""
+    if (dataset_dir / "processed" / "data_processed").exists():
+        return True
+    raw = dataset_dir / "raw"
+    return (raw / "edge.csv.gz").exists() or (raw / "data.npz").exists()
+
+
+# ---------------------------------------------------------------------------------- ogb quirks
+def _import_ogb(name: str):
+    """Import ``ogb.nodeproppred.dataset`` without the PyPI version checks that ``import ogb`` starts.
+
+    ``ogb`` imports ``outdated`` inside ``try/except ImportError`` and, when found, checks PyPI in a
+    thread; importing ``outdated`` itself also checks PyPI. Marking ``outdated`` unimportable (a
+    ``None`` entry in ``sys.modules``) for the duration of ``import ogb`` skips both; the entry is then
+    removed again, so later imports of ``outdated`` elsewhere behave normally.
+    """
+    if "ogb" not in sys.modules:
+        had_outdated = "outdated" in sys.modules
+        if not had_outdated:
+            sys.modules["outdated"] = None  # type: ignore[assignment]
+        try:
+            import ogb  # noqa: F401
+        except ImportError as e:
+            raise ImportError(f"{name} needs the ogb package: pip install gsplit[ogb]") from e
+        finally:
+            if not had_outdated and sys.modules.get("outdated", _MISSING) is None:
+                del sys.modules["outdated"]
+    try:
+        from ogb.nodeproppred import dataset as ogb_dataset_mod
+    except ImportError as e:
+        raise ImportError(f"{name} needs the ogb package: pip install gsplit[ogb]") from e
+    return ogb_dataset_mod
+
+
+class _TorchForOgb:
+    """Stands in for ``torch`` inside ogb: forwards everything, but ``load`` of the dataset's own files
+    uses ``weights_only=False`` (ogb pickles numpy arrays with protocol 4, which the weights-only
+    unpickler cannot read; these files were written by ogb in the dataset folder)."""
+
+    def __init__(self, dataset_dir: Path):
+        self._dir = dataset_dir.resolve()
+
+    def __getattr__(self, attr):
+        return getattr(torch, attr)
+
+    def load(self, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) and self._dir in Path(f).resolve().parents:
+            kwargs.setdefault("weights_only", False)
+        return torch.load(f, *args, **kwargs)
+
+
+def _log_print(*args, **kwargs):
+    log.info("ogb: %s", " ".join(str(a) for a in args).strip())
+
+
+def _keep_existing_files(prompt: str = "") -> str:
+    log.warning("ogb reports a newer release of this dataset than the files on disk (no RELEASE_v*.txt); "
+                "using the files as they are. Delete the dataset folder to fetch the current release.")
+    return "n"
+
+
+def _confirm_download(prompt: str = "") -> str:
+    log.warning("ogb: %s -> proceeding (download=True)", prompt.strip())
+    return "y"
+
+
+@contextlib.contextmanager
+def _ogb_scoped(dataset_dir: Path):
+    """Shadow ``torch``, ``input`` and ``print`` inside ogb's modules while ogb runs; restore after."""
+    import ogb.io.read_graph_raw as raw_mod
+    import ogb.nodeproppred.dataset as ds_mod
+    import ogb.utils.url as url_mod
+
+    patches = [
+        (ds_mod, "torch", _TorchForOgb(dataset_dir)),
+        (ds_mod, "input", _keep_existing_files),  # the only prompt there: "update the dataset now?"
+        (ds_mod, "print", _log_print),
+        (url_mod, "input", _confirm_download),    # the only prompt there: "download N GB?"
+        (url_mod, "print", _log_print),
+        (raw_mod, "print", _log_print),
+    ]
+    with _OGB_LOCK:
+        saved = [(mod, attr, mod.__dict__.get(attr, _MISSING)) for mod, attr, _ in patches]
+        for mod, attr, value in patches:
+            setattr(mod, attr, value)
+        try:
+            yield
+        finally:
+            for mod, attr, old in saved:
+                if old is _MISSING:
+                    delattr(mod, attr)
+                else:
+                    setattr(mod, attr, old)

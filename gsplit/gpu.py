@@ -1,0 +1,266 @@
+"""GPU neighbour sampling and relabelling: the CUDA kernels in ``kernels/`` run through CuPy.
+
+The kernels pick exactly the edges the torch sampler picks (same counter-based arithmetic, see
+:mod:`gsplit.sampling.counter_rng`), so a rank may sample on its GPU and still reproduce the
+single-process mini-batch. CuPy only compiles (NVRTC, once per process and device) and launches
+them: every buffer is a torch tensor, handed over as a raw device pointer and used on torch's current
+stream, so nothing is copied and torch's caching allocator stays in charge of memory.
+
+Without CuPy, or with CPU tensors, the same functions run the torch implementation instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.resources
+import logging
+from pathlib import Path
+from typing import Iterator, Tuple
+
+import numpy as np
+import torch
+
+from gsplit.graph import Graph
+
+log = logging.getLogger(__name__)
+
+_BLOCK = 256
+"""Threads per block; a multiple of 32 because ``gsplit_sample_all`` gives each vertex one warp."""
+_MAX_BLOCKS = 1 << 16
+"""Grid-size cap; the kernels loop with a grid stride over whatever is left."""
+
+
+# ---------------------------------------------------------------------------------------- loading
+@functools.lru_cache(maxsize=None)
+def cupy_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device (checked once per process).
+
+    Example:
+        >>> isinstance(cupy_available(), bool)
+        True
+    """
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception as exc:  # ImportError, or CUDA libraries/driver missing: all mean "no CuPy"
+        log.debug("CuPy kernels unavailable (%s: %s); using torch sampling", type(exc).__name__, exc)
+        return False
+
+
+def kernel_source(name: str) -> str:
+    """Text of the CUDA source ``name`` (e.g. ``"sample.cu"``) shipped with gsplit.
+
+    Looks in the installed package data ``gsplit._kernels`` first, then in ``<repo>/kernels`` when
+    running from a source tree.
+
+    Example:
+        >>> "gsplit_sample_fill" in kernel_source("sample.cu")
+        True
+    """
+    try:
+        res = importlib.resources.files("gsplit._kernels").joinpath(name)
+        if res.is_file():
+            return res.read_text(encoding="utf-8")
+    except ModuleNotFoundError:
+        pass  # not installed as a package: try the source tree below
+    path = Path(__file__).resolve().parents[1] / "kernels" / name
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    raise FileNotFoundError(
+        f"CUDA source {name!r} is neither in the package gsplit._kernels nor at {path}; "
+        "reinstall gsplit (the .cu files ship as package data) or run from a full source checkout"
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str):
+    """The CuPy RawModule of one source file; CuPy compiles it lazily per device and caches the binary."""
+    import cupy
+
+    return cupy.RawModule(code=kernel_source(name), options=("-std=c++17",))
+
+
+@functools.lru_cache(maxsize=None)
+def _function(module: str, kernel: str):
+    return _module(module).get_function(kernel)
+
+
+@contextlib.contextmanager
+def _torch_stream(device: torch.device) -> Iterator[None]:
+    """Make CuPy launch on ``device`` and on torch's current stream there, so launches and torch ops
+    on the same tensors stay ordered without synchronising."""
+    import cupy
+
+    with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
+        yield
+
+
+def _launch(module: str, kernel: str, threads: int, args: tuple) -> None:
+    blocks = min(max(1, -(-threads // _BLOCK)), _MAX_BLOCKS)
+    _function(module, kernel)((blocks,), (_BLOCK,), args)
+
+
+def _ptr(t: torch.Tensor) -> np.uint64:
+    """Device-side address of a contiguous CUDA or pinned-host tensor, as a kernel argument.
+
+    CuPy passes a numpy scalar by value, so an 8-byte unsigned integer is exactly a pointer argument.
+    """
+    if t.numel() == 0:
+        return np.uint64(0)  # never dereferenced: the kernels read nothing past a zero count
+    if t.is_cuda:
+        return np.uint64(t.data_ptr())
+    import cupy
+
+    # Pinned host memory is mapped into the GPU's address space (unified virtual addressing); ask
+    # CUDA for the device-side address rather than assuming it equals the host one.
+    ptr = cupy.cuda.runtime.pointerGetAttributes(t.data_ptr()).devicePointer
+    if not ptr:
+        raise RuntimeError(
+            "a pinned host tensor has no device-side address, so the GPU cannot read it; "
+            "move the graph to the GPU with graph.to(device) instead of pinning it"
+        )
+    return np.uint64(ptr)
+
+
+def _graph_on_gpu_path(graph: Graph, device: torch.device) -> bool:
+    """Whether the kernels can read ``graph`` from ``device``: it is on that GPU, or pinned on the host."""
+    arrays = (graph.indptr, graph.indices)
+    if all(a.device == device for a in arrays):
+        return all(a.is_contiguous() for a in arrays)
+    return all(a.device.type == "cpu" and a.is_pinned() and a.is_contiguous() for a in arrays)
+
+
+# ---------------------------------------------------------------------------------------- sampling
+def _sample_torch(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int):
+    """The torch sampler, run where the graph is; results go back to ``nodes``' device."""
+    from gsplit.sampling.neighbor import sample_neighbors_torch
+
+    out = sample_neighbors_torch(graph, nodes.to(graph.device), fanout, replace, key)
+    return tuple(t.to(nodes.device) for t in (out.src, out.dst_index, out.edge_ids))
+
+
+def sample_neighbors_gpu(
+    graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick in-edges of ``nodes`` with the CUDA kernel; same edges as the torch sampler.
+
+    Args:
+        graph: CSC graph, on ``nodes``' GPU or in pinned host memory (``Graph.pin_memory()``), which
+            the kernel reads through unified virtual addressing without copying the graph.
+        nodes: int64 destination vertices (any order, repeats allowed), normally a CUDA tensor.
+        fanout: neighbours per vertex, or -1 for all in-neighbours.
+        replace: sample with replacement.
+        key: 64-bit stream key, ``counter_rng.stream_key(seed, epoch, iteration, layer)``.
+
+    Returns:
+        ``(src, dst_index, edge_ids)`` int64 on ``nodes``' device, grouped by destination in
+        ``nodes`` order, each destination's edges in CSC order.
+
+    Falls back to the torch sampler (on the graph's device) when CuPy is missing, ``nodes`` is on the
+    CPU, or the graph is neither on ``nodes``' GPU nor pinned.
+
+    Example:
+        >>> from gsplit.sampling import counter_rng
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> src, dst_index, eids = sample_neighbors_gpu(g, torch.tensor([0, 2]), 1, False,
+        ...                                             counter_rng.stream_key(0, 0, 0, 0))
+        >>> dst_index.tolist()
+        [0, 1]
+    """
+    fanout = int(fanout)
+    if fanout < -1 or fanout == 0:
+        raise ValueError(f"fanout = {fanout}; pass a positive number of neighbours or -1 for all")
+    if not 0 <= int(key) < 1 << 64:
+        raise ValueError(f"key = {key} is not an unsigned 64-bit integer; use counter_rng.stream_key(...)")
+    nodes = nodes.to(torch.int64)
+    device = nodes.device
+    if not (nodes.is_cuda and cupy_available() and _graph_on_gpu_path(graph, device)):
+        return _sample_torch(graph, nodes, fanout, bool(replace), int(key))
+    return _sample_kernel(graph, nodes.contiguous(), fanout, bool(replace), int(key))
+
+
+def _sample_kernel(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int):
+    device = nodes.device
+    n = nodes.numel()
+    if n == 0:
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return empty, empty.clone(), empty.clone()
+    start, deg, counts = (torch.empty(n, dtype=torch.int64, device=device) for _ in range(3))
+    bad = torch.zeros(1, dtype=torch.int64, device=device)
+    with _torch_stream(device):
+        _launch("sample.cu", "gsplit_sample_count", n, (
+            _ptr(graph.indptr), np.int64(graph.num_nodes), _ptr(nodes), np.int64(n),
+            np.int64(fanout), np.int32(replace), _ptr(start), _ptr(deg), _ptr(counts), _ptr(bad)))
+    ends = torch.cumsum(counts, 0)
+    total, num_bad = torch.stack([ends[-1], bad[0]]).tolist()  # the one host sync: output size
+    if num_bad:
+        raise ValueError(
+            f"nodes contain ids outside [0, {graph.num_nodes}) (min {int(nodes.min())}, max {int(nodes.max())}); "
+            "pass vertex ids of this graph"
+        )
+    src, dst_index, edge_ids = (torch.empty(total, dtype=torch.int64, device=device) for _ in range(3))
+    if total:
+        with _torch_stream(device):
+            if fanout == -1:
+                _launch("sample.cu", "gsplit_sample_all", n * 32, (
+                    _ptr(graph.indices), _ptr(start), _ptr(ends), np.int64(n),
+                    _ptr(src), _ptr(dst_index), _ptr(edge_ids)))
+            else:
+                _launch("sample.cu", "gsplit_sample_fill", n, (
+                    _ptr(graph.indices), _ptr(nodes), _ptr(start), _ptr(deg), _ptr(ends), np.int64(n),
+                    np.int64(fanout), np.int32(replace), np.uint64(key),
+                    _ptr(src), _ptr(dst_index), _ptr(edge_ids)))
+    return src, dst_index, edge_ids
+
+
+# ---------------------------------------------------------------------------------------- relabel
+def relabel_gpu(dst_nodes: torch.Tensor, src: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``gsplit.sampling.neighbor.relabel`` with a GPU hash table: ``src_nodes = dst_nodes ++ sorted(new ids)``.
+
+    Returns ``(src_nodes, src_local)`` with ``src_nodes[src_local] == src``. ``dst_nodes`` must be
+    unique and all ids non-negative. Runs the torch version when CuPy is missing or a tensor is on
+    the CPU.
+
+    Example:
+        >>> relabel_gpu(torch.tensor([5, 2]), torch.tensor([9, 2, 7, 9]))
+        (tensor([5, 2, 7, 9]), tensor([3, 1, 2, 3]))
+    """
+    from gsplit.sampling.neighbor import relabel
+
+    device = dst_nodes.device
+    if not (dst_nodes.is_cuda and src.device == device and cupy_available()):
+        return relabel(dst_nodes, src)
+    return _relabel_kernel(dst_nodes.to(torch.int64).contiguous(), src.to(torch.int64).contiguous())
+
+
+def _relabel_kernel(dst_nodes: torch.Tensor, src: torch.Tensor):
+    device = dst_nodes.device
+    nd, ne = dst_nodes.numel(), src.numel()
+    if ne == 0:
+        return dst_nodes.clone(), torch.empty(0, dtype=torch.int64, device=device)
+    # At most half full: nd + ne bounds the number of distinct keys.
+    capacity = max(2, 1 << (2 * (nd + ne) - 1).bit_length())
+    mask, shift = capacity - 1, 65 - capacity.bit_length()
+    keys = torch.full((capacity,), -1, dtype=torch.int64, device=device)  # all bits set = empty slot
+    vals = torch.empty(capacity, dtype=torch.int64, device=device)
+    new_ids = torch.empty(ne, dtype=torch.int64, device=device)
+    num_new = torch.zeros(1, dtype=torch.int64, device=device)
+    table = (_ptr(keys), _ptr(vals), np.int64(mask), np.int32(shift))
+    with _torch_stream(device):
+        if nd:
+            _launch("relabel.cu", "gsplit_relabel_insert_dst", nd, table + (_ptr(dst_nodes), np.int64(nd)))
+        _launch("relabel.cu", "gsplit_relabel_insert_src", ne, (
+            _ptr(keys), np.int64(mask), np.int32(shift), _ptr(src), np.int64(ne), _ptr(new_ids), _ptr(num_new)))
+    negative = (src.min() < 0) | (dst_nodes.min() < 0) if nd else src.min() < 0
+    k, has_negative = torch.stack([num_new[0], negative.to(torch.int64)]).tolist()
+    if has_negative:
+        raise ValueError("relabel_gpu got negative vertex ids; pass global ids in [0, num_nodes)")
+    new_sorted = torch.sort(new_ids[:k]).values
+    src_local = torch.empty(ne, dtype=torch.int64, device=device)
+    with _torch_stream(device):
+        if k:
+            _launch("relabel.cu", "gsplit_relabel_assign", k, table + (_ptr(new_sorted), np.int64(k), np.int64(nd)))
+        _launch("relabel.cu", "gsplit_relabel_lookup", ne, table + (_ptr(src), np.int64(ne), _ptr(src_local)))
+    return torch.cat([dst_nodes, new_sorted]), src_local

@@ -1,0 +1,292 @@
+"""GNN layers on sampled blocks: ``SAGEConv``, ``GATConv`` and ``GraphConv``, in plain torch.
+
+Each layer maps the rows of a block's ``src_nodes`` (inputs, ``block.num_src_nodes()`` rows, the first
+``block.num_dst`` of which are the destinations' own rows) to one row per destination, with the
+semantics of DGL's layer of the same name on a DGL block. Aggregation is a gather over the block's
+edges (``index_select``) followed by a scatter-add into the destinations (``index_add_``), so the same
+code runs on CPU and CUDA, in float32 and float64, and handles blocks without edges or destinations.
+
+Determinism: on CPU the result is a pure function of the inputs. On CUDA, ``index_add_`` and the
+backward of ``index_select`` use atomic adds whose order varies; call
+``torch.use_deterministic_algorithms(True)`` for bitwise-reproducible runs there.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from gsplit.sampling.block import Block
+
+__all__ = ["SAGEConv", "GATConv", "GraphConv", "edge_softmax"]
+
+
+def _check_input(layer: nn.Module, block: Block, h: torch.Tensor, in_feats: int) -> None:
+    """Raise a clear error when ``h`` does not fit ``block`` or the layer."""
+    name = type(layer).__name__
+    if not isinstance(h, torch.Tensor):
+        raise TypeError(f"{name} expects h to be a torch.Tensor, got {type(h).__name__}")
+    if h.dim() != 2:
+        raise ValueError(f"{name} expects a 2-D input h of shape [block.num_src_nodes(), in_feats], "
+                         f"got shape {tuple(h.shape)}")
+    n_src = block.num_src_nodes()
+    if h.shape[0] != n_src:
+        raise ValueError(f"{name}: h has {h.shape[0]} rows but expected block.num_src_nodes() = {n_src} "
+                         f"(one row per source node of {block!r}); for layers above the first, shuffle or "
+                         f"index the previous layer's output to this block's src_nodes first")
+    if h.shape[1] != in_feats:
+        raise ValueError(f"{name} was built with in_feats={in_feats} but h has {h.shape[1]} columns")
+    if block.num_dst > n_src:
+        raise ValueError(f"{name}: block has num_dst={block.num_dst} > num_src_nodes()={n_src}; "
+                         f"dst_nodes must be a prefix of src_nodes")
+    if block.edge_src.device != h.device or block.edge_dst.device != h.device:
+        raise ValueError(f"{name}: block edges are on {block.edge_src.device} but h is on {h.device}; "
+                         f"move the block with block.to(h.device)")
+
+
+def _sum_into_dst(messages: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:
+    """Sum per-edge ``messages`` ([E, ...]) into ``num_dst`` destination rows; zero rows get zeros."""
+    out = messages.new_zeros((num_dst,) + tuple(messages.shape[1:]))
+    return out.index_add_(0, edge_dst, messages)
+
+
+def _degrees(index: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
+    """Edge counts per vertex as a float column of ``like``'s dtype, clamped to at least 1."""
+    return torch.bincount(index, minlength=n).clamp_(min=1).to(like.dtype).unsqueeze(1)
+
+
+def edge_softmax(scores: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:
+    """Softmax of edge ``scores`` ([E, H]) over the in-edges of each destination.
+
+    Computed stably: the per-destination maximum (``scatter_reduce`` ``amax``) is subtracted before
+    ``exp``. The maximum is detached, which leaves value and gradient unchanged (softmax is invariant
+    to a per-group shift) and avoids differentiating through ``amax``.
+
+    Example:
+        >>> edge_softmax(torch.tensor([[0.], [0.], [5.]]), torch.tensor([0, 0, 1]), 2).flatten().tolist()
+        [0.5, 0.5, 1.0]
+    """
+    idx = edge_dst.unsqueeze(1).expand_as(scores)
+    with torch.no_grad():
+        # include_self=False: the zeros' initial value does not take part, so all-negative scores work.
+        smax = scores.new_zeros((num_dst, scores.shape[1])).scatter_reduce_(0, idx, scores, "amax", include_self=False)
+    e = torch.exp(scores - smax.index_select(0, edge_dst))
+    denom = _sum_into_dst(e, edge_dst, num_dst)
+    # Every destination referenced by an edge has denom >= 1 (its max term is exp(0)), so no 0/0.
+    return e / denom.index_select(0, edge_dst)
+
+
+class SAGEConv(nn.Module):
+    """GraphSAGE layer (Hamilton et al. 2017) on a block, as DGL's ``SAGEConv``.
+
+    ``aggregator="mean"``: ``out = W_self h_dst + W_neigh mean_{src in N(dst)} h_src + b``; a destination
+    without sampled in-edges gets a zero neighbour mean. ``aggregator="gcn"``:
+    ``out = W_neigh (h_dst + sum_{src in N(dst)} h_src) / (deg + 1) + b``. ``activation`` is applied last.
+
+    Args:
+        in_feats: input feature size.
+        out_feats: output feature size.
+        aggregator: ``"mean"`` or ``"gcn"``.
+        activation: callable applied to the output, e.g. ``torch.relu``; ``None`` for none.
+        bias: add a learnable bias (initialised to zero).
+        feat_drop: dropout probability on the input features (training mode only).
+
+    Example:
+        >>> from gsplit.sampling import Block
+        >>> b = Block(src_nodes=torch.tensor([5, 6, 7]), num_dst=1, edge_src=torch.tensor([1, 2]),
+        ...           edge_dst=torch.tensor([0, 0]), edge_ids=torch.tensor([0, 1]))
+        >>> SAGEConv(4, 2)(b, torch.randn(3, 4)).shape
+        torch.Size([1, 2])
+    """
+
+    _AGGREGATORS = ("mean", "gcn")
+
+    def __init__(self, in_feats: int, out_feats: int, aggregator: str = "mean",
+                 activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, bias: bool = True,
+                 feat_drop: float = 0.0):
+        super().__init__()
+        if aggregator not in self._AGGREGATORS:
+            raise ValueError(f"SAGEConv aggregator={aggregator!r} is not supported; use one of {self._AGGREGATORS}")
+        self.in_feats, self.out_feats, self.aggregator = int(in_feats), int(out_feats), aggregator
+        self.activation = activation
+        self.feat_drop = nn.Dropout(feat_drop)
+        self.fc_neigh = nn.Linear(self.in_feats, self.out_feats, bias=False)
+        # The gcn aggregator folds the destination's own row into the neighbour mean: no W_self.
+        self.fc_self = nn.Linear(self.in_feats, self.out_feats, bias=False) if aggregator == "mean" else None
+        self.bias = nn.Parameter(torch.empty(self.out_feats)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights with the ReLU gain and zero bias, as DGL."""
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_uniform_(self.fc_neigh.weight, gain=gain)
+        if self.fc_self is not None:
+            nn.init.xavier_uniform_(self.fc_self.weight, gain=gain)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
+        """``h``: [block.num_src_nodes(), in_feats] -> [block.num_dst, out_feats]."""
+        _check_input(self, block, h, self.in_feats)
+        h = self.feat_drop(h)
+        nd = block.num_dst
+        src, dst = block.edge_src, block.edge_dst
+        # Project before aggregating when that shrinks the gathered rows (same result, less memory).
+        lin_first = self.in_feats > self.out_feats
+        x = self.fc_neigh(h) if lin_first else h
+        agg = _sum_into_dst(x.index_select(0, src), dst, nd)
+        deg = torch.bincount(dst, minlength=nd).to(h.dtype).unsqueeze(1)
+        if self.aggregator == "mean":
+            neigh = agg / deg.clamp(min=1)
+            out = self.fc_self(h[:nd]) + (neigh if lin_first else self.fc_neigh(neigh))
+        else:  # gcn
+            neigh = (agg + x[:nd]) / (deg + 1)
+            out = neigh if lin_first else self.fc_neigh(neigh)
+        if self.bias is not None:
+            out = out + self.bias
+        return self.activation(out) if self.activation is not None else out
+
+    def extra_repr(self) -> str:
+        return f"{self.in_feats}, {self.out_feats}, aggregator={self.aggregator!r}, bias={self.bias is not None}"
+
+
+class GATConv(nn.Module):
+    """Multi-head graph attention layer (Velickovic et al. 2018) on a block, as DGL's ``GATConv``.
+
+    For head ``k``: ``z = W h``; ``e_uv = LeakyReLU(a_l . z_u + a_r . z_v)`` for each edge ``u -> v``;
+    ``alpha = softmax of e over v's in-edges``; ``out_v = sum_u alpha_uv z_u + b``. A destination
+    without in-edges gets zeros (plus the bias). Output shape ``[num_dst, num_heads, out_feats]``; the
+    model flattens or averages the heads.
+
+    Args:
+        in_feats: input feature size.
+        out_feats: output size per head.
+        num_heads: number of attention heads.
+        negative_slope: LeakyReLU slope for the attention scores.
+        activation: callable applied to the output; ``None`` for none.
+        feat_drop: dropout probability on the input features (training mode only).
+        attn_drop: dropout probability on the attention coefficients (training mode only).
+        bias: add a learnable bias of size ``num_heads * out_feats`` (initialised to zero).
+
+    Example:
+        >>> from gsplit.sampling import Block
+        >>> b = Block(src_nodes=torch.tensor([5, 6, 7]), num_dst=2, edge_src=torch.tensor([1, 2, 0]),
+        ...           edge_dst=torch.tensor([0, 0, 1]), edge_ids=torch.tensor([0, 1, 2]))
+        >>> GATConv(4, 3, num_heads=2)(b, torch.randn(3, 4)).shape
+        torch.Size([2, 2, 3])
+    """
+
+    def __init__(self, in_feats: int, out_feats: int, num_heads: int, negative_slope: float = 0.2,
+                 activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, feat_drop: float = 0.0,
+                 attn_drop: float = 0.0, bias: bool = True):
+        super().__init__()
+        if int(num_heads) < 1:
+            raise ValueError(f"GATConv num_heads={num_heads}; pass at least 1 head")
+        self.in_feats, self.out_feats, self.num_heads = int(in_feats), int(out_feats), int(num_heads)
+        self.negative_slope = float(negative_slope)
+        self.activation = activation
+        self.feat_drop = nn.Dropout(feat_drop)
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.fc = nn.Linear(self.in_feats, self.num_heads * self.out_feats, bias=False)
+        self.attn_l = nn.Parameter(torch.empty(1, self.num_heads, self.out_feats))
+        self.attn_r = nn.Parameter(torch.empty(1, self.num_heads, self.out_feats))
+        self.bias = nn.Parameter(torch.empty(self.num_heads * self.out_feats)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-normal weights and attention vectors with the ReLU gain, zero bias, as DGL."""
+        gain = nn.init.calculate_gain("relu")
+        nn.init.xavier_normal_(self.fc.weight, gain=gain)
+        nn.init.xavier_normal_(self.attn_l, gain=gain)
+        nn.init.xavier_normal_(self.attn_r, gain=gain)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
+        """``h``: [block.num_src_nodes(), in_feats] -> [block.num_dst, num_heads, out_feats]."""
+        _check_input(self, block, h, self.in_feats)
+        nd, H, D = block.num_dst, self.num_heads, self.out_feats
+        src, dst = block.edge_src, block.edge_dst
+        z = self.fc(self.feat_drop(h)).view(-1, H, D)
+        el = (z * self.attn_l).sum(-1)            # [num_src, H]: source half of the score
+        er = (z[:nd] * self.attn_r).sum(-1)       # [num_dst, H]: destination half
+        scores = F.leaky_relu(el.index_select(0, src) + er.index_select(0, dst), self.negative_slope)
+        alpha = self.attn_drop(edge_softmax(scores, dst, nd))
+        out = _sum_into_dst(z.index_select(0, src) * alpha.unsqueeze(-1), dst, nd)
+        if self.bias is not None:
+            out = out + self.bias.view(1, H, D)
+        return self.activation(out) if self.activation is not None else out
+
+    def extra_repr(self) -> str:
+        return f"{self.in_feats}, {self.out_feats}, num_heads={self.num_heads}, negative_slope={self.negative_slope}"
+
+
+class GraphConv(nn.Module):
+    """Graph convolution (Kipf & Welling 2017) on a block, as DGL's ``GraphConv``.
+
+    Degrees are the block's sampled ones, as DGL uses on blocks: ``d_out(u)`` counts ``u``'s edges as
+    a source in the block, ``d_in(v)`` ``v``'s edges as a destination, both clamped to at least 1.
+    ``norm="both"``: ``out_v = W sum_u h_u / sqrt(d_out(u) d_in(v)) + b``; ``"right"``:
+    ``W sum_u h_u / d_in(v) + b``; ``"left"``: ``W sum_u h_u / d_out(u) + b``; ``"none"``: plain sum.
+    A destination without in-edges gets zeros (plus the bias). No self-loops are added: add them to
+    the graph if wanted, as with DGL.
+
+    Args:
+        in_feats: input feature size.
+        out_feats: output feature size.
+        norm: ``"both"``, ``"right"``, ``"left"`` or ``"none"``.
+        activation: callable applied to the output; ``None`` for none.
+        bias: add a learnable bias (initialised to zero).
+
+    Example:
+        >>> from gsplit.sampling import Block
+        >>> b = Block(src_nodes=torch.tensor([5, 6, 7]), num_dst=1, edge_src=torch.tensor([1, 2]),
+        ...           edge_dst=torch.tensor([0, 0]), edge_ids=torch.tensor([0, 1]))
+        >>> GraphConv(4, 2)(b, torch.randn(3, 4)).shape
+        torch.Size([1, 2])
+    """
+
+    _NORMS = ("both", "right", "left", "none")
+
+    def __init__(self, in_feats: int, out_feats: int, norm: str = "both",
+                 activation: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, bias: bool = True):
+        super().__init__()
+        if norm not in self._NORMS:
+            raise ValueError(f"GraphConv norm={norm!r} is not supported; use one of {self._NORMS}")
+        self.in_feats, self.out_feats, self.norm = int(in_feats), int(out_feats), norm
+        self.activation = activation
+        self.weight = nn.Parameter(torch.empty(self.in_feats, self.out_feats))
+        self.bias = nn.Parameter(torch.empty(self.out_feats)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weight and zero bias, as DGL."""
+        nn.init.xavier_uniform_(self.weight)
+        if self.bias is not None:
+            nn.init.zeros_(self.bias)
+
+    def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
+        """``h``: [block.num_src_nodes(), in_feats] -> [block.num_dst, out_feats]."""
+        _check_input(self, block, h, self.in_feats)
+        nd, ns = block.num_dst, block.num_src_nodes()
+        src, dst = block.edge_src, block.edge_dst
+        if self.norm in ("both", "left"):
+            d_out = _degrees(src, ns, h)
+            h = h * (d_out.rsqrt() if self.norm == "both" else d_out.reciprocal())
+        # Multiply by W on the narrower side of the aggregation (same result, less work).
+        if self.in_feats > self.out_feats:
+            out = _sum_into_dst((h @ self.weight).index_select(0, src), dst, nd)
+        else:
+            out = _sum_into_dst(h.index_select(0, src), dst, nd) @ self.weight
+        if self.norm in ("both", "right"):
+            d_in = _degrees(dst, nd, out)
+            out = out * (d_in.rsqrt() if self.norm == "both" else d_in.reciprocal())
+        if self.bias is not None:
+            out = out + self.bias
+        return self.activation(out) if self.activation is not None else out
+
+    def extra_repr(self) -> str:
+        return f"{self.in_feats}, {self.out_feats}, norm={self.norm!r}, bias={self.bias is not None}"

@@ -1,0 +1,100 @@
+"""Ready-made node-classification models whose forward works on reference and split blocks alike.
+
+Every model runs :func:`gsplit.sp_forward`: on split blocks it shuffles between layers, on ordinary
+blocks (single process, data parallel) the shuffle is the identity, so one model serves every system.
+"""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
+from gsplit.nn.split import sp_forward
+from gsplit.sampling.block import Block
+
+
+class _Stack(nn.Module):
+    """Layers plus the activation/dropout applied between them (on the rank's own rows)."""
+
+    def __init__(self, layers: Sequence[nn.Module], dropout: float):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.dropout = float(dropout)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def between(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        h = F.relu(h)
+        return F.dropout(h, self.dropout, self.training) if self.dropout > 0 else h
+
+    def forward(self, blocks: List[Block], x: torch.Tensor) -> torch.Tensor:
+        return sp_forward(self.layers, x, blocks, between=self.between)
+
+
+class SAGE(_Stack):
+    """GraphSAGE with mean aggregation.
+
+    Example:
+        >>> model = SAGE(in_feats=100, hidden=64, num_classes=7, num_layers=3)
+        >>> model.num_layers
+        3
+    """
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int, num_layers: int = 3, dropout: float = 0.0):
+        dims = [in_feats] + [hidden] * (num_layers - 1) + [num_classes]
+        super().__init__([SAGEConv(dims[i], dims[i + 1]) for i in range(num_layers)], dropout)
+
+
+class GCN(_Stack):
+    """Graph convolutional network with ``norm="right"`` (mean over the sampled in-edges).
+
+    The symmetric ``norm="both"`` divides by each *source's* out-degree in the sampled mini-batch,
+    which no rank of a split knows locally (its edges are spread over ranks); the destination-side
+    normalisation is exact under any split.
+    """
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int, num_layers: int = 3, dropout: float = 0.0):
+        dims = [in_feats] + [hidden] * (num_layers - 1) + [num_classes]
+        super().__init__([GraphConv(dims[i], dims[i + 1], norm="right") for i in range(num_layers)], dropout)
+
+
+class GAT(_Stack):
+    """Graph attention network: ``heads`` heads concatenated in hidden layers, averaged at the output."""
+
+    def __init__(self, in_feats: int, hidden: int, num_classes: int, num_layers: int = 3, heads: int = 4,
+                 dropout: float = 0.0):
+        if hidden % heads:
+            raise ValueError(f"hidden={hidden} is not divisible by heads={heads}; pick hidden as a multiple of heads")
+        layers = []
+        dim = in_feats
+        for i in range(num_layers - 1):
+            layers.append(GATConv(dim, hidden // heads, heads))
+            dim = hidden
+        layers.append(GATConv(dim, num_classes, 1))
+        super().__init__(layers, dropout)
+
+    def between(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        return super().between(i, h.flatten(1))
+
+    def forward(self, blocks: List[Block], x: torch.Tensor) -> torch.Tensor:
+        return super().forward(blocks, x).mean(1)
+
+
+MODELS = {"sage": SAGE, "gcn": GCN, "gat": GAT}
+
+
+def build_model(name: str, in_feats: int, hidden: int, num_classes: int, num_layers: int,
+                dropout: float = 0.0, heads: int = 4) -> nn.Module:
+    """Build one of :data:`MODELS` by name (``sage``, ``gcn``, ``gat``)."""
+    key = name.lower()
+    if key not in MODELS:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
+    if key == "gat":
+        return GAT(in_feats, hidden, num_classes, num_layers, heads=heads, dropout=dropout)
+    return MODELS[key](in_feats, hidden, num_classes, num_layers, dropout=dropout)

@@ -1,0 +1,379 @@
+"""Partitioning strategies: weighted METIS (``gsplit``, ``node``, ``edge``) and ``random``.
+
+METIS is reached through the C symbols that pymetis's extension module exports, called with ctypes:
+``pymetis.part_graph`` only passes one balance constraint, and the ``gsplit`` and ``edge`` strategies
+balance several at once (METIS's multi-constraint mode, ``ncon > 1``). If the ctypes route fails, the
+strategies fall back to ``pymetis.part_graph`` with the constraints summed into one, and log a warning.
+
+METIS wants an undirected graph with positive integer weights. A directed graph is symmetrised as
+``A + A^T`` (weights of the two directions summed, self loops dropped). Float weights become integers by
+one scale factor per weight kind (see :func:`to_metis_weights`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from gsplit.graph import Graph
+from gsplit.partition.partition_map import PartitionMap
+from gsplit.partition.presample import PresampleWeights, check_train_idx, presample
+
+log = logging.getLogger(__name__)
+
+METHODS = ("gsplit", "node", "edge", "random")
+"""Names accepted by :func:`partition`'s ``method``."""
+
+BALANCE_MODES = ("layers", "total")
+"""How ``gsplit``/``node`` turn pre-sampling weights into METIS balance constraints (see :func:`partition`)."""
+
+_METIS_OK = 1
+_METIS_NOPTIONS = 40
+_METIS_ERRORS = {-2: "METIS_ERROR_INPUT (invalid input)", -3: "METIS_ERROR_MEMORY (out of memory)", -4: "METIS_ERROR"}
+
+
+# ---------------------------------------------------------------------------------------------- ctypes
+@dataclass(frozen=True)
+class _MetisLib:
+    """The METIS entry points of pymetis's extension module and the width of its ``idx_t``."""
+
+    part_kway: "ctypes._CFuncPtr"
+    set_default_options: "ctypes._CFuncPtr"
+    idx_dtype: type
+    option_seed: int
+    option_ufactor: int
+    option_numbering: int
+
+
+def _ptr(a: Optional[np.ndarray]):
+    return None if a is None else a.ctypes.data_as(ctypes.c_void_p)
+
+
+@functools.lru_cache(maxsize=1)
+def _load_metis() -> _MetisLib:
+    """Open pymetis's extension with ctypes and check on a tiny graph that calls work (cached)."""
+    import pymetis
+    from pymetis import _internal
+
+    lib = ctypes.CDLL(_internal.__file__)
+    part = lib.METIS_PartGraphKway
+    part.restype = ctypes.c_int
+    part.argtypes = [ctypes.c_void_p] * 13
+    setdef = lib.METIS_SetDefaultOptions
+    setdef.restype = ctypes.c_int
+    setdef.argtypes = [ctypes.c_void_p]
+    # idx_t's width is a build option (METIS_IDXTYPEWIDTH); pymetis reports it. real_t is never needed:
+    # we pass no tpwgts/ubvec and set the tolerance through the integer UFACTOR option instead.
+    width = int(_internal._idx_type_width()) if hasattr(_internal, "_idx_type_width") else 64
+    if width not in (32, 64):
+        raise RuntimeError(f"pymetis reports an idx_t width of {width} bits; expected 32 or 64")
+    from pymetis._internal import OptionKey
+
+    lib_info = _MetisLib(part, setdef, np.int64 if width == 64 else np.int32,
+                         int(OptionKey.SEED), int(OptionKey.UFACTOR), int(OptionKey.NUMBERING))
+    _self_test(lib_info)
+    log.debug("METIS through ctypes: %s, idx_t %d bits, pymetis %s", _internal.__file__, width,
+              getattr(pymetis, "__version__", "?"))
+    return lib_info
+
+
+def _self_test(lib: _MetisLib) -> None:
+    """Two 4-cliques joined by one edge, 2 parts: a working call returns the two cliques, cut 1."""
+    edges = [(a, b) for c in (0, 4) for a in range(c, c + 4) for b in range(c, c + 4) if a != b] + [(3, 4), (4, 3)]
+    src = np.array([e[0] for e in edges])
+    dst = np.array([e[1] for e in edges])
+    order = np.lexsort((dst, src))
+    xadj = np.zeros(9, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=8), out=xadj[1:])
+    parts, cut = _call_kway(lib, xadj, dst[order], 2, None, None, seed=1, ufactor=30)
+    if cut != 1 or len(set(parts[:4])) != 1 or len(set(parts[4:])) != 1 or parts[0] == parts[4]:
+        raise RuntimeError(f"METIS self-test through ctypes gave parts {parts.tolist()} with cut {cut}; "
+                           "expected the two cliques with cut 1")
+
+
+def _call_kway(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt, seed: int, ufactor: int
+               ) -> Tuple[np.ndarray, int]:
+    idx = lib.idx_dtype
+    n = len(xadj) - 1
+    xadj = np.ascontiguousarray(xadj, dtype=idx)
+    adjncy = np.ascontiguousarray(adjncy, dtype=idx)
+    ncon = 1
+    if vwgt is not None:
+        vwgt = np.asarray(vwgt)
+        ncon = 1 if vwgt.ndim == 1 else vwgt.shape[1]
+        vwgt = np.ascontiguousarray(vwgt, dtype=idx)  # row-major [n, ncon], the layout METIS reads
+    if adjwgt is not None:
+        adjwgt = np.ascontiguousarray(adjwgt, dtype=idx)
+    opts = np.zeros(_METIS_NOPTIONS, dtype=idx)
+    lib.set_default_options(_ptr(opts))
+    opts[lib.option_seed] = seed
+    opts[lib.option_ufactor] = ufactor
+    opts[lib.option_numbering] = 0
+    nvtxs = np.array([n], dtype=idx)
+    ncon_a = np.array([ncon], dtype=idx)
+    nparts_a = np.array([nparts], dtype=idx)
+    cut = np.zeros(1, dtype=idx)
+    parts = np.full(n, -1, dtype=idx)
+    ret = lib.part_kway(_ptr(nvtxs), _ptr(ncon_a), _ptr(xadj), _ptr(adjncy), _ptr(vwgt), None, _ptr(adjwgt),
+                        _ptr(nparts_a), None, None, _ptr(opts), _ptr(cut), _ptr(parts))
+    if ret != _METIS_OK:
+        raise RuntimeError(f"METIS_PartGraphKway returned {_METIS_ERRORS.get(ret, ret)} for {n} vertices, "
+                           f"{len(adjncy)} adjacency entries, {ncon} constraints, {nparts} parts")
+    if n and (parts.min() < 0 or parts.max() >= nparts):
+        raise RuntimeError(f"METIS_PartGraphKway returned part ids outside [0, {nparts}); the ctypes call is broken")
+    return parts.astype(np.int64, copy=False), int(cut[0])
+
+
+def metis_part_kway(xadj, adjncy, nparts: int, vwgt=None, adjwgt=None, seed: int = 0, ufactor: int = 30
+                    ) -> Tuple[np.ndarray, int, str]:
+    """k-way min-edge-cut METIS on an undirected CSR graph; several balance constraints allowed.
+
+    Args:
+        xadj, adjncy: CSR of a symmetric graph without self loops (both directions stored).
+        nparts: number of parts (>= 2).
+        vwgt: non-negative integer vertex weights, ``[n]`` or ``[n, ncon]`` (one column per constraint),
+            or None for unit weights. Every constraint is balanced to within ``ufactor``.
+        adjwgt: positive integer weight of each adjacency entry (symmetric), or None for unit weights.
+        seed: METIS's random seed; equal inputs and seed give equal output.
+        ufactor: allowed imbalance in thousandths: ``30`` lets a part weigh up to 1.03x the average.
+
+    Returns:
+        ``(parts, edgecut, backend)``: int64 part of every vertex, the weighted cut METIS reports, and
+        ``"ctypes"`` or ``"pymetis"`` (the single-constraint fallback).
+
+    Example:
+        >>> xadj, adjncy = np.array([0, 1, 3, 5, 6]), np.array([1, 0, 2, 1, 3, 2])   # path 0-1-2-3
+        >>> parts, cut, _ = metis_part_kway(xadj, adjncy, 2)
+        >>> cut, parts.tolist() in ([0, 0, 1, 1], [1, 1, 0, 0])
+        (1, True)
+    """
+    try:
+        lib = _load_metis()
+    except Exception as err:  # noqa: BLE001 - any failure to reach METIS through ctypes means: fall back
+        log.warning("cannot call METIS through ctypes (%s: %s); falling back to pymetis.part_graph, which "
+                    "balances a single constraint (the constraints are summed)", type(err).__name__, err)
+        return _pymetis_fallback(xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
+    parts, cut = _call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
+    return parts, cut, "ctypes"
+
+
+def _pymetis_fallback(xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor) -> Tuple[np.ndarray, int, str]:
+    import pymetis
+
+    if vwgt is not None:
+        vwgt = np.asarray(vwgt, dtype=np.float64)
+        if vwgt.ndim == 2:
+            # each constraint normalised to the same total, so none dominates the single sum
+            tot = vwgt.sum(0)
+            vwgt = (vwgt / np.where(tot > 0, tot, 1)).sum(1)
+            vwgt = to_metis_weights(vwgt, keep_positive=False)
+        vwgt = np.ascontiguousarray(vwgt, dtype=np.int64)
+    opts = pymetis.Options()
+    opts.seed = seed
+    opts.ufactor = ufactor
+    adjacency = pymetis.CSRAdjacency(np.asarray(xadj, dtype=np.int64), np.asarray(adjncy, dtype=np.int64))
+    res = pymetis.part_graph(nparts, adjacency, vweights=vwgt,
+                             eweights=None if adjwgt is None else np.asarray(adjwgt, dtype=np.int64),
+                             recursive=False, options=opts)
+    return np.asarray(res.vertex_part, dtype=np.int64), int(res.edge_cuts), "pymetis"
+
+
+# ---------------------------------------------------------------------------------------------- weights
+def to_metis_weights(w: np.ndarray, max_weight: int = 1 << 20, max_total: int = 1 << 50,
+                     keep_positive: bool = True) -> np.ndarray:
+    """Scale non-negative float weights to METIS integers: ``round(w * s)`` with one scale ``s`` per array.
+
+    ``s`` makes the largest weight ``max_weight`` (a relative resolution of about 1e-6) unless the sum
+    would pass ``max_total`` (kept well inside 64-bit ``idx_t`` sums), in which case it shrinks. With
+    ``keep_positive`` a positive weight never rounds down to 0 (it becomes 1), so a sampled edge or vertex
+    is never treated as free. For a 2-D array each column is scaled on its own (METIS normalises each
+    balance constraint by its total, so per-column scales change nothing but rounding).
+
+    Example:
+        >>> to_metis_weights(np.array([0.0, 0.5, 1.0]), max_weight=10).tolist()
+        [0, 5, 10]
+    """
+    w = np.asarray(w, dtype=np.float64)
+    if w.size and (not np.isfinite(w).all() or w.min() < 0):
+        raise ValueError("weights must be finite and non-negative; check the pre-sampling weights")
+    cols = w.reshape(len(w), -1)
+    out = np.zeros(cols.shape, dtype=np.int64)
+    for j in range(cols.shape[1]):
+        c = cols[:, j]
+        top, total = (c.max(), c.sum()) if c.size else (0.0, 0.0)
+        if top <= 0:
+            continue
+        s = min(max_weight / top, max_total / total)
+        q = np.rint(c * s).astype(np.int64)
+        if keep_positive:
+            q[(q == 0) & (c > 0)] = 1
+        out[:, j] = q
+    return out.reshape(w.shape)
+
+
+def symmetrize(graph: Graph, edge_weights: Optional[torch.Tensor] = None, drop_zero: bool = False
+               ) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """The METIS view of ``graph``: CSR of ``A + A^T`` without self loops, and its summed edge weights.
+
+    Args:
+        edge_weights: ``[num_edges]`` weight per edge id; None means 1 per edge.
+        drop_zero: leave out edges whose weight is 0 (e.g. never sampled).
+
+    Returns:
+        ``(xadj, adjncy, adjwgt)`` as int64 / int64 / float64 numpy arrays; ``adjwgt`` is None when
+        every entry has the same weight (METIS then treats edges as unit weight).
+
+    Example:
+        >>> g = Graph.from_edges([0, 1, 1], [1, 0, 2])
+        >>> xadj, adjncy, w = symmetrize(g)
+        >>> xadj.tolist(), adjncy.tolist(), w.tolist()
+        ([0, 1, 3, 4], [1, 0, 2, 1], [2.0, 2.0, 1.0, 1.0])
+    """
+    import scipy.sparse as sp
+
+    n = graph.num_nodes
+    src = graph.indices.cpu().numpy()
+    dst = graph.edge_dst().cpu().numpy()
+    if edge_weights is None:
+        w = np.ones(src.size, dtype=np.float64)
+    else:
+        w = edge_weights.detach().cpu().numpy().astype(np.float64, copy=False)
+    keep = src != dst
+    if drop_zero:
+        keep &= w > 0
+    if not keep.all():
+        src, dst, w = src[keep], dst[keep], w[keep]
+    a = sp.coo_matrix((w, (src, dst)), shape=(n, n))
+    s = (a + a.T).tocsr()
+    s.sum_duplicates()
+    s.sort_indices()
+    data = s.data.astype(np.float64, copy=False)
+    uniform = data.size == 0 or bool(np.all(data == data[0]))
+    return s.indptr.astype(np.int64), s.indices.astype(np.int64), (None if uniform else data)
+
+
+# ---------------------------------------------------------------------------------------------- strategies
+def _balance_constraints(weights: PresampleWeights, balance: str) -> np.ndarray:
+    """Vertex weights (float, ``[n]`` or ``[n, ncon]``) for ``gsplit``/``node`` from pre-sampling."""
+    if balance == "total":
+        return weights.vertex_weights.cpu().numpy().astype(np.float64)
+    # "layers": per GNN layer, the vertex's sampled in-edges there (the work its GPU does for it), plus the
+    # input level's appearances (feature loading); drop constraints that are zero everywhere.
+    cols = [weights.layer_edge_load[l] for l in range(weights.num_layers)] + [weights.level_vertex_weights[0]]
+    mat = torch.stack(cols, 1).cpu().numpy().astype(np.float64)
+    mat = mat[:, mat.sum(0) > 0]
+    return mat if mat.shape[1] > 1 else mat.reshape(-1)
+
+
+def _random_assignment(n: int, num_parts: int, seed: int) -> np.ndarray:
+    """Balanced random map: a seeded permutation dealt round-robin (part sizes differ by at most 1)."""
+    perm = np.random.default_rng([int(seed), 0x9A27]).permutation(n)
+    out = np.empty(n, dtype=np.int64)
+    out[perm] = np.arange(n) % num_parts
+    return out
+
+
+def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Optional[PresampleWeights] = None,
+              train_idx=None, seed: int = 0, sampler=None, batch_size: Optional[int] = None, *,
+              epochs: int = 10, ufactor: int = 30, balance: str = "layers") -> PartitionMap:
+    """Partition ``graph``'s vertices into ``num_parts`` parts (one per GPU); returns a :class:`PartitionMap`.
+
+    Methods:
+        ``gsplit``: METIS minimising the cut of the pre-sampled edge weights (edges never sampled are left
+        out) while balancing pre-sampled vertex weights. ``node``: same vertex weights, every edge weighs 1.
+        ``edge``: no pre-sampling; balances in-degree (edges owned) and, with ``train_idx``, the number of
+        training vertices, minimising the plain edge cut. ``random``: seeded, balanced uniform random.
+
+    ``balance`` picks the vertex weights of ``gsplit``/``node``: ``"layers"`` (default) gives METIS one
+    constraint per GNN layer (the vertex's pre-sampled in-edges at that layer, i.e. its share of that
+    layer's work) plus one for input-feature loads, so every layer is balanced; ``"total"`` is one
+    constraint, the total appearances (``PresampleWeights.vertex_weights``), as in the GSplit paper.
+
+    ``gsplit``/``node`` need ``weights`` from :func:`presample`; without them, pass ``sampler``,
+    ``batch_size`` and ``train_idx`` and pre-sampling runs here for ``epochs`` epochs.
+
+    Example:
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> partition(g, 2, method="random").part_sizes().tolist()
+        [2, 2]
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown partition method {method!r}; use one of {', '.join(METHODS)}")
+    if balance not in BALANCE_MODES:
+        raise ValueError(f"unknown balance {balance!r}; use one of {', '.join(BALANCE_MODES)}")
+    num_parts = int(num_parts)
+    n = graph.num_nodes
+    if num_parts < 1:
+        raise ValueError(f"num_parts={num_parts}; pass the world size (number of GPUs), at least 1")
+    if num_parts > n:
+        raise ValueError(f"num_parts={num_parts} but the graph has only {n} vertices; use at most {n} parts")
+    if not 0 <= int(ufactor) <= 10_000:
+        raise ValueError(f"ufactor={ufactor}; pass the allowed imbalance in thousandths, e.g. 30 for 3%")
+    t0 = time.perf_counter()
+    fingerprint = graph.fingerprint()
+    meta = {"seed": int(seed)}
+
+    if method in ("gsplit", "node"):
+        if weights is None:
+            if sampler is None or batch_size is None or train_idx is None:
+                raise ValueError(f"method={method!r} needs pre-sampling weights: pass weights=presample(...), or "
+                                 "sampler=, batch_size= and train_idx= so that partition runs pre-sampling")
+            weights = presample(graph, train_idx, sampler, batch_size, epochs=epochs, seed=seed)
+        if not isinstance(weights, PresampleWeights):
+            raise TypeError(f"weights must be a PresampleWeights from presample(), got {type(weights).__name__}")
+        if weights.vertex_weights.numel() != n or weights.edge_weights.numel() != graph.num_edges:
+            raise ValueError(f"weights has {weights.vertex_weights.numel()} vertex and {weights.edge_weights.numel()} "
+                             f"edge weights but the graph has {n} vertices and {graph.num_edges} edges; "
+                             "run presample on this graph")
+        if weights.graph_fingerprint is not None and weights.graph_fingerprint != fingerprint:
+            raise ValueError(f"weights were pre-sampled on the graph with fingerprint {weights.graph_fingerprint}, this "
+                             f"graph has {fingerprint}; run presample on this graph")
+        fanouts, bsize = weights.fanouts, weights.batch_size
+        meta.update(presample_epochs=weights.epochs, presample_batches=weights.num_batches, balance=balance)
+    else:
+        if weights is not None:
+            log.info("method=%r does not use pre-sampling weights; ignoring them", method)
+        fanouts = None if sampler is None else list(getattr(sampler, "fanouts", []) or []) or None
+        bsize = None if batch_size is None else int(batch_size)
+
+    if num_parts == 1:
+        assign = np.zeros(n, dtype=np.int64)
+    elif method == "random":
+        assign = _random_assignment(n, num_parts, seed)
+    else:
+        if method == "gsplit":
+            xadj, adjncy, ew = symmetrize(graph, weights.edge_weights, drop_zero=True)
+            vw = _balance_constraints(weights, balance)
+        elif method == "node":
+            xadj, adjncy, ew = symmetrize(graph)
+            vw = _balance_constraints(weights, balance)
+        else:  # edge
+            xadj, adjncy, ew = symmetrize(graph)
+            vw = graph.in_degrees().cpu().numpy().astype(np.float64)
+            if train_idx is not None:
+                is_train = np.zeros(n, dtype=np.float64)
+                is_train[check_train_idx(graph, train_idx).cpu().numpy()] = 1.0
+                vw = np.stack([vw, is_train], 1)
+        vw_int = to_metis_weights(vw, keep_positive=True)
+        ew_int = None if ew is None else to_metis_weights(ew, keep_positive=True)
+        assign, cut, backend = metis_part_kway(xadj, adjncy, num_parts, vw_int, ew_int, seed=seed, ufactor=int(ufactor))
+        meta.update(metis_edgecut=cut, metis_backend=backend, ncon=1 if vw_int.ndim == 1 else int(vw_int.shape[1]),
+                    ufactor=int(ufactor), metis_adjacency_entries=int(adjncy.size))
+    meta["seconds"] = round(time.perf_counter() - t0, 3)
+
+    pmap = PartitionMap(assignment=torch.from_numpy(assign), num_parts=num_parts, method=method,
+                        graph_fingerprint=fingerprint, num_nodes=n, fanouts=fanouts, batch_size=bsize, metadata=meta)
+    sizes = pmap.part_sizes()
+    if bool((sizes == 0).any()):
+        log.warning("partition %r left %d of %d parts empty (sizes %s); those ranks will own no vertices",
+                    method, int((sizes == 0).sum()), num_parts, sizes.tolist())
+    log.info("partitioned %d vertices into %d parts with %r in %.1fs; part sizes %s", n, num_parts, method,
+             meta["seconds"], sizes.tolist())
+    return pmap

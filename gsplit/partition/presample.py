@@ -1,0 +1,208 @@
+"""Pre-sampling: estimate how often each vertex and edge takes part in a mini-batch.
+
+GSplit's partitioner needs, per vertex, the expected computation it causes and, per edge, the expected
+communication it causes if its endpoints land on different GPUs. Both are estimated by running the
+training sampler for a few epochs and counting (see :class:`PresampleWeights` for the exact counts).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from gsplit.graph import Graph
+
+log = logging.getLogger(__name__)
+
+# Sampled ids are buffered and counted with one bincount per chunk: a bincount per mini-batch would
+# allocate a full ``[num_edges]`` result every time, which dominates on large graphs.
+_FLUSH_ENTRIES = 1 << 25
+
+
+def epoch_batches(train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int) -> List[torch.Tensor]:
+    """The mini-batches of one epoch: a permutation of ``train_idx`` seeded by ``(seed, epoch)``, cut in order.
+
+    The last batch is kept even when it is short.
+
+    Example:
+        >>> [b.numel() for b in epoch_batches(torch.arange(10), 4, seed=0, epoch=0)]
+        [4, 4, 2]
+    """
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    perm = torch.from_numpy(rng.permutation(train_idx.numel()))
+    shuffled = train_idx[perm.to(train_idx.device)]
+    return list(torch.split(shuffled, batch_size))
+
+
+def check_train_idx(graph: Graph, train_idx, what: str = "train_idx") -> torch.Tensor:
+    """``train_idx`` as a non-empty int64 tensor of valid, distinct vertex ids (or a ``ValueError``)."""
+    if train_idx is None:
+        raise ValueError(f"{what} is None; pass the ids of the training vertices")
+    t = torch.as_tensor(train_idx)
+    if t.dtype == torch.bool:
+        if t.numel() != graph.num_nodes:
+            raise ValueError(f"{what} is a boolean mask of length {t.numel()} but the graph has {graph.num_nodes} "
+                             "vertices; pass a mask with one entry per vertex or a tensor of ids")
+        t = t.nonzero().squeeze(1)
+    if t.dim() != 1:
+        raise ValueError(f"{what} must be one-dimensional, got shape {tuple(t.shape)}")
+    if t.numel() == 0:
+        raise ValueError(f"{what} is empty; pass at least one training vertex")
+    t = t.to(torch.int64)
+    graph.check_ids(t, what)
+    if torch.unique(t).numel() != t.numel():
+        raise ValueError(f"{what} contains repeated vertex ids; pass each training vertex once")
+    return t.to(graph.device)
+
+
+@dataclass
+class PresampleWeights:
+    """Per-vertex and per-edge sampling frequencies from pre-sampling (:func:`presample`).
+
+    A mini-batch of a ``L``-layer sampler has ``L + 1`` *levels*: level 0 is ``blocks[0].src_nodes`` (the
+    input vertices, whose features are loaded) and level ``l >= 1`` is ``blocks[l - 1].dst_nodes`` (the
+    vertices whose layer-``l`` output is computed; level ``L`` are the targets). A vertex *appears at a
+    level* when it is among that level's (distinct) vertices. All weights are averages per mini-batch:
+    ``count / num_batches``.
+    """
+
+    vertex_weights: torch.Tensor
+    """float32 ``[num_nodes]``: appearances of each vertex summed over all levels, per mini-batch."""
+    edge_weights: torch.Tensor
+    """float32 ``[num_edges]``: times each edge (by edge id) is in some block, summed over layers, per mini-batch."""
+    level_vertex_weights: torch.Tensor
+    """float32 ``[L + 1, num_nodes]``: appearances per level (row 0 = input level), per mini-batch."""
+    layer_edge_load: torch.Tensor
+    """float32 ``[L, num_nodes]``: sampled in-edges of each vertex in block ``l`` (its layer-``l`` work), per mini-batch."""
+    num_batches: int
+    """Number of mini-batches sampled (``N`` in ``w = count / N``)."""
+    batch_size: int
+    """Targets per sampled mini-batch."""
+    epochs: int
+    """Epochs pre-sampled."""
+    fanouts: Optional[List[int]] = None
+    """The sampler's fanouts (input layer first), when it has them."""
+    graph_fingerprint: Optional[str] = None
+    """``Graph.fingerprint()`` of the graph that was sampled."""
+    metadata: Dict[str, Any] = field(default_factory=dict)
+    """Free-form details (seed, time taken, sampler config)."""
+
+    @property
+    def num_layers(self) -> int:
+        return self.layer_edge_load.shape[0]
+
+    def check_graph(self, graph: Graph) -> None:
+        """Raise ``ValueError`` if these weights were not computed on ``graph`` (sizes, then fingerprint)."""
+        n, e = self.vertex_weights.numel(), self.edge_weights.numel()
+        if n != graph.num_nodes or e != graph.num_edges:
+            raise ValueError(f"pre-sampling weights are for a graph with {n} vertices / {e} edges but this graph has "
+                             f"{graph.num_nodes} / {graph.num_edges}; run presample on this graph")
+        if self.graph_fingerprint is not None and self.graph_fingerprint != graph.fingerprint():
+            raise ValueError(f"pre-sampling weights are for the graph with fingerprint {self.graph_fingerprint}, this "
+                             f"graph has {graph.fingerprint()}; run presample on this graph")
+
+
+class _Counter:
+    """Accumulates ``bincount`` of id chunks into a running count of fixed length."""
+
+    def __init__(self, size: int, device):
+        self.size = size
+        self.counts = torch.zeros(size, dtype=torch.int64, device=device)
+        self.pending: List[torch.Tensor] = []
+        self.num_pending = 0
+
+    def add(self, ids: torch.Tensor) -> None:
+        self.pending.append(ids)
+        self.num_pending += ids.numel()
+        if self.num_pending >= _FLUSH_ENTRIES:
+            self.flush()
+
+    def flush(self) -> torch.Tensor:
+        if self.pending:
+            self.counts += torch.bincount(torch.cat(self.pending), minlength=self.size)
+            self.pending, self.num_pending = [], 0
+        return self.counts
+
+
+def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 10, seed: int = 0,
+              progress: bool = False) -> PresampleWeights:
+    """Run ``sampler`` over the training vertices for ``epochs`` epochs and count vertex and edge use.
+
+    Each epoch is a permutation of ``train_idx`` seeded by ``(seed, epoch)`` cut into mini-batches of
+    ``batch_size`` targets (the last one may be short); batch ``i`` of epoch ``e`` is sampled with
+    ``sampler.sample_blocks(graph, seeds, e, i)``. For split-parallel training pass the *global*
+    mini-batch size (per-rank ``batch_size * world_size``). See :class:`PresampleWeights` for what is
+    counted.
+
+    Example:
+        >>> from gsplit import Graph, NeighborSampler
+        >>> g = Graph.from_edges([0, 1, 2], [1, 2, 0], symmetric=True)
+        >>> w = presample(g, torch.tensor([0]), NeighborSampler([-1]), batch_size=1, epochs=1)
+        >>> w.vertex_weights.tolist(), w.num_batches
+        ([2.0, 1.0, 1.0], 1)
+    """
+    train_idx = check_train_idx(graph, train_idx)
+    if int(batch_size) < 1:
+        raise ValueError(f"batch_size={batch_size}; pass a positive number of targets per mini-batch")
+    if int(epochs) < 1:
+        raise ValueError(f"epochs={epochs}; pre-sampling needs at least one epoch")
+    batch_size, epochs = int(batch_size), int(epochs)
+    n, dev = graph.num_nodes, graph.device
+    per_epoch = -(-train_idx.numel() // batch_size)
+    t0 = time.perf_counter()
+
+    levels: Optional[List[_Counter]] = None
+    loads: Optional[List[_Counter]] = None
+    edges = _Counter(graph.num_edges, dev)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=epochs * per_epoch, desc="pre-sampling", unit="batch")
+    num_batches = 0
+    for epoch in range(epochs):
+        for it, seeds in enumerate(epoch_batches(train_idx, batch_size, seed, epoch)):
+            blocks = sampler.sample_blocks(graph, seeds, epoch, it)
+            if levels is None:
+                levels = [_Counter(n, dev) for _ in range(len(blocks) + 1)]
+                loads = [_Counter(n, dev) for _ in range(len(blocks))]
+            elif len(blocks) + 1 != len(levels):
+                raise ValueError(f"the sampler returned {len(blocks)} blocks after {len(levels) - 1} before; "
+                                 "it must return one block per layer every time")
+            levels[0].add(blocks[0].src_nodes)
+            for l, b in enumerate(blocks):
+                levels[l + 1].add(b.dst_nodes)
+                loads[l].add(b.dst_nodes[b.edge_dst])
+                edges.add(b.edge_ids)
+            num_batches += 1
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+
+    inv = 1.0 / num_batches
+    level_w = torch.stack([c.flush() for c in levels]).to(torch.float32).mul_(inv).cpu()
+    load_w = torch.stack([c.flush() for c in loads]).to(torch.float32).mul_(inv).cpu()
+    edge_w = edges.flush().to(torch.float32).mul_(inv).cpu()
+    elapsed = time.perf_counter() - t0
+    log.info("pre-sampled %d mini-batches (%d epochs of %d targets) in %.1fs", num_batches, epochs, batch_size, elapsed)
+    fanouts = getattr(sampler, "fanouts", None)
+    cfg = sampler.to_config() if hasattr(sampler, "to_config") else {"repr": repr(sampler)}
+    return PresampleWeights(
+        vertex_weights=level_w.sum(0),
+        edge_weights=edge_w,
+        level_vertex_weights=level_w,
+        layer_edge_load=load_w,
+        num_batches=num_batches,
+        batch_size=batch_size,
+        epochs=epochs,
+        fanouts=None if fanouts is None else [int(f) for f in fanouts],
+        graph_fingerprint=graph.fingerprint(),
+        metadata={"seed": int(seed), "seconds": round(elapsed, 3), "sampler": cfg,
+                  "num_train": int(train_idx.numel())},
+    )

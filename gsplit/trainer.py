@@ -1,0 +1,201 @@
+"""The training harness shared by ``gsplit train`` and the experiments: one function per rank.
+
+The same loop trains with split parallelism (``system="split"``, :class:`gsplit.DataLoader`) or data
+parallelism (``system="dp"``, :class:`gsplit.baselines.DataParallelLoader`): same models, same data,
+same launcher, same counters. Every number in the returned log comes from the code path itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+from gsplit.baselines.data_parallel import DataParallelLoader
+from gsplit.comm.communicator import Communicator
+from gsplit.loader import DataLoader
+from gsplit.nn.models import build_model
+from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
+from gsplit.sampling.neighbor import NeighborSampler
+
+log = logging.getLogger(__name__)
+
+SYSTEMS = ("split", "dp")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs besides the data and the partition map."""
+
+    model: str = "sage"
+    """``sage``, ``gat`` or ``gcn``."""
+    fanouts: List[int] = field(default_factory=lambda: [15, 10, 5])
+    """Neighbours per layer from the input layer up (also fixes the number of layers)."""
+    batch_size: int = 1024
+    """Targets per rank per iteration (DGL's ``use_ddp=True`` meaning)."""
+    hidden: int = 128
+    """Hidden feature size."""
+    heads: int = 4
+    """Attention heads of GAT's hidden layers."""
+    dropout: float = 0.5
+    """Dropout between layers."""
+    epochs: int = 3
+    """Passes over the training targets."""
+    lr: float = 0.003
+    """Adam learning rate."""
+    system: str = "split"
+    """``split`` (gsplit) or ``dp`` (data-parallel baseline)."""
+    seed: int = 0
+    """Seed of the model's initialisation, the global order and the sampler."""
+    eval_every: int = 1
+    """Evaluate validation/test accuracy every this many epochs (0: never)."""
+    max_iters: int = 0
+    """Stop each epoch after this many iterations (0: whole epoch); for quick benchmarks."""
+    device: str = "auto"
+    """``auto`` (this rank's GPU when there is one, else CPU), ``cpu`` or ``cuda``."""
+
+    def __post_init__(self):
+        if self.system not in SYSTEMS:
+            raise ValueError(f"system={self.system!r}; choose one of {SYSTEMS}")
+        if self.batch_size < 1 or self.epochs < 0 or self.hidden < 1:
+            raise ValueError(f"batch_size, epochs and hidden must be positive, got {self.batch_size}, "
+                             f"{self.epochs}, {self.hidden}")
+
+
+@dataclass
+class EpochCounters:
+    """One rank's counters summed over an epoch."""
+
+    iterations: int = 0
+    """Iterations run."""
+    sample_s: float = 0.0
+    """Seconds sampling (split: including id exchanges)."""
+    load_s: float = 0.0
+    """Seconds loading input features (split: including the first shuffle)."""
+    train_s: float = 0.0
+    """Seconds in forward, loss, backward, gradient all-reduce and optimiser step."""
+    input_rows: int = 0
+    """Input-feature rows loaded."""
+    edges: List[int] = field(default_factory=list)
+    """Edges computed per layer."""
+    dst_vertices: List[int] = field(default_factory=list)
+    """Vertices computed per layer."""
+    traffic_rows: Dict[str, int] = field(default_factory=dict)
+    """Rows sent to other ranks per tag (id exchanges and shuffles, forward and backward)."""
+    traffic_bytes: Dict[str, int] = field(default_factory=dict)
+    """Bytes sent to other ranks per tag."""
+
+    def add_iteration(self, stats) -> None:
+        self.iterations += 1
+        self.sample_s += stats.sample_s
+        self.load_s += stats.load_s
+        self.input_rows += stats.input_rows
+        if not self.edges:
+            self.edges = [0] * len(stats.edges)
+            self.dst_vertices = [0] * len(stats.dst_vertices)
+        self.edges = [a + b for a, b in zip(self.edges, stats.edges)]
+        self.dst_vertices = [a + b for a, b in zip(self.dst_vertices, stats.dst_vertices)]
+
+
+def resolve_device(name: str, rank: int) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available; use device='cpu' or 'auto'")
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device(name)
+
+
+def _make_loader(cfg: TrainConfig, dataset, indices, owner, device, shuffle: bool, sampler):
+    cls = DataLoader if cfg.system == "split" else DataParallelLoader
+    return cls(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True, ddp_seed=cfg.seed,
+               batch_size=cfg.batch_size, shuffle=shuffle, features=dataset.features, labels=dataset.labels)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def evaluate(model, loader, comm: Communicator) -> float:
+    """Accuracy over the loader's targets, summed over ranks (every rank gets the same number)."""
+    model.eval()
+    correct = torch.zeros(2, dtype=torch.float64)
+    for _, _, blocks in loader:
+        logits = model(blocks, blocks[0].srcdata["feat"])
+        labels = blocks[-1].dstdata["label"]
+        correct[0] += float((logits.argmax(1) == labels).sum())
+        correct[1] += labels.numel()
+    model.train()
+    comm.all_reduce_(correct)
+    return float(correct[0] / correct[1].clamp_min(1))
+
+
+def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
+               report: Optional[Callable[[dict], None]] = None) -> dict:
+    """Train on this rank; returns the run log on rank 0 and this rank's counters elsewhere.
+
+    ``report(epoch_record)`` is called on rank 0 after every epoch (the CLI prints with it).
+    """
+    if not torch.cuda.is_available():
+        # CPU ranks share the host's cores: without this, N ranks x all-core thread pools thrash.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    device = resolve_device(cfg.device, rank)
+    sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, dataset.features.shape[1], cfg.hidden, dataset.num_classes,
+                        num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    train_loader = _make_loader(cfg, dataset, dataset.train_idx, owner, device, True, sampler)
+    comm = train_loader.comm
+    eval_loaders = {name: _make_loader(cfg, dataset, idx, owner, device, False, sampler)
+                    for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
+    history = []
+    for epoch in range(cfg.epochs):
+        counters = EpochCounters()
+        comm.traffic.reset()
+        train_loader.set_epoch(epoch)
+        loss_sum, t_epoch = 0.0, time.perf_counter()
+        for it, (_, _, blocks) in enumerate(train_loader):
+            counters.add_iteration(train_loader.last_stats)
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            logits = model(blocks, blocks[0].srcdata["feat"])
+            labels = blocks[-1].dstdata["label"]
+            if cfg.system == "split":
+                loss = split_cross_entropy(logits, labels, blocks[-1])
+            else:  # DDP semantics: mean over the micro-batch, gradients averaged over ranks
+                loss = torch.nn.functional.cross_entropy(logits, labels) / world_size
+            loss.backward()
+            allreduce_gradients(model, comm)
+            opt.step()
+            _sync(device)
+            counters.train_s += time.perf_counter() - t0
+            loss_sum += global_sum(loss.detach(), comm)
+            if cfg.max_iters and it + 1 >= cfg.max_iters:
+                break
+        epoch_s = time.perf_counter() - t_epoch
+        traffic = comm.traffic.snapshot()
+        counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
+        record = {"epoch": epoch, "loss": loss_sum / max(counters.iterations, 1), "epoch_s": epoch_s}
+        if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0:
+            for name, loader in eval_loaders.items():
+                record[f"{name}_acc"] = evaluate(model, loader, comm)
+        per_rank = comm.all_gather_object({"rank": rank, "epoch_s": epoch_s, **asdict(counters)})
+        record["ranks"] = per_rank
+        for phase in ("sample_s", "load_s", "train_s", "epoch_s"):
+            record[phase] = max(r[phase] for r in per_rank)  # the slowest rank sets the pace
+        record["input_rows"] = sum(r["input_rows"] for r in per_rank)
+        record["edges"] = [sum(r["edges"][layer] for r in per_rank) for layer in range(len(cfg.fanouts))] \
+            if counters.edges else []
+        record["traffic_bytes"] = sum(sum(r["traffic_bytes"].values()) for r in per_rank)
+        history.append(record)
+        if rank == 0 and report is not None:
+            report(record)
+    return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history}

@@ -1,0 +1,136 @@
+"""The launcher: results in rank order, collectives work, failures surface promptly as LaunchError.
+
+Ranks are spawned processes that unpickle the worker functions by module name, so the workers are
+top-level functions of this module (pytest puts tests/ on sys.path, and spawn passes sys.path on).
+"""
+
+import os
+import pickle
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from gsplit.launch import LaunchError, RankFailure, current_device, launch
+
+
+# ---------------------------------------------------------------- workers (run inside the ranks)
+def allreduce_worker(rank, world_size, base):
+    t = torch.tensor([float(base + rank)])
+    dist.all_reduce(t)
+    return {"rank": rank, "world": world_size, "sum": t.item(), "backend": dist.get_backend(),
+            "device": str(current_device()), "env_rank": os.environ["RANK"], "tensor": torch.arange(3) * rank}
+
+
+def raise_on_rank1_worker(rank, world_size):
+    if rank == 1:
+        time.sleep(0.5)  # let rank 0 get stuck in the barrier first
+        raise ValueError("boom")
+    dist.barrier()  # blocks: rank 1 never arrives
+    dist.barrier()
+    return rank
+
+
+def exit_on_rank1_worker(rank, world_size):
+    if rank == 1:
+        os._exit(3)
+    dist.barrier()
+    return rank
+
+
+def stubborn_worker(rank, world_size):
+    if rank == 1:
+        time.sleep(0.5)
+        raise ValueError("boom")
+    import signal
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL stops this rank
+    time.sleep(300)  # not in a collective: it never learns that rank 1 failed
+    return rank
+
+
+def unpicklable_result_worker(rank, world_size):
+    return lambda: rank
+
+
+# ---------------------------------------------------------------- tests
+def test_two_cpu_ranks_allreduce_in_rank_order():
+    out = launch(allreduce_worker, 2, args=(10,), devices="cpu", timeout=30)
+    assert [o["rank"] for o in out] == [0, 1]
+    assert all(o["world"] == 2 and o["sum"] == 21.0 and o["backend"] == "gloo" for o in out)
+    assert [o["device"] for o in out] == ["cpu", "cpu"]
+    assert [o["env_rank"] for o in out] == ["0", "1"]
+    assert torch.equal(out[1]["tensor"], torch.tensor([0, 1, 2]))
+
+
+def test_failure_in_one_rank_stops_all_promptly():
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(raise_on_rank1_worker, 2, devices="cpu", timeout=120)
+    elapsed = time.monotonic() - start
+    assert elapsed < 60, f"launch took {elapsed:.1f}s to report the failure"
+    err = info.value
+    assert isinstance(err, RuntimeError)
+    assert err.rank == 1
+    msg = str(err)
+    assert "rank 1" in msg and "ValueError: boom" in msg
+    assert "raise_on_rank1_worker" in msg  # the child's traceback text is included
+    assert err.failures[0].exc_type == "ValueError" and "boom" in err.child_traceback
+
+
+def test_rank_dying_without_exception_reports_exit_code():
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(exit_on_rank1_worker, 2, devices="cpu", timeout=120)
+    assert time.monotonic() - start < 60
+    err = info.value
+    assert err.rank == 1 and err.exitcode == 3
+    assert "rank 1" in str(err) and "exited with code 3" in str(err)
+
+
+def test_rank_that_ignores_sigterm_is_killed():
+    start = time.monotonic()
+    with pytest.raises(LaunchError, match="boom") as info:
+        launch(stubborn_worker, 2, devices="cpu")
+    assert time.monotonic() - start < 60
+    assert info.value.rank == 1 and len(info.value.failures) == 1
+
+
+def test_unpicklable_result_is_an_error():
+    with pytest.raises(LaunchError, match="cannot be pickled"):
+        launch(unpicklable_result_worker, 1, devices="cpu")
+
+
+def test_in_process_mode():
+    seen = []
+    # A local function is fine here: nothing is spawned or pickled.
+    assert launch(lambda r, w, x: seen.append((r, w)) or x * 2, 1, args=(4,), spawn=False) == [8]
+    assert seen == [(0, 1)]
+    with pytest.raises(ValueError, match="only nprocs=1"):
+        launch(allreduce_worker, 2, spawn=False)
+
+
+def test_argument_errors():
+    with pytest.raises(TypeError, match="top-level function"):
+        launch(lambda r, w: r, 2, devices="cpu")
+    with pytest.raises(ValueError, match="nprocs=0"):
+        launch(allreduce_worker, 0)
+    with pytest.raises(ValueError, match="devices has 1 entries but nprocs=2"):
+        launch(allreduce_worker, 2, devices=["cpu"])
+    with pytest.raises(ValueError, match="backend='nccl'"):
+        launch(allreduce_worker, 2, backend="nccl", devices="cpu")
+
+
+def test_helpers():
+    assert current_device() == torch.device("cpu")
+    f = RankFailure(2, -11, None, "died from SIGSEGV", "", 0.0, False)
+    assert pickle.loads(pickle.dumps(f)) == f and f.describe().startswith("rank 2 died")
+
+
+def test_busy_master_port_is_reported():
+    import socket
+    with socket.socket() as s:  # occupy the port the launcher must host the rendezvous on
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        with pytest.raises(RuntimeError, match="cannot host the rendezvous store"):
+            launch(allreduce_worker, 2, args=(0,), devices="cpu", master_port=s.getsockname()[1])
