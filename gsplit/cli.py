@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 
 log = logging.getLogger("gsplit.cli")
@@ -94,7 +95,7 @@ def prepare_partition(ds, num_parts: int, fanouts: List[int], batch_size: int, m
     t1 = time.perf_counter()
     print(f"partitioning into {num_parts} parts with method {method}", flush=True)
     pmap = gsplit.partition(ds.graph, num_parts, method=method, weights=weights, train_idx=ds.train_idx, seed=seed,
-                            fanouts=fanouts, batch_size=batch_size)
+                            sampler=sampler, batch_size=batch_size)
     t2 = time.perf_counter()
     stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, batch_size * num_parts,
                                num_batches=stats_batches, seed=seed)
@@ -104,16 +105,18 @@ def prepare_partition(ds, num_parts: int, fanouts: List[int], batch_size: int, m
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         pmap.save(out)
-        if weights is not None:
-            weights.save(out / "presample")
+        if weights is not None:  # the GPU feature cache orders vertices by these frequencies
+            np.save(out / "vertex_weights.npy", weights.vertex_weights.numpy())
         (out / "prepare.json").write_text(json.dumps(report, indent=1))
     return pmap, report
 
 
 def _print_stats(stats: dict) -> None:
-    print(f"{'layer':>6} {'cross-split edges':>18} {'imbalance':>10}")
-    for layer, (cross, imb) in enumerate(zip(stats["cross_edge_fraction"], stats["imbalance"])):
-        print(f"{layer:>6} {cross:>18.3f} {imb:>10.3f}")
+    print(f"{'layer':>6} {'cross-split edges':>18} {'edge imbalance':>15} {'vertex imbalance':>17}")
+    for layer, (cross, imb, vimb) in enumerate(zip(stats["cross_edge_fraction"], stats["edge_imbalance"],
+                                                   stats["vertex_imbalance"])):
+        print(f"{layer:>6} {cross:>18.3f} {imb:>15.3f} {vimb:>17.3f}")
+    print(f"input-feature imbalance {stats['input_imbalance']:.3f}")
 
 
 def cmd_prepare(args) -> int:
@@ -250,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataset_args(p)
     p.add_argument("--partition", required=True)
     p.add_argument("--fanouts", default=None)
-    p.add_argument("--batch-size", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=None, help="targets per rank (default: the map's)")
     p.add_argument("--num-batches", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the stats here")

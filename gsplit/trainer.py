@@ -8,7 +8,6 @@ same launcher, same counters. Every number in the returned log comes from the co
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -57,6 +56,8 @@ class TrainConfig:
     """Stop each epoch after this many iterations (0: whole epoch); for quick benchmarks."""
     device: str = "auto"
     """``auto`` (this rank's GPU when there is one, else CPU), ``cpu`` or ``cuda``."""
+    log_iterations: bool = True
+    """Keep every iteration's counters in the log (``ranks[r]["per_iteration"]``), not only epoch sums."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -88,6 +89,9 @@ class EpochCounters:
     """Rows sent to other ranks per tag (id exchanges and shuffles, forward and backward)."""
     traffic_bytes: Dict[str, int] = field(default_factory=dict)
     """Bytes sent to other ranks per tag."""
+    per_iteration: List[dict] = field(default_factory=list)
+    """One record per iteration (when ``TrainConfig.log_iterations``): the loader's counters, ``train_s``
+    and the traffic sent during that iteration (sampling id exchanges and shuffles, fwd and bwd)."""
 
     def add_iteration(self, stats) -> None:
         self.iterations += 1
@@ -99,6 +103,20 @@ class EpochCounters:
             self.dst_vertices = [0] * len(stats.dst_vertices)
         self.edges = [a + b for a, b in zip(self.edges, stats.edges)]
         self.dst_vertices = [a + b for a, b in zip(self.dst_vertices, stats.dst_vertices)]
+
+
+def _traffic_delta(now: dict, before: dict) -> dict:
+    """Per-tag difference of two :meth:`TrafficCounter.snapshot` results (what was sent in between)."""
+    return {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now[kind].items() if n != before[kind].get(tag, 0)}
+            for kind in ("rows", "bytes")}
+
+
+def _sum_tags(dicts) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for d in dicts:
+        for tag, n in d.items():
+            out[tag] = out.get(tag, 0) + n
+    return dict(sorted(out.items()))
 
 
 def resolve_device(name: str, rank: int) -> torch.device:
@@ -143,9 +161,6 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
 
     ``report(epoch_record)`` is called on rank 0 after every epoch (the CLI prints with it).
     """
-    if not torch.cuda.is_available():
-        # CPU ranks share the host's cores: without this, N ranks x all-core thread pools thrash.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     device = resolve_device(cfg.device, rank)
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -162,21 +177,35 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         comm.traffic.reset()
         train_loader.set_epoch(epoch)
         loss_sum, t_epoch = 0.0, time.perf_counter()
+        traffic_before = comm.traffic.snapshot()
         for it, (_, _, blocks) in enumerate(train_loader):
-            counters.add_iteration(train_loader.last_stats)
+            stats = train_loader.last_stats
+            counters.add_iteration(stats)
             t0 = time.perf_counter()
             opt.zero_grad()
             logits = model(blocks, blocks[0].srcdata["feat"])
             labels = blocks[-1].dstdata["label"]
             if cfg.system == "split":
                 loss = split_cross_entropy(logits, labels, blocks[-1])
+            elif labels.numel() == 0:  # a rank whose micro-batch is empty (end of epoch): mean would be NaN
+                loss = logits.sum() * 0.0
             else:  # DDP semantics: mean over the micro-batch, gradients averaged over ranks
                 loss = torch.nn.functional.cross_entropy(logits, labels) / world_size
             loss.backward()
             allreduce_gradients(model, comm)
             opt.step()
             _sync(device)
-            counters.train_s += time.perf_counter() - t0
+            train_s = time.perf_counter() - t0
+            counters.train_s += train_s
+            if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
+                traffic_now = comm.traffic.snapshot()
+                delta = _traffic_delta(traffic_now, traffic_before)
+                traffic_before = traffic_now
+                counters.per_iteration.append({
+                    "iteration": it, "sample_s": stats.sample_s, "load_s": stats.load_s, "train_s": train_s,
+                    "input_rows": stats.input_rows, "edges": list(stats.edges),
+                    "dst_vertices": list(stats.dst_vertices), "targets": stats.targets,
+                    "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"]})
             loss_sum += global_sum(loss.detach(), comm)
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
@@ -194,7 +223,11 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         record["input_rows"] = sum(r["input_rows"] for r in per_rank)
         record["edges"] = [sum(r["edges"][layer] for r in per_rank) for layer in range(len(cfg.fanouts))] \
             if counters.edges else []
+        record["dst_vertices"] = [sum(r["dst_vertices"][layer] for r in per_rank)
+                                  for layer in range(len(cfg.fanouts))] if counters.dst_vertices else []
         record["traffic_bytes"] = sum(sum(r["traffic_bytes"].values()) for r in per_rank)
+        record["traffic_rows_by_tag"] = _sum_tags(r["traffic_rows"] for r in per_rank)
+        record["traffic_bytes_by_tag"] = _sum_tags(r["traffic_bytes"] for r in per_rank)
         history.append(record)
         if rank == 0 and report is not None:
             report(record)

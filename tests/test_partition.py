@@ -106,6 +106,23 @@ def test_presample_matches_brute_force_count():
     np.testing.assert_allclose(w.layer_edge_load.sum().item(), w.edge_weights.sum().item(), rtol=1e-5)
 
 
+class BlocksOnlySampler(NeighborSampler):
+    """Overrides sample_blocks, so presample must go through it (no fast path)."""
+
+    def sample_blocks(self, graph, seeds, epoch=0, iteration=0):
+        return super().sample_blocks(graph, seeds, epoch, iteration)
+
+
+def test_presample_fast_path_equals_blocks_path():
+    g, _ = sbm_graph(num_blocks=4, block_size=200, seed=2)
+    train = random_train(g.num_nodes, 0.5, seed=3)
+    fast = presample(g, train, NeighborSampler([6, 4, 2], seed=9), batch_size=40, epochs=2, seed=1)
+    slow = presample(g, train, BlocksOnlySampler([6, 4, 2], seed=9), batch_size=40, epochs=2, seed=1)
+    for name in ("vertex_weights", "edge_weights", "level_vertex_weights", "layer_edge_load"):
+        assert torch.equal(getattr(fast, name), getattr(slow, name)), name
+    assert fast.num_batches == slow.num_batches == 2 * 10
+
+
 def test_presample_rejects_bad_input():
     g = path_graph(5)
     s = NeighborSampler([2])

@@ -83,7 +83,7 @@ def synthetic_graph(
     comm_weight = cum[(comm_end - 1).clamp(min=0)] - comm_cum_before
     del theta
 
-    def draw(count: int) -> torch.Tensor:
+    def draw(count: int) -> np.ndarray:
         """``count`` undirected pairs as numpy keys ``min * n + max``, self-loops dropped."""
         keys = []
         for start in range(0, count, _CHUNK):  # chunks bound memory; each chunk is fully vectorised
@@ -227,8 +227,8 @@ def make_synthetic(
 
 
 def _check_params(num_nodes, avg_degree, num_communities, p_in, power_law_exponent) -> None:
-    if int(num_nodes) < 2:
-        raise ValueError(f"num_nodes must be at least 2, got {num_nodes}")
+    if not 2 <= int(num_nodes) < 3_000_000_000:  # pair keys a * n + b must fit in int64
+        raise ValueError(f"num_nodes must be in [2, 3e9), got {num_nodes}")
     if not 0 < avg_degree < num_nodes - 1:
         raise ValueError(f"avg_degree must be in (0, num_nodes - 1 = {num_nodes - 1}), got {avg_degree}")
     if not 1 <= num_communities <= num_nodes:

@@ -271,6 +271,12 @@ class GraphConv(nn.Module):
     def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
         """``h``: [block.num_src_nodes(), in_feats] -> [block.num_dst, out_feats]."""
         _check_input(self, block, h, self.in_feats)
+        if self.norm in ("both", "left") and block.shuffle_index is not None:
+            # A source's out-degree in the mini-batch counts edges held by other ranks: a split block
+            # cannot know it, and using the local count would silently train a different model.
+            raise ValueError(f"GraphConv norm={self.norm!r} needs each source's out-degree over the whole "
+                             "mini-batch, which a split block does not have; use norm='right' or 'none' "
+                             "with split parallelism")
         nd, ns = block.num_dst, block.num_src_nodes()
         src, dst = block.edge_src, block.edge_dst
         if self.norm in ("both", "left"):

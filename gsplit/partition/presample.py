@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -129,6 +129,60 @@ class _Counter:
         return self.counts
 
 
+BatchUse = Tuple[List[torch.Tensor], List[Tuple[torch.Tensor, torch.Tensor]]]
+"""Per mini-batch: the vertices of each level (input level first), and per layer (dst global id, edge id) of every edge."""
+
+
+def _use_from_blocks(blocks) -> BatchUse:
+    levels = [blocks[0].src_nodes] + [b.dst_nodes for b in blocks]
+    return levels, [(b.dst_nodes[b.edge_dst], b.edge_ids) for b in blocks]
+
+
+def _has_fast_path(sampler) -> bool:
+    """True for the counter-based :class:`NeighborSampler` (not a subclass that changes ``sample_blocks``)."""
+    from gsplit.sampling import NeighborSampler
+
+    return isinstance(sampler, NeighborSampler) and type(sampler).sample_blocks is NeighborSampler.sample_blocks
+
+
+class _Dedup:
+    """Distinct ids of a tensor: with a reusable ``[N]`` mask when the ids are many, else ``torch.unique``."""
+
+    def __init__(self, n: int, device):
+        self.n, self.device = n, device
+        self.mask: Optional[torch.Tensor] = None
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.numel() * 32 < self.n:  # few ids: sorting them beats scanning an N-long mask
+            return torch.unique(ids)
+        if self.mask is None:
+            self.mask = torch.zeros(self.n, dtype=torch.bool, device=self.device)
+        self.mask[ids] = True
+        out = self.mask.nonzero().squeeze(1)
+        self.mask[out] = False
+        return out
+
+
+def _use_fast(sampler, graph: Graph, seeds: torch.Tensor, epoch: int, it: int, dedup: _Dedup) -> BatchUse:
+    """What ``sampler.sample_blocks`` would sample, without building blocks.
+
+    The counter-based sampler picks the same edges for a vertex whatever frontier order it is given, so
+    the levels only need to be the right *sets*; skipping the blocks' local relabelling (a sort with
+    inverse indices) roughly halves pre-sampling time on large graphs.
+    """
+    frontier = seeds.to(graph.device)
+    levels = [frontier]
+    layer_edges = []
+    for layer in reversed(range(sampler.num_layers)):
+        picked = sampler.sample_neighbors(graph, frontier, layer, epoch, it)
+        layer_edges.append((frontier[picked.dst_index], picked.edge_ids))
+        frontier = dedup(torch.cat([frontier, picked.src]))
+        levels.append(frontier)
+    levels.reverse()
+    layer_edges.reverse()
+    return levels, layer_edges
+
+
 def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 10, seed: int = 0,
               progress: bool = False) -> PresampleWeights:
     """Run ``sampler`` over the training vertices for ``epochs`` epochs and count vertex and edge use.
@@ -137,7 +191,9 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     ``batch_size`` targets (the last one may be short); batch ``i`` of epoch ``e`` is sampled with
     ``sampler.sample_blocks(graph, seeds, e, i)``. For split-parallel training pass the *global*
     mini-batch size (per-rank ``batch_size * world_size``). See :class:`PresampleWeights` for what is
-    counted.
+    counted. For the built-in :class:`~gsplit.sampling.NeighborSampler` the same edges are drawn with
+    ``sample_neighbors`` level by level, without building blocks: identical counts, about twice as fast.
+    Any other object with ``sample_blocks`` works too.
 
     Example:
         >>> from gsplit import Graph, NeighborSampler
@@ -159,6 +215,11 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     levels: Optional[List[_Counter]] = None
     loads: Optional[List[_Counter]] = None
     edges = _Counter(graph.num_edges, dev)
+    if _has_fast_path(sampler):
+        dedup = _Dedup(n, dev)
+        batch_use = lambda seeds, e, i: _use_fast(sampler, graph, seeds, e, i, dedup)  # noqa: E731
+    else:
+        batch_use = lambda seeds, e, i: _use_from_blocks(sampler.sample_blocks(graph, seeds, e, i))  # noqa: E731
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -167,18 +228,18 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     num_batches = 0
     for epoch in range(epochs):
         for it, seeds in enumerate(epoch_batches(train_idx, batch_size, seed, epoch)):
-            blocks = sampler.sample_blocks(graph, seeds, epoch, it)
+            level_nodes, layer_edges = batch_use(seeds, epoch, it)
             if levels is None:
-                levels = [_Counter(n, dev) for _ in range(len(blocks) + 1)]
-                loads = [_Counter(n, dev) for _ in range(len(blocks))]
-            elif len(blocks) + 1 != len(levels):
-                raise ValueError(f"the sampler returned {len(blocks)} blocks after {len(levels) - 1} before; "
+                levels = [_Counter(n, dev) for _ in range(len(level_nodes))]
+                loads = [_Counter(n, dev) for _ in range(len(layer_edges))]
+            elif len(level_nodes) != len(levels):
+                raise ValueError(f"the sampler returned {len(layer_edges)} blocks after {len(levels) - 1} before; "
                                  "it must return one block per layer every time")
-            levels[0].add(blocks[0].src_nodes)
-            for l, b in enumerate(blocks):
-                levels[l + 1].add(b.dst_nodes)
-                loads[l].add(b.dst_nodes[b.edge_dst])
-                edges.add(b.edge_ids)
+            for l, nodes in enumerate(level_nodes):
+                levels[l].add(nodes)
+            for l, (dst, eids) in enumerate(layer_edges):
+                loads[l].add(dst)
+                edges.add(eids)
             num_batches += 1
             if bar is not None:
                 bar.update(1)
