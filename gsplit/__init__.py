@@ -7,7 +7,7 @@ all-to-all shuffle per layer. See README.md for a quick start and DESIGN.md for 
 from gsplit import datasets
 from gsplit.comm import Communicator, shuffle
 from gsplit.graph import Graph
-from gsplit.launch import LaunchError, launch
+from gsplit.launch import LaunchError, current_device, launch
 from gsplit.loader import DataLoader
 from gsplit.nn import allreduce_gradients, sp_forward, split_cross_entropy
 from gsplit.partition import PartitionMap, PresampleWeights, partition, presample, split_stats
@@ -20,6 +20,6 @@ __all__ = [
     "Graph", "Block", "NeighborSampler", "datasets",
     "presample", "PresampleWeights", "partition", "PartitionMap", "split_stats",
     "Communicator", "shuffle", "ShuffleIndex", "sp_sample", "sp_forward",
-    "split_cross_entropy", "allreduce_gradients", "DataLoader", "launch", "LaunchError",
+    "split_cross_entropy", "allreduce_gradients", "DataLoader", "launch", "LaunchError", "current_device",
     "__version__",
 ]

@@ -188,10 +188,10 @@ def cmd_train(args) -> int:
           flush=True)
     t = time.perf_counter()
     if ranks == 1:
-        result = train_rank(0, 1, cfg, ds, owner, print_epoch)
+        result = train_rank(0, 1, cfg, ds, owner, print_epoch, True)
     else:
         backend = None if args.device != "cpu" else "gloo"
-        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch), backend=backend)[0]
+        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch, True), backend=backend)[0]
     result["dataset"] = ds.name
     result["wall_s"] = time.perf_counter() - t
     if args.log:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import torch
+from tqdm.auto import tqdm
 
 from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator
@@ -156,10 +157,11 @@ def evaluate(model, loader, comm: Communicator) -> float:
 
 
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
-               report: Optional[Callable[[dict], None]] = None) -> dict:
+               report: Optional[Callable[[dict], None]] = None, progress: bool = False) -> dict:
     """Train on this rank; returns the run log on rank 0 and this rank's counters elsewhere.
 
-    ``report(epoch_record)`` is called on rank 0 after every epoch (the CLI prints with it).
+    ``report(epoch_record)`` is called on rank 0 after every epoch (the CLI prints with it);
+    ``progress=True`` shows a progress bar of the iterations on rank 0 (the CLI turns it on).
     """
     device = resolve_device(cfg.device, rank)
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
@@ -178,7 +180,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         train_loader.set_epoch(epoch)
         loss_sum, t_epoch = 0.0, time.perf_counter()
         traffic_before = comm.traffic.snapshot()
-        for it, (_, _, blocks) in enumerate(train_loader):
+        batches = train_loader
+        if progress and rank == 0:
+            batches = tqdm(train_loader, desc=f"epoch {epoch}", unit="it", leave=False, dynamic_ncols=True)
+        for it, (_, _, blocks) in enumerate(batches):
             stats = train_loader.last_stats
             counters.add_iteration(stats)
             t0 = time.perf_counter()

@@ -1,0 +1,108 @@
+"""Paper Table 3: training time per epoch, split parallelism vs data parallelism, SAGE and GAT.
+
+Both systems run through ``gsplit.trainer`` (same models, data, global mini-batches, launcher and
+counters) on CPU ranks over gloo. Split uses the ``gsplit`` partition map (pre-sampling + METIS).
+Each run is bounded by ``max_iters``; the epoch time is the measured mean time per iteration (first
+iteration excluded) times the iterations of a full epoch, with its sample / load / forward-backward
+breakdown (each phase at its max over ranks, as in the trainer's log). The counters of the same runs
+(feature rows loaded, edges computed, shuffle bytes) explain the times.
+
+    python experiments/end_to_end.py --quick
+"""
+
+from __future__ import annotations
+
+import sys
+
+import common
+from gsplit.sampling.batches import num_iterations
+from gsplit.trainer import TrainConfig
+
+
+def main(argv=None) -> int:
+    p = common.make_parser(__doc__.splitlines()[0])
+    p.add_argument("--datasets", default="synthetic", help="synthetic and/or bio")
+    p.add_argument("--nodes", type=int, default=0, help="synthetic graph size (default 20000 quick, 100000 full)")
+    p.add_argument("--worlds", default="2,4")
+    p.add_argument("--models", default="sage,gat")
+    p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
+    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--iters", type=int, default=0, help="iterations per run (default 4 quick, 10 full)")
+    p.add_argument("--presample-epochs", type=int, default=0, help="default 2 quick, 5 full")
+    args = p.parse_args(argv)
+    nodes = args.nodes or (20_000 if args.quick else 100_000)
+    iters = args.iters or (4 if args.quick else 10)
+    pre_epochs = args.presample_epochs or (2 if args.quick else 5)
+    fanouts = [int(x) for x in args.fanouts.split(",")]
+    worlds = [int(x) for x in args.worlds.split(",")]
+    models = args.models.split(",")
+    stem = common.output_stem(args, "end_to_end")
+
+    results, rows, data_info = [], [], {}
+    for key in args.datasets.split(","):
+        ds = common.load_named(key, nodes, args.seed)
+        if ds is None:
+            continue
+        label = f"synthetic-{nodes // 1000}k" if key == "synthetic" else "bio-pathways"
+        data_info[label] = common.describe_dataset(ds)
+        print(f"{label}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train", flush=True)
+        for world in worlds:
+            pmap, prep, _ = common.make_map(ds, world, "gsplit", fanouts, args.batch_size, args.seed, pre_epochs)
+            print(f"  {world} ranks: gsplit map in {prep['presample_s'] + prep['partition_s']:.1f}s", flush=True)
+            jobs, keys = [], []
+            for model in models:
+                for system in ("split", "dp"):
+                    cfg = TrainConfig(model=model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
+                                      epochs=1, system=system, seed=args.seed, eval_every=0, max_iters=iters,
+                                      device="cpu")
+                    jobs.append((cfg, pmap.assignment if system == "split" else None))
+                    keys.append((model, system))
+            logs = common.run_jobs(ds, world, jobs)
+            per_epoch = num_iterations(ds.train_idx.numel(), args.batch_size, world)
+            by_key = {}
+            for (model, system), log in zip(keys, logs):
+                c = common.epoch_counters(log)
+                t = common.iteration_times(log)
+                n = c["iterations"]
+                res = {"dataset": label, "world": world, "model": model, "system": system,
+                       "iterations_run": n, "iterations_per_epoch": per_epoch, "iteration_times": t,
+                       "epoch_s_est": t["total_s"] * per_epoch,
+                       "phases_epoch_s_est": {ph: t[f"{ph}_s"] * per_epoch for ph in ("sample", "load", "train")},
+                       "input_rows_per_iteration": c["input_rows"] / n,
+                       "edges_per_iteration": sum(c["edges"]) / n,
+                       "traffic_bytes_per_iteration": c["traffic_bytes"] / n,
+                       "counters": c, "map": prep if system == "split" else None}
+                results.append(res)
+                by_key[(model, system)] = res
+            for model in models:
+                sp, dp = by_key[(model, "split")], by_key[(model, "dp")]
+                for r in (sp, dp):
+                    ph = r["phases_epoch_s_est"]
+                    rows.append([label, model, world, r["system"], ph["sample"], ph["load"], ph["train"],
+                                 r["epoch_s_est"], round(r["input_rows_per_iteration"]),
+                                 round(r["edges_per_iteration"]), r["traffic_bytes_per_iteration"] / 2**20,
+                                 dp["epoch_s_est"] / r["epoch_s_est"] if r is sp else 1.0])
+
+    headers = ["graph", "model", "ranks", "system", "sample s", "load s", "fwd-bwd s", "epoch s", "features/it",
+               "edges/it", "shuffle+ids MiB/it", "DP/this"]
+    table = common.format_table(headers, rows, ".2f")
+    print(f"\nepoch time estimated from {iters} iterations per run (first excluded), batch {args.batch_size}/rank, "
+          f"fanouts {fanouts}, hidden {args.hidden}")
+    print(table)
+    common.save_json(stem, {"experiment": "end-to-end epoch time (paper Table 3)", "datasets": data_info,
+                            "fanouts": fanouts, "batch_size": args.batch_size, "hidden": args.hidden,
+                            "iterations": iters, "presample_epochs": pre_epochs, "results": results, "table": table})
+    panels = [(lab, m) for lab in data_info for m in models]
+    fig, axes = common.figure(len(panels))
+    for ax, (lab, model) in zip(axes, panels):
+        sub = [r for r in results if r["dataset"] == lab and r["model"] == model]
+        common.stacked_panel(ax, [f"{r['system']} x{r['world']}" for r in sub],
+                             {ph: [r["phases_epoch_s_est"][ph] for r in sub] for ph in ("sample", "load", "train")},
+                             "epoch time (s, estimated)", f"{lab}, {model}")
+    common.save_figure(fig, stem)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Paper Figure 5 and the Node/Edge/Rand rows of Table 3: partition maps compared.
+
+For each map strategy (``gsplit``: METIS on pre-sampled vertex and edge weights; ``node``: pre-sampled
+vertex weights only; ``edge``: plain METIS balancing edges and training vertices; ``random``):
+
+* split quality on held-out mini-batches (:func:`gsplit.split_stats`): cross-split edge fraction and
+  edge/vertex load imbalance per layer;
+* a real split-parallel training run through ``gsplit.trainer`` (CPU ranks over gloo): shuffle and
+  id-exchange bytes from the communicator's traffic counters, per-layer edge imbalance measured on
+  the ranks, and time per iteration with its sample/load/forward-backward breakdown.
+
+    python experiments/maps.py --quick
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import common
+import gsplit
+from gsplit.partition import METHODS
+from gsplit.trainer import TrainConfig
+
+
+def run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, sampler, results, rows) -> None:
+    """Every map strategy for ``world`` ranks on ``ds``: split statistics and one training run each."""
+    L = len(fanouts)
+    maps, weights = {}, None
+    for method in METHODS:
+        pmap, info, weights = common.make_map(ds, world, method, fanouts, args.batch_size, args.seed,
+                                              pre_epochs, weights)
+        t = time.perf_counter()
+        stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, args.batch_size * world,
+                                   num_batches=stats_batches, seed=args.seed)
+        info["stats_s"] = time.perf_counter() - t
+        maps[method] = (pmap, info, stats)
+        print(f"  {world} ranks, {method}: presample {info['presample_s']:.1f}s, partition "
+              f"{info['partition_s']:.1f}s, cross-edges {[round(x, 3) for x in stats.cross_edge_fraction]}",
+              flush=True)
+    jobs = [(TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, epochs=1, system="split",
+                         seed=args.seed, eval_every=0, max_iters=iters, device="cpu"), maps[m][0].assignment)
+            for m in METHODS]
+    logs = common.run_jobs(ds, world, jobs)
+    for method, log in zip(METHODS, logs):
+        pmap, info, stats = maps[method]
+        c = common.epoch_counters(log)
+        times = common.iteration_times(log)
+        shuffle = common.shuffle_bytes_per_layer(c["traffic_bytes_by_tag"], L)
+        res = {"dataset": label, "world": world, "method": method, "map": info, "split_stats": stats.to_dict(),
+               "run": {**c, "iteration_times": times,
+                       "shuffle_bytes_per_iteration": sum(shuffle) / c["iterations"],
+                       "shuffle_bytes_per_layer_per_iteration": [b / c["iterations"] for b in shuffle],
+                       "id_bytes_per_iteration": common.id_bytes(c["traffic_bytes_by_tag"]) / c["iterations"]}}
+        results.append(res)
+        r = res["run"]
+        rows.append([label, method, world, "/".join(f"{x:.2f}" for x in stats.cross_edge_fraction),
+                     "/".join(f"{x:.2f}" for x in stats.edge_imbalance),
+                     "/".join(f"{x:.2f}" for x in r["edge_imbalance_run"]),
+                     r["shuffle_bytes_per_iteration"] / 2**20, r["id_bytes_per_iteration"] / 2**20,
+                     1e3 * times["sample_s"], 1e3 * times["load_s"], 1e3 * times["train_s"],
+                     1e3 * times["total_s"], info["presample_s"] + info["partition_s"]])
+
+
+def main(argv=None) -> int:
+    p = common.make_parser(__doc__.splitlines()[0])
+    p.add_argument("--datasets", default="synthetic,bio", help="synthetic and/or bio (the bio-pathways PPI graph)")
+    p.add_argument("--nodes", type=int, default=0, help="synthetic graph size (default 20000 quick, 100000 full)")
+    p.add_argument("--worlds", default="", help="rank counts (default 2 quick, 2,4 full)")
+    p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
+    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--model", default="sage")
+    p.add_argument("--iters", type=int, default=0, help="training iterations per map (default 4 quick, 10 full)")
+    p.add_argument("--presample-epochs", type=int, default=0, help="default 2 quick, 5 full")
+    p.add_argument("--stats-batches", type=int, default=0, help="held-out batches for split_stats (default 5 / 20)")
+    args = p.parse_args(argv)
+    nodes = args.nodes or (20_000 if args.quick else 100_000)
+    worlds = [int(x) for x in (args.worlds or ("2" if args.quick else "2,4")).split(",")]
+    iters = args.iters or (4 if args.quick else 10)
+    pre_epochs = args.presample_epochs or (2 if args.quick else 5)
+    stats_batches = args.stats_batches or (5 if args.quick else 20)
+    fanouts = [int(x) for x in args.fanouts.split(",")]
+    stem = common.output_stem(args, "maps")
+
+    sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
+    results, rows, data_info = [], [], {}
+    for key in args.datasets.split(","):
+        ds = common.load_named(key, nodes, args.seed)
+        if ds is None:
+            continue
+        label = f"synthetic-{nodes // 1000}k" if key == "synthetic" else "bio-pathways"
+        data_info[label] = common.describe_dataset(ds)
+        print(f"{label}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train")
+        for world in worlds:
+            run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, sampler, results, rows)
+
+    headers = ["graph", "map", "ranks", "cross-edge frac L0/L1/L2", "edge imb. (stats)", "edge imb. (run)",
+               "shuffle MiB/it", "ids MiB/it", "sample ms", "load ms", "fwd-bwd ms", "iter ms", "prep s"]
+    table = common.format_table(headers, rows, ".1f")
+    print(f"\n{args.model}, batch {args.batch_size}/rank, fanouts {fanouts}; "
+          f"stats over {stats_batches} held-out batches, run over {iters} iterations (first excluded from times)")
+    print(table)
+    common.save_json(stem, {"experiment": "partition maps (paper Fig. 5, Table 3 Node/Edge/Rand)",
+                            "datasets": data_info, "fanouts": fanouts, "batch_size": args.batch_size,
+                            "model": args.model, "iterations": iters, "presample_epochs": pre_epochs,
+                            "stats_batches": stats_batches, "results": results, "table": table})
+
+    panels = sorted({(r["dataset"], r["world"]) for r in results}, key=lambda k: (list(data_info).index(k[0]), k[1]))
+    fig, axes = common.figure(4, len(panels))
+    for i, (label, world) in enumerate(panels):
+        sub = [r for r in results if (r["dataset"], r["world"]) == (label, world)]
+        layers = [f"layer {l}" for l in range(len(fanouts))]
+        ax, name = axes[4 * i:4 * i + 4], f"{label}, {world} ranks"
+        common.bar_panel(ax[0], layers, {r["method"]: r["split_stats"]["cross_edge_fraction"] for r in sub},
+                         "cross-split edge fraction", name)
+        common.bar_panel(ax[1], layers, {r["method"]: r["split_stats"]["edge_imbalance"] for r in sub},
+                         "edge load imbalance (max/mean)", name)
+        common.bar_panel(ax[2], layers, {r["method"]: [b / 2**20 for b in r["run"]["shuffle_bytes_per_layer_per_iteration"]]
+                                         for r in sub}, "shuffle MiB / iteration (fwd+bwd)", name + " (run)")
+        common.stacked_panel(ax[3], [r["method"] for r in sub],
+                             {ph: [1e3 * r["run"]["iteration_times"][f"{ph}_s"] for r in sub]
+                              for ph in ("sample", "load", "train")}, "ms / iteration", name + " (run)")
+    common.save_figure(fig, stem)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
