@@ -18,7 +18,14 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import matplotlib
+# Before torch loads OpenMP: with the default (spinning) wait policy a multi-threaded process collapses
+# (10x slower and worse) whenever another process holds one of the few cores, as other jobs on a shared
+# 2-core machine do; passive waiting costs nothing measurable when the cores are free. Ranks inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
+"""The host's 1/5/15-minute load averages when the experiment started (other jobs share the cores)."""
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")  # no display: figures go straight to PNG files
 import matplotlib.pyplot as plt  # noqa: E402
@@ -133,13 +140,14 @@ def run_jobs(dataset, world: int, jobs: List[Tuple[TrainConfig, Optional[torch.T
 def iteration_times(log: dict, skip_first: int = 1) -> dict:
     """Per-iteration time of a trainer log, from the per-iteration records of every rank.
 
-    For every iteration the rank-wise phases (sample, load, forward-backward) are taken at their max
-    over ranks (the slowest rank sets the pace, as in the trainer's epoch records); values are the
-    mean over iterations, skipping the first ``skip_first`` of the run (warm-up). ``total`` is the
-    max over ranks of the sum of the three phases.
+    For every iteration each phase (sample, load, forward-backward) is taken at its max over ranks
+    (the slowest rank sets the pace, as in the trainer's epoch records) and ``total`` is the max over
+    ranks of the sum of the three. Values are medians over iterations (robust to the spikes other jobs
+    on a shared machine cause), skipping the first ``skip_first`` of the run (warm-up); ``*_mean``
+    are the means.
     """
     rows = []
-    for e, rec in enumerate(log["epochs"]):
+    for rec in log["epochs"]:
         per_rank = [r["per_iteration"] for r in rec["ranks"]]
         for it in range(min(len(p) for p in per_rank)):
             rows.append([(p[it]["sample_s"], p[it]["load_s"], p[it]["train_s"]) for p in per_rank])
@@ -147,13 +155,15 @@ def iteration_times(log: dict, skip_first: int = 1) -> dict:
         rows = rows[skip_first:]
     if not rows:
         raise ValueError("the log holds no per-iteration records; run with TrainConfig(log_iterations=True)")
-    mean = lambda xs: statistics.fmean(xs)  # noqa: E731
-    return {"iterations": len(rows),
-            "sample_s": mean([max(r[0] for r in row) for row in rows]),
-            "load_s": mean([max(r[1] for r in row) for row in rows]),
-            "train_s": mean([max(r[2] for r in row) for row in rows]),
-            "total_s": mean([max(sum(r) for r in row) for row in rows]),
-            "total_median_s": statistics.median([max(sum(r) for r in row) for row in rows])}
+    series = {"sample_s": [max(r[0] for r in row) for row in rows],
+              "load_s": [max(r[1] for r in row) for row in rows],
+              "train_s": [max(r[2] for r in row) for row in rows],
+              "total_s": [max(sum(r) for r in row) for row in rows]}
+    out = {"iterations": len(rows)}
+    for key, xs in series.items():
+        out[key] = statistics.median(xs)
+        out[key.replace("_s", "_mean_s")] = statistics.fmean(xs)
+    return out
 
 
 def epoch_counters(log: dict, epoch: int = 0) -> dict:
@@ -205,7 +215,10 @@ def machine_info() -> dict:
     """Where the numbers were measured."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
-            "cores": cores, "cuda": torch.cuda.is_available(), "gsplit": gsplit.__version__}
+            "cores": cores, "cuda": torch.cuda.is_available(), "gsplit": gsplit.__version__,
+            "torch_threads_main": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "load_average_start": LOAD_AT_START,
+            "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None}
 
 
 def _rel(path: Path) -> str:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import statistics
 import sys
 
+import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
-import common
 import gsplit
 from gsplit.sampling.batches import epoch_permutation, num_iterations
 from gsplit.trainer import TrainConfig

@@ -162,6 +162,7 @@ def default_num_ranks() -> int:
 
 def cmd_train(args) -> int:
     import gsplit
+    from gsplit.feature_store import parse_size
     from gsplit.trainer import TrainConfig, train_rank
 
     ds = _load_dataset(args)
@@ -169,8 +170,9 @@ def cmd_train(args) -> int:
     ranks = args.num_ranks or default_num_ranks()
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
-                      seed=args.seed, max_iters=args.max_iters, device=args.device)
-    owner = None
+                      seed=args.seed, max_iters=args.max_iters, device=args.device, cache_size=args.cache_size,
+                      prefetch=args.prefetch)
+    owner, cache_weights = None, None
     if args.system == "split" and ranks > 1:
         pdir = Path(args.partition) if args.partition else None
         if pdir is not None and (pdir / "meta.json").exists():
@@ -183,15 +185,20 @@ def cmd_train(args) -> int:
                                              args.presample_epochs, pdir)
             _print_stats(report["stats"])
         owner = pmap.assignment
+        weights_file = pdir / "vertex_weights.npy" if pdir is not None else None
+        if parse_size(cfg.cache_size) and weights_file is not None and weights_file.exists():
+            cache_weights = torch.from_numpy(np.load(weights_file))  # hottest first, as pre-sampling saw them
+            print(f"feature cache ordered by pre-sampling weights from {weights_file}")
     print(f"training {args.model} with {args.system} on {ranks} rank(s) "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
     t = time.perf_counter()
     if ranks == 1:
-        result = train_rank(0, 1, cfg, ds, owner, print_epoch, True)
+        result = train_rank(0, 1, cfg, ds, owner, print_epoch, True, cache_weights)
     else:
         backend = None if args.device != "cpu" else "gloo"
-        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch, True), backend=backend)[0]
+        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch, True, cache_weights),
+                               backend=backend)[0]
     result["dataset"] = ds.name
     result["wall_s"] = time.perf_counter() - t
     if args.log:
@@ -246,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--presample-epochs", type=int, default=10)
     p.add_argument("--max-iters", type=int, default=0, help="stop each epoch after this many iterations")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--cache-size", default="0",
+                   help="split: device memory per rank for its hottest owned features, e.g. 10G or 512M "
+                        "(default 0: no cache); ordered by the partition folder's vertex_weights.npy, else in-degree")
+    p.add_argument("--prefetch", action="store_true",
+                   help="split: sample and load the next mini-batch in a background thread while one trains")
     p.add_argument("--log", help="write every number as JSON here")
     p.set_defaults(func=cmd_train)
 

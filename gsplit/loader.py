@@ -2,21 +2,35 @@
 
 Every iteration all ranks agree on ONE global mini-batch (``batch_size * world_size`` targets, the same
 global order on every rank, from ``ddp_seed`` and the epoch), sample their split of it with
-:func:`gsplit.split.sp_sample`, load features only for the vertices they own at the input level, and
-shuffle them into the first block's source rows.
+:func:`gsplit.split.sp_sample`, load features only for the vertices they own at the input level (from
+the rank's :class:`~gsplit.feature_store.FeatureStore`: its GPU cache, else host memory), and shuffle
+them into the first block's source rows.
+
+With ``prefetch=True`` a background thread samples and loads the next mini-batch while the current
+one trains. Sampling and loading do collectives (id exchanges, the feature shuffle) and so does training
+(shuffles in forward and backward, the gradient all-reduce); two threads issuing collectives on one
+process group would interleave them differently on different ranks. The prefetching loader therefore
+runs its collectives on a process group of its own, created in the constructor, while the blocks'
+shuffle indices keep the training communicator (``loader.comm``).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import queue
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
+import torch.distributed as dist
 
 from gsplit.comm.communicator import Communicator
 from gsplit.comm.shuffle import shuffle_rows
+from gsplit.feature_store import FeatureStore, parse_size
 from gsplit.graph import Graph
 from gsplit.sampling.batches import epoch_permutation, num_iterations
 from gsplit.sampling.block import Block
@@ -25,15 +39,18 @@ from gsplit.split.sp_sample import sp_sample
 
 log = logging.getLogger(__name__)
 
+_PREFETCH_DEPTH = 1
+"""Mini-batches the background thread prepares ahead of the one being trained on."""
+
 
 @dataclass
 class IterationStats:
     """What one iteration did on this rank, counted on the code path itself."""
 
     sample_s: float = 0.0
-    """Seconds spent sampling (including the id exchanges)."""
+    """Seconds spent sampling (including the id exchanges); with prefetch, in the background thread."""
     load_s: float = 0.0
-    """Seconds spent loading input features (gather, device copy, first shuffle)."""
+    """Seconds spent loading input features (gather, device copy, first shuffle) and labels."""
     input_rows: int = 0
     """Input-feature rows this rank loaded from its feature store."""
     edges: List[int] = field(default_factory=list)
@@ -42,6 +59,39 @@ class IterationStats:
     """Vertices this rank computes (block destinations), per layer."""
     targets: int = 0
     """Targets (loss rows) of this rank."""
+    cache_hits: int = 0
+    """Input rows served from this rank's feature cache (device memory)."""
+    cache_misses: int = 0
+    """Input rows read from host memory."""
+    host_bytes: int = 0
+    """Bytes of input features read from host memory."""
+    wait_s: float = 0.0
+    """Seconds the consumer waited for this mini-batch: ``sample_s + load_s`` without prefetch, the part
+    that training did not hide with it."""
+
+
+@dataclass
+class _Prepared:
+    """One mini-batch ready to hand over, with what it cost."""
+
+    input_nodes: torch.Tensor
+    output_nodes: torch.Tensor
+    blocks: List[Block]
+    stats: IterationStats
+    traffic: Optional[dict] = None
+    """Traffic sent on the loader's own group for this batch (``{"rows": {tag: n}, "bytes": {...}}``)."""
+    ready: Optional["torch.cuda.Event"] = None
+    """Recorded on the producing side stream once the batch is complete (CUDA prefetch only)."""
+
+
+@dataclass
+class _Failure:
+    """An exception raised in the prefetching thread, to re-raise in the consumer."""
+
+    exc: BaseException
+
+
+_END = object()
 
 
 def _owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
@@ -67,6 +117,34 @@ def _owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
     return owner.to(torch.int64)
 
 
+def _group_like(comm: Communicator):
+    """A new process group with the same ranks (and rank numbers) and backend as ``comm``'s.
+
+    ``new_group`` is collective: every member must call it, in the same order relative to other
+    ``new_group`` calls. For the default group every process of the job is a member; for a subgroup
+    only its members synchronise (``use_local_synchronization``).
+    """
+    group = comm.group
+    ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+    return dist.new_group(ranks=ranks, backend=dist.get_backend(group), use_local_synchronization=group is not None)
+
+
+def _traffic_delta(now: dict, before: dict) -> dict:
+    return {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now[kind].items() if n != before[kind].get(tag, 0)}
+            for kind in ("rows", "bytes")}
+
+
+def _batch_tensors(item: _Prepared) -> Iterator[torch.Tensor]:
+    yield item.input_nodes
+    yield item.output_nodes
+    for b in item.blocks:
+        yield from (b.src_nodes, b.edge_src, b.edge_dst, b.edge_ids)
+        yield from b.srcdata.values()
+        yield from b.dstdata.values()
+        if b.shuffle_index is not None:
+            yield from (b.shuffle_index.send_idx, b.shuffle_index.recv_pos)
+
+
 class DataLoader:
     """Split-parallel mini-batch loader; iterate it like DGL's ``DataLoader``.
 
@@ -82,16 +160,33 @@ class DataLoader:
         batch_size: targets **per rank** per iteration, as with DGL's ``use_ddp=True``.
         shuffle, drop_last: as in DGL.
         features, labels: host tensors indexed by global vertex id; features land in
-            ``blocks[0].srcdata["feat"]`` and labels in ``blocks[-1].dstdata["label"]``.
+            ``blocks[0].srcdata["feat"]`` and labels in ``blocks[-1].dstdata["label"]``. ``features``
+            may also be a :class:`~gsplit.feature_store.FeatureStore` (e.g. ``other_loader.feature_store``)
+            to share one cache between loaders; ``cache_size`` and ``cache_weights`` must then be left out.
         group: the ``torch.distributed`` process group (default: the default group if initialised).
+        cache_size: bytes of device memory for this rank's feature cache (int or e.g. ``"10G"``); it holds
+            the hottest vertices this rank owns. ``0``: every feature row is read from host memory.
+        cache_weights: hotness of every vertex for the cache, e.g. ``PresampleWeights.vertex_weights``
+            or the ``vertex_weights.npy`` written by ``gsplit prepare``; default: in-degree.
+        prefetch: sample and load the next mini-batch in a background thread while the current one
+            trains (on CUDA, on a side stream). The batches are the same as without. It creates a
+            process group for the loader's collectives, so with several ranks every rank must construct
+            its prefetching loaders in the same order. Only one pass over a prefetching loader can run at
+            a time: starting a new one first finishes the previous one.
 
     Yields ``(input_nodes, output_nodes, blocks)``: ``input_nodes`` are the vertices whose features
     this rank loaded (its bottom local frontier; disjoint across ranks), ``output_nodes`` its targets.
 
+    Communication counters: ``loader.comm.traffic`` counts everything this rank sent for the batches
+    it yielded (id exchanges and the feature shuffle, added when the batch is yielded, plus the
+    training shuffles that run on ``loader.comm``). With prefetch, ``loader.sampling_comm.traffic``
+    counts what the background thread actually sent on the loader's own group, including a batch that
+    was prefetched but never consumed; without prefetch ``sampling_comm is comm``.
+
     Example:
         >>> loader = gsplit.DataLoader(ds.graph, ds.train_idx, sampler, partition=pmap, use_ddp=True,
         ...                            batch_size=1024, shuffle=True, features=ds.features,
-        ...                            labels=ds.labels)                      # doctest: +SKIP
+        ...                            labels=ds.labels, cache_size="4G", prefetch=True)  # doctest: +SKIP
         >>> for input_nodes, output_nodes, blocks in loader:                   # doctest: +SKIP
         ...     logits = model(blocks, blocks[0].srcdata["feat"])
     """
@@ -99,8 +194,8 @@ class DataLoader:
     def __init__(self, graph: Graph, indices, sampler: NeighborSampler, *, partition=None,
                  device: Union[str, torch.device, None] = None, use_ddp: bool = False, ddp_seed: int = 0,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
-                 features: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
-                 group=None):
+                 features: Union[torch.Tensor, FeatureStore, None] = None, labels: Optional[torch.Tensor] = None,
+                 group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: bool = False):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}; it must be at least 1 (targets per rank per iteration)")
         self.comm = Communicator(group)
@@ -115,21 +210,51 @@ class DataLoader:
         self.sampler = sampler
         self.owner = _owner_tensor(partition, graph, self.comm.world_size).to(graph.device)
         self.device = torch.device(device) if device is not None else graph.device
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.ddp_seed = int(ddp_seed)
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
-        for name, t in (("features", features), ("labels", labels)):
-            if t is not None and t.shape[0] != graph.num_nodes:
-                raise ValueError(f"{name} has {t.shape[0]} rows but the graph has {graph.num_nodes} vertices; "
-                                 f"pass one row per vertex")
-        if features is not None and features.dtype.is_floating_point and not bool(torch.isfinite(features).all()):
-            bad = int((~torch.isfinite(features)).any(1).nonzero()[0])
-            raise ValueError(f"features row {bad} holds NaN or inf; clean the features before training")
-        self.features = features
+        self.feature_store = self._feature_store(features, cache_size, cache_weights)
+        self.features = None if self.feature_store is None else self.feature_store.features
+        if labels is not None and labels.shape[0] != graph.num_nodes:
+            raise ValueError(f"labels has {labels.shape[0]} rows but the graph has {graph.num_nodes} vertices; "
+                             f"pass one row per vertex")
         self.labels = labels
+        self.prefetch = bool(prefetch)
+        self.sampling_comm = self.comm
+        if self.prefetch and self.comm.world_size > 1:
+            self.sampling_comm = Communicator(_group_like(self.comm))
+            if self.sampling_comm.rank != self.comm.rank:
+                raise RuntimeError(f"internal error: the loader's group numbers this rank {self.sampling_comm.rank} "
+                                   f"but the training group {self.comm.rank}")
+        self._producer: Optional[_Producer] = None
         self._next_epoch = 0
         self.last_stats = IterationStats()
+
+    def _feature_store(self, features, cache_size, cache_weights) -> Optional[FeatureStore]:
+        if isinstance(features, FeatureStore):
+            if parse_size(cache_size) or cache_weights is not None:
+                raise ValueError("features is a FeatureStore, whose cache is already set up; leave cache_size and "
+                                 "cache_weights out (or pass the feature tensor instead)")
+            if features.num_nodes != self.graph.num_nodes:
+                raise ValueError(f"the feature store has {features.num_nodes} rows but the graph has "
+                                 f"{self.graph.num_nodes} vertices; pass one row per vertex")
+            return features
+        if features is None:
+            if parse_size(cache_size):
+                raise ValueError(f"cache_size={cache_size!r} but no features were given; pass features= to cache")
+            return None
+        if features.shape[0] != self.graph.num_nodes:
+            raise ValueError(f"features has {features.shape[0]} rows but the graph has {self.graph.num_nodes} "
+                             f"vertices; pass one row per vertex")
+        if features.dtype.is_floating_point and not bool(torch.isfinite(features).all()):
+            bad = int((~torch.isfinite(features)).reshape(features.shape[0], -1).any(1).nonzero()[0])
+            raise ValueError(f"features row {bad} holds NaN or inf; clean the features before training")
+        owner = self.owner if self.comm.world_size > 1 else None
+        return FeatureStore(features, device=self.device, cache_size=cache_size, weights=cache_weights,
+                            graph=self.graph, owner=owner, rank=self.comm.rank)
 
     @property
     def world_size(self) -> int:
@@ -156,23 +281,181 @@ class DataLoader:
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, List[Block]]]:
         epoch = self._next_epoch
         self._next_epoch += 1
+        if self.prefetch:
+            yield from self._iter_prefetch(epoch)
+        else:
+            yield from self._iter_inline(epoch)
+
+    # ------------------------------------------------------------------ producing one batch
+    def _prepare(self, epoch: int, it: int, seeds: torch.Tensor) -> _Prepared:
+        """Sample and load one mini-batch with the loader's communicator (any thread)."""
+        stats = IterationStats()
+        comm = self.sampling_comm
+        own_group = comm is not self.comm
+        before = comm.traffic.snapshot() if own_group else None
+        t0 = time.perf_counter()
+        batch = sp_sample(self.graph, seeds.to(self.graph.device), self.owner, self.sampler, comm,
+                          epoch=epoch, iteration=it)
+        blocks = [b.to(self.device) for b in batch.blocks] if self.device != self.graph.device else batch.blocks
+        t1 = time.perf_counter()
+        if self.feature_store is not None:
+            local, counts = self.feature_store.gather_with_counts(batch.input_nodes)
+            local = local.to(self.device, non_blocking=True)
+            blocks[0].srcdata["feat"] = shuffle_rows(local, blocks[0].shuffle_index)
+            stats.cache_hits, stats.cache_misses, stats.host_bytes = counts.hits, counts.misses, counts.host_bytes
+        if self.labels is not None:
+            blocks[-1].dstdata["label"] = self.labels[batch.output_nodes.to(self.labels.device)].to(self.device)
+        t2 = time.perf_counter()
+        traffic = None
+        if own_group:
+            # Training shuffles run on the training communicator: only the loader's thread may use its own.
+            for b in blocks:
+                if b.shuffle_index is not None:
+                    b.shuffle_index = replace(b.shuffle_index, comm=self.comm)
+            traffic = _traffic_delta(comm.traffic.snapshot(), before)
+        stats.sample_s, stats.load_s = t1 - t0, t2 - t1
+        stats.input_rows = batch.input_nodes.numel()
+        stats.edges = [b.num_edges() for b in blocks]
+        stats.dst_vertices = [b.num_dst_nodes() for b in blocks]
+        stats.targets = batch.output_nodes.numel()
+        return _Prepared(batch.input_nodes.to(self.device), batch.output_nodes.to(self.device), blocks, stats, traffic)
+
+    def _deliver(self, item: _Prepared) -> Tuple[torch.Tensor, torch.Tensor, List[Block]]:
+        """Hand a prepared batch to the consumer (its thread): stream order, counters, ``last_stats``."""
+        if item.ready is not None:
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(item.ready)
+            for t in _batch_tensors(item):
+                if t.is_cuda:
+                    # allocated on the side stream: do not let the allocator reuse the memory there
+                    # while this stream may still read it
+                    t.record_stream(stream)
+        if item.traffic is not None:
+            for tag, rows in item.traffic["rows"].items():
+                self.comm.traffic.add(tag, rows, item.traffic["bytes"].get(tag, 0))
+        self.last_stats = item.stats
+        return item.input_nodes, item.output_nodes, item.blocks
+
+    def _iter_inline(self, epoch: int):
         for it, seeds in enumerate(self.global_batches(epoch)):
-            stats = IterationStats()
             t0 = time.perf_counter()
-            batch = sp_sample(self.graph, seeds.to(self.graph.device), self.owner, self.sampler, self.comm,
-                              epoch=epoch, iteration=it)
-            blocks = [b.to(self.device) for b in batch.blocks] if self.device != self.graph.device else batch.blocks
-            t1 = time.perf_counter()
-            if self.features is not None:
-                local = self.features[batch.input_nodes.to(self.features.device)].to(self.device, non_blocking=True)
-                blocks[0].srcdata["feat"] = shuffle_rows(local, blocks[0].shuffle_index)
-            if self.labels is not None:
-                blocks[-1].dstdata["label"] = self.labels[batch.output_nodes.to(self.labels.device)].to(self.device)
-            t2 = time.perf_counter()
-            stats.sample_s, stats.load_s = t1 - t0, t2 - t1
-            stats.input_rows = batch.input_nodes.numel()
-            stats.edges = [b.num_edges() for b in blocks]
-            stats.dst_vertices = [b.num_dst_nodes() for b in blocks]
-            stats.targets = batch.output_nodes.numel()
-            self.last_stats = stats
-            yield batch.input_nodes.to(self.device), batch.output_nodes.to(self.device), blocks
+            item = self._prepare(epoch, it, seeds)
+            item.stats.wait_s = time.perf_counter() - t0
+            yield self._deliver(item)
+
+    def _iter_prefetch(self, epoch: int):
+        if self._producer is not None:  # an earlier pass that was never finished nor closed
+            self._producer.stop()
+        producer = _Producer(self, epoch)
+        self._producer = producer
+        producer.start()
+        try:
+            for k in range(len(self)):
+                # Batch k is wanted now; allow the thread to prepare up to _PREFETCH_DEPTH more. Credits,
+                # not timing, decide how many batches the thread prepares, so every rank's thread runs
+                # the same collectives even when the consumer stops early.
+                producer.grant(10**9)
+                t0 = time.perf_counter()
+                item = producer.get()
+                item.stats.wait_s = time.perf_counter() - t0
+                yield self._deliver(item)
+        finally:
+            producer.stop()
+            if self._producer is producer:
+                self._producer = None
+
+
+class _Producer:
+    """The prefetching thread of one pass: prepares batch ``j`` once the consumer has granted it.
+
+    The consumer grants batches (``grant``); the thread prepares exactly the granted ones, in order,
+    and puts them into a bounded queue. ``stop`` lets it finish what was granted (its collectives are
+    matched by the other ranks' threads, which got the same grants) and joins it.
+    """
+
+    def __init__(self, loader: DataLoader, epoch: int):
+        self._loader = loader
+        self._epoch = epoch
+        # Never full: at most _PREFETCH_DEPTH + 1 batches are granted and not yet taken, plus the end mark.
+        self._queue: "queue.Queue" = queue.Queue(maxsize=_PREFETCH_DEPTH + 2)
+        self._cond = threading.Condition()
+        self._granted = 0
+        self._stopping = False
+        self._consumer_stream = None
+        if loader.device.type == "cuda":
+            self._consumer_stream = torch.cuda.current_stream(loader.device)
+        self._thread = threading.Thread(target=self._run, name=f"gsplit-prefetch-rank{loader.rank}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        # At interpreter exit, finish the thread's granted work before the interpreter tears down:
+        # a daemon thread still inside torch when it is killed aborts the process.
+        atexit.register(self.stop)
+
+    def grant(self, n: int) -> None:
+        with self._cond:
+            if n > self._granted:
+                self._granted = n
+                self._cond.notify()
+
+    def _granted_batch(self, j: int) -> bool:
+        with self._cond:
+            while j >= self._granted and not self._stopping:
+                self._cond.wait()
+            return j < self._granted
+
+    def _run(self) -> None:
+        loader = self._loader
+        try:
+            stream, ctx = None, contextlib.nullcontext()
+            if self._consumer_stream is not None:
+                torch.cuda.set_device(loader.device)  # the current device is per thread
+                stream = torch.cuda.Stream(loader.device)
+                # what the consumer queued before (cache fill, graph copy) must be done before we read it
+                stream.wait_stream(self._consumer_stream)
+                ctx = torch.cuda.stream(stream)
+            with ctx:
+                for j, seeds in enumerate(loader.global_batches(self._epoch)):
+                    if not self._granted_batch(j):
+                        break
+                    item = loader._prepare(self._epoch, j, seeds)
+                    if stream is not None:
+                        item.ready = torch.cuda.Event()
+                        item.ready.record(stream)
+                    self._queue.put(item)
+        except BaseException as exc:  # noqa: BLE001 - everything must reach the consumer
+            self._queue.put(_Failure(exc))
+        else:
+            self._queue.put(_END)
+
+    def get(self) -> _Prepared:
+        """The next batch; re-raises the thread's exception."""
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the prefetching thread ended without a batch or an error") from None
+                continue
+            if isinstance(item, _Failure):
+                raise item.exc
+            if item is _END:
+                raise RuntimeError("the prefetching thread ended before the epoch's last batch")
+            return item
+
+    def stop(self) -> None:
+        """Finish the granted batches and join the thread (no-op when it has ended)."""
+        atexit.unregister(self.stop)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Failure):
+                log.warning("preparing a prefetched mini-batch that was not consumed failed: %s: %s",
+                            type(item.exc).__name__, item.exc)

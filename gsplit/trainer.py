@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator
+from gsplit.feature_store import parse_size
 from gsplit.loader import DataLoader
 from gsplit.nn.models import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
@@ -59,6 +60,11 @@ class TrainConfig:
     """``auto`` (this rank's GPU when there is one, else CPU), ``cpu`` or ``cuda``."""
     log_iterations: bool = True
     """Keep every iteration's counters in the log (``ranks[r]["per_iteration"]``), not only epoch sums."""
+    cache_size: str = "0"
+    """Split only: device memory per rank for the cache of its hottest owned input features (``"10G"``,
+    ``"512M"``, bytes; ``"0"``: none)."""
+    prefetch: bool = False
+    """Split only: sample and load the next mini-batch in a background thread while one trains."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -66,6 +72,7 @@ class TrainConfig:
         if self.batch_size < 1 or self.epochs < 0 or self.hidden < 1:
             raise ValueError(f"batch_size, epochs and hidden must be positive, got {self.batch_size}, "
                              f"{self.epochs}, {self.hidden}")
+        parse_size(self.cache_size)  # a bad size fails here, before any rank starts
 
 
 @dataclass
@@ -80,8 +87,14 @@ class EpochCounters:
     """Seconds loading input features (split: including the first shuffle)."""
     train_s: float = 0.0
     """Seconds in forward, loss, backward, gradient all-reduce and optimiser step."""
+    wait_s: float = 0.0
+    """Seconds the training loop waited for the loader (with prefetch: loading that training did not hide)."""
     input_rows: int = 0
     """Input-feature rows loaded."""
+    cache_hits: int = 0
+    """Input-feature rows served from the rank's feature cache (split only)."""
+    cache_misses: int = 0
+    """Input-feature rows read from host memory (split only)."""
     edges: List[int] = field(default_factory=list)
     """Edges computed per layer."""
     dst_vertices: List[int] = field(default_factory=list)
@@ -98,7 +111,10 @@ class EpochCounters:
         self.iterations += 1
         self.sample_s += stats.sample_s
         self.load_s += stats.load_s
+        self.wait_s += getattr(stats, "wait_s", 0.0)
         self.input_rows += stats.input_rows
+        self.cache_hits += getattr(stats, "cache_hits", 0)
+        self.cache_misses += getattr(stats, "cache_misses", 0)
         if not self.edges:
             self.edges = [0] * len(stats.edges)
             self.dst_vertices = [0] * len(stats.dst_vertices)
@@ -130,10 +146,15 @@ def resolve_device(name: str, rank: int) -> torch.device:
     return torch.device(name)
 
 
-def _make_loader(cfg: TrainConfig, dataset, indices, owner, device, shuffle: bool, sampler):
-    cls = DataLoader if cfg.system == "split" else DataParallelLoader
-    return cls(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True, ddp_seed=cfg.seed,
-               batch_size=cfg.batch_size, shuffle=shuffle, features=dataset.features, labels=dataset.labels)
+def _make_loader(cfg: TrainConfig, dataset, indices, owner, device, shuffle: bool, sampler, **split_options):
+    """The system's loader; ``split_options`` (cache, prefetch, a shared feature store) are for split only."""
+    if cfg.system != "split":
+        return DataParallelLoader(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True,
+                                  ddp_seed=cfg.seed, batch_size=cfg.batch_size, shuffle=shuffle,
+                                  features=dataset.features, labels=dataset.labels)
+    options = {"features": dataset.features, **split_options}
+    return DataLoader(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True, ddp_seed=cfg.seed,
+                      batch_size=cfg.batch_size, shuffle=shuffle, labels=dataset.labels, **options)
 
 
 def _sync(device: torch.device) -> None:
@@ -157,11 +178,14 @@ def evaluate(model, loader, comm: Communicator) -> float:
 
 
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
-               report: Optional[Callable[[dict], None]] = None, progress: bool = False) -> dict:
+               report: Optional[Callable[[dict], None]] = None, progress: bool = False,
+               cache_weights=None) -> dict:
     """Train on this rank; returns the run log on rank 0 and this rank's counters elsewhere.
 
     ``report(epoch_record)`` is called on rank 0 after every epoch (the CLI prints with it);
     ``progress=True`` shows a progress bar of the iterations on rank 0 (the CLI turns it on).
+    ``cache_weights`` (e.g. pre-sampling vertex weights) choose what ``cfg.cache_size`` caches; default
+    in-degree.
     """
     device = resolve_device(cfg.device, rank)
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
@@ -169,9 +193,14 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     model = build_model(cfg.model, dataset.features.shape[1], cfg.hidden, dataset.num_classes,
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    train_loader = _make_loader(cfg, dataset, dataset.train_idx, owner, device, True, sampler)
+    split_train, split_eval = {}, {}
+    if cfg.system == "split":
+        split_train = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
+    train_loader = _make_loader(cfg, dataset, dataset.train_idx, owner, device, True, sampler, **split_train)
+    if cfg.system == "split":  # evaluation reads the same cache, and does not prefetch (no backward to hide behind)
+        split_eval = {"features": train_loader.feature_store}
     comm = train_loader.comm
-    eval_loaders = {name: _make_loader(cfg, dataset, idx, owner, device, False, sampler)
+    eval_loaders = {name: _make_loader(cfg, dataset, idx, owner, device, False, sampler, **split_eval)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
     for epoch in range(cfg.epochs):
@@ -208,6 +237,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 traffic_before = traffic_now
                 counters.per_iteration.append({
                     "iteration": it, "sample_s": stats.sample_s, "load_s": stats.load_s, "train_s": train_s,
+                    "wait_s": getattr(stats, "wait_s", 0.0), "cache_hits": getattr(stats, "cache_hits", 0),
+                    "cache_misses": getattr(stats, "cache_misses", 0),
                     "input_rows": stats.input_rows, "edges": list(stats.edges),
                     "dst_vertices": list(stats.dst_vertices), "targets": stats.targets,
                     "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"]})
@@ -223,9 +254,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 record[f"{name}_acc"] = evaluate(model, loader, comm)
         per_rank = comm.all_gather_object({"rank": rank, "epoch_s": epoch_s, **asdict(counters)})
         record["ranks"] = per_rank
-        for phase in ("sample_s", "load_s", "train_s", "epoch_s"):
+        for phase in ("sample_s", "load_s", "wait_s", "train_s", "epoch_s"):
             record[phase] = max(r[phase] for r in per_rank)  # the slowest rank sets the pace
-        record["input_rows"] = sum(r["input_rows"] for r in per_rank)
+        for count in ("input_rows", "cache_hits", "cache_misses"):
+            record[count] = sum(r[count] for r in per_rank)
         record["edges"] = [sum(r["edges"][layer] for r in per_rank) for layer in range(len(cfg.fanouts))] \
             if counters.edges else []
         record["dst_vertices"] = [sum(r["dst_vertices"][layer] for r in per_rank)

@@ -1,15 +1,15 @@
 """Tests for gsplit.partition: pre-sampling counts, partition strategies, PartitionMap, split statistics."""
 
-from pathlib import Path
-
+import importlib
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from gsplit.graph import Graph
-from gsplit.partition import (PartitionMap, PresampleWeights, metis_part_kway, partition, presample, split_stats,
+from gsplit.partition import (PartitionMap, metis_part_kway, partition, presample, split_stats,
                               symmetrize, to_metis_weights)
 from gsplit.partition import metis as metis_mod
 from gsplit.sampling import NeighborSampler
@@ -113,10 +113,13 @@ class BlocksOnlySampler(NeighborSampler):
         return super().sample_blocks(graph, seeds, epoch, iteration)
 
 
-def test_presample_fast_path_equals_blocks_path():
+def test_presample_fast_path_equals_blocks_path(monkeypatch):
     g, _ = sbm_graph(num_blocks=4, block_size=200, seed=2)
     train = random_train(g.num_nodes, 0.5, seed=3)
     fast = presample(g, train, NeighborSampler([6, 4, 2], seed=9), batch_size=40, epochs=2, seed=1)
+    # counting in many small chunks (a flush every few batches) must give the same result
+    presample_mod = importlib.import_module("gsplit.partition.presample")  # the package attribute is the function
+    monkeypatch.setattr(presample_mod, "_MIN_FLUSH_ENTRIES", 1)
     slow = presample(g, train, BlocksOnlySampler([6, 4, 2], seed=9), batch_size=40, epochs=2, seed=1)
     for name in ("vertex_weights", "edge_weights", "level_vertex_weights", "layer_edge_load"):
         assert torch.equal(getattr(fast, name), getattr(slow, name)), name

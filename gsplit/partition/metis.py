@@ -17,7 +17,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -272,6 +272,17 @@ def _balance_constraints(weights: PresampleWeights, balance: str) -> np.ndarray:
     return mat if mat.shape[1] > 1 else mat.reshape(-1)
 
 
+def _weight_limits() -> Tuple[int, int]:
+    """``(max_weight, max_total)`` for :func:`to_metis_weights` that METIS's ``idx_t`` sums can hold."""
+    try:
+        bits = 64 if _load_metis().idx_dtype == np.int64 else 32
+    except Exception:  # noqa: BLE001 - the fallback path reports the failure itself
+        from pymetis import _internal
+
+        bits = int(getattr(_internal, "_idx_type_width", lambda: 32)())
+    return (1 << 20, 1 << 50) if bits == 64 else (1 << 10, 1 << 30)
+
+
 def _random_assignment(n: int, num_parts: int, seed: int) -> np.ndarray:
     """Balanced random map: a seeded permutation dealt round-robin (part sizes differ by at most 1)."""
     perm = np.random.default_rng([int(seed), 0x9A27]).permutation(n)
@@ -295,6 +306,11 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
     constraint per GNN layer (the vertex's pre-sampled in-edges at that layer, i.e. its share of that
     layer's work) plus one for input-feature loads, so every layer is balanced; ``"total"`` is one
     constraint, the total appearances (``PresampleWeights.vertex_weights``), as in the GSplit paper.
+
+    METIS sees ``A + A^T`` without self loops (:func:`symmetrize`) and integer weights: each float weight
+    array is scaled so its largest entry becomes 2**20, rounded, and a positive weight is never rounded to
+    0 (:func:`to_metis_weights`). ``ufactor`` is METIS's tolerance: every constraint may exceed its average
+    per part by ``ufactor / 1000``. The map is deterministic for a given ``seed``.
 
     ``gsplit``/``node`` need ``weights`` from :func:`presample`; without them, pass ``sampler``,
     ``batch_size`` and ``train_idx`` and pre-sampling runs here for ``epochs`` epochs.
@@ -361,8 +377,9 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
                 is_train = np.zeros(n, dtype=np.float64)
                 is_train[check_train_idx(graph, train_idx).cpu().numpy()] = 1.0
                 vw = np.stack([vw, is_train], 1)
-        vw_int = to_metis_weights(vw, keep_positive=True)
-        ew_int = None if ew is None else to_metis_weights(ew, keep_positive=True)
+        limits = _weight_limits()
+        vw_int = to_metis_weights(vw, *limits, keep_positive=True)
+        ew_int = None if ew is None else to_metis_weights(ew, *limits, keep_positive=True)
         assign, cut, backend = metis_part_kway(xadj, adjncy, num_parts, vw_int, ew_int, seed=seed, ufactor=int(ufactor))
         meta.update(metis_edgecut=cut, metis_backend=backend, ncon=1 if vw_int.ndim == 1 else int(vw_int.shape[1]),
                     ufactor=int(ufactor), metis_adjacency_entries=int(adjncy.size))

@@ -106,12 +106,15 @@ class PartitionMap:
         return pm
 
     # ------------------------------------------------------------------ queries
-    def owner(self, ids: torch.Tensor) -> torch.Tensor:
-        """Owning part of each vertex in ``ids``, as int64 on ``ids``'s device."""
+    def owner(self, ids: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """Owning part of each vertex in ``ids``, as int64 on ``ids``'s device.
+
+        ``check=False`` skips the id range check (two passes over ``ids``) on hot paths whose ids are known valid.
+        """
         ids = torch.as_tensor(ids)
         if ids.dtype.is_floating_point or ids.dtype == torch.bool:
             raise TypeError(f"vertex ids must be an integer tensor, got {ids.dtype}")
-        if ids.numel():
+        if check and ids.numel():
             lo, hi = int(ids.min()), int(ids.max())
             if lo < 0 or hi >= self.num_nodes:
                 bad = lo if lo < 0 else hi

@@ -20,8 +20,9 @@ from gsplit.graph import Graph
 log = logging.getLogger(__name__)
 
 # Sampled ids are buffered and counted with one bincount per chunk: a bincount per mini-batch would
-# allocate a full ``[num_edges]`` result every time, which dominates on large graphs.
-_FLUSH_ENTRIES = 1 << 25
+# allocate a full ``[num_edges]`` result every time, which dominates on large graphs. A chunk holds at
+# least as many ids as the count has entries (so that cost is amortised), and at least this many.
+_MIN_FLUSH_ENTRIES = 1 << 22
 
 
 def epoch_batches(train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int) -> List[torch.Tensor]:
@@ -115,11 +116,12 @@ class _Counter:
         self.counts = torch.zeros(size, dtype=torch.int64, device=device)
         self.pending: List[torch.Tensor] = []
         self.num_pending = 0
+        self.flush_at = max(_MIN_FLUSH_ENTRIES, size)
 
     def add(self, ids: torch.Tensor) -> None:
         self.pending.append(ids)
         self.num_pending += ids.numel()
-        if self.num_pending >= _FLUSH_ENTRIES:
+        if self.num_pending >= self.flush_at:
             self.flush()
 
     def flush(self) -> torch.Tensor:
