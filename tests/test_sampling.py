@@ -130,3 +130,13 @@ def test_bad_seeds():
         s.sample_blocks(g, torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="layer=3"):
         s.sample_neighbors(g, torch.tensor([1]), 3, 0, 0)
+
+
+def test_dense_and_sorted_relabel_agree():
+    g = torch.Generator().manual_seed(3)
+    dst = torch.randperm(1000, generator=g)[:50]
+    src = torch.randint(0, 1000, (400,), generator=g)
+    dense = relabel(dst, src, num_nodes=1000)          # small graph: dense tables
+    by_sort = relabel(dst, src)                        # no num_nodes: sort-based
+    assert torch.equal(dense[0], by_sort[0]) and torch.equal(dense[1], by_sort[1])
+    assert torch.equal(dense[0][: dst.numel()], dst)

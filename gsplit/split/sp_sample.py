@@ -79,7 +79,7 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
     blocks: List[Block] = []
     for layer in reversed(range(sampler.num_layers)):
         sampled = sampler.sample_neighbors(graph, frontier, layer, epoch, iteration)
-        src_nodes, src_local = relabel(frontier, sampled.src)
+        src_nodes, src_local = relabel(frontier, sampled.src, graph.num_nodes)
         next_frontier, index = exchange_ids(src_nodes, owner[src_nodes].long(), comm, tag=f"layer{layer}")
         blocks.append(Block(src_nodes=src_nodes, num_dst=frontier.numel(), edge_src=src_local,
                             edge_dst=sampled.dst_index, edge_ids=sampled.edge_ids, layer=layer,
