@@ -95,7 +95,7 @@ def prepare_partition(ds, num_parts: int, fanouts: List[int], batch_size: int, m
     t1 = time.perf_counter()
     print(f"partitioning into {num_parts} parts with method {method}", flush=True)
     pmap = gsplit.partition(ds.graph, num_parts, method=method, weights=weights, train_idx=ds.train_idx, seed=seed,
-                            sampler=sampler, batch_size=batch_size)
+                            sampler=sampler, batch_size=batch_size * num_parts)
     t2 = time.perf_counter()
     stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, batch_size * num_parts,
                                num_batches=stats_batches, seed=seed)
@@ -136,9 +136,9 @@ def cmd_stats(args) -> int:
     ds = _load_dataset(args)
     pmap = gsplit.PartitionMap.load(args.partition)
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else list(pmap.fanouts or [15, 10, 5])
-    batch = args.batch_size or int(pmap.batch_size or 1024)
+    global_batch = args.batch_size * pmap.num_parts if args.batch_size else int(pmap.batch_size or 1024 * pmap.num_parts)
     sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
-    stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, batch * pmap.num_parts,
+    stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, global_batch,
                                num_batches=args.num_batches, seed=args.seed)
     print(f"{pmap!r}")
     _print_stats(stats.to_dict())

@@ -54,7 +54,7 @@ class PartitionMap:
     fanouts: Optional[List[int]] = None
     """Fanouts of the sampler used for pre-sampling, if any."""
     batch_size: Optional[int] = None
-    """Mini-batch size used for pre-sampling, if any."""
+    """Targets per *global* mini-batch (all ranks together) the map was pre-sampled / tuned for."""
     metadata: Dict[str, Any] = field(default_factory=dict)
     """JSON-serialisable details (seed, METIS edge cut, time taken, ...)."""
 
