@@ -41,6 +41,8 @@ DATA = REPO.parent / "shared" / "data"
 """The real graphs beside the project (absent on a user's machine: experiments then skip them)."""
 RESULTS = REPO / "experiments" / "results"
 """Default output folder."""
+PHASES = (("sample", "sample"), ("load", "load"), ("train", "forward-backward"))
+"""The trainer's time phases (key prefix in the logs, label in figures)."""
 
 
 # ---------------------------------------------------------------------------------------- arguments
@@ -137,22 +139,23 @@ def run_jobs(dataset, world: int, jobs: List[Tuple[TrainConfig, Optional[torch.T
     return logs
 
 
-def iteration_times(log: dict, skip_first: int = 1) -> dict:
-    """Per-iteration time of a trainer log, from the per-iteration records of every rank.
+def iteration_times(logs, skip_first: int = 1) -> dict:
+    """Per-iteration time of one trainer log (or of several runs of the same job), from every rank's records.
 
     For every iteration each phase (sample, load, forward-backward) is taken at its max over ranks
     (the slowest rank sets the pace, as in the trainer's epoch records) and ``total`` is the max over
     ranks of the sum of the three. Values are medians over iterations (robust to the spikes other jobs
-    on a shared machine cause), skipping the first ``skip_first`` of the run (warm-up); ``*_mean``
-    are the means.
+    on a shared machine cause), skipping the first ``skip_first`` iterations of every run (warm-up);
+    ``*_mean_s`` are the means and ``per_iteration`` keeps ``[sample, load, train]`` of every rank.
     """
     rows = []
-    for rec in log["epochs"]:
-        per_rank = [r["per_iteration"] for r in rec["ranks"]]
-        for it in range(min(len(p) for p in per_rank)):
-            rows.append([(p[it]["sample_s"], p[it]["load_s"], p[it]["train_s"]) for p in per_rank])
-    if len(rows) > skip_first:
-        rows = rows[skip_first:]
+    for log in ([logs] if isinstance(logs, dict) else logs):
+        run_rows = []
+        for rec in log["epochs"]:
+            per_rank = [r["per_iteration"] for r in rec["ranks"]]
+            for it in range(min(len(p) for p in per_rank)):
+                run_rows.append([(p[it]["sample_s"], p[it]["load_s"], p[it]["train_s"]) for p in per_rank])
+        rows += run_rows[skip_first:] if len(run_rows) > skip_first else run_rows
     if not rows:
         raise ValueError("the log holds no per-iteration records; run with TrainConfig(log_iterations=True)")
     series = {"sample_s": [max(r[0] for r in row) for row in rows],
@@ -163,6 +166,7 @@ def iteration_times(log: dict, skip_first: int = 1) -> dict:
     for key, xs in series.items():
         out[key] = statistics.median(xs)
         out[key.replace("_s", "_mean_s")] = statistics.fmean(xs)
+    out["per_iteration"] = [[[round(x, 5) for x in r] for r in row] for row in rows]
     return out
 
 

@@ -30,10 +30,12 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--iters", type=int, default=0, help="iterations per run (default 4 quick, 10 full)")
     p.add_argument("--presample-epochs", type=int, default=0, help="default 2 quick, 5 full")
+    p.add_argument("--repeats", type=int, default=0, help="runs of every job, order alternated (default 1 quick, 2 full)")
     args = p.parse_args(argv)
     nodes = args.nodes or (20_000 if args.quick else 100_000)
     iters = args.iters or (4 if args.quick else 10)
     pre_epochs = args.presample_epochs or (2 if args.quick else 5)
+    repeats = args.repeats or (1 if args.quick else 2)
     fanouts = [int(x) for x in args.fanouts.split(",")]
     worlds = [int(x) for x in args.worlds.split(",")]
     models = args.models.split(",")
@@ -51,30 +53,33 @@ def main(argv=None) -> int:
             pmap, prep, _ = common.make_map(ds, world, "gsplit", fanouts, args.batch_size, args.seed, pre_epochs)
             print(f"  {world} ranks: gsplit map in {prep['presample_s'] + prep['partition_s']:.1f}s", flush=True)
             jobs, keys = [], []
-            for model in models:
-                for system in ("split", "dp"):
-                    cfg = TrainConfig(model=model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
-                                      epochs=1, system=system, seed=args.seed, eval_every=0, max_iters=iters,
-                                      device="cpu")
-                    jobs.append((cfg, pmap.assignment if system == "split" else None))
-                    keys.append((model, system))
+            for rep in range(repeats):  # alternate the order (ABBA) so that warm-up and drift hit both systems
+                for model in models:
+                    for system in (("split", "dp") if rep % 2 == 0 else ("dp", "split")):
+                        cfg = TrainConfig(model=model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
+                                          epochs=1, system=system, seed=args.seed, eval_every=0, max_iters=iters,
+                                          device="cpu")
+                        jobs.append((cfg, pmap.assignment if system == "split" else None))
+                        keys.append((model, system))
             logs = common.run_jobs(ds, world, jobs)
             per_epoch = num_iterations(ds.train_idx.numel(), args.batch_size, world)
             by_key = {}
-            for (model, system), log in zip(keys, logs):
-                c = common.epoch_counters(log)
-                t = common.iteration_times(log)
-                n = c["iterations"]
-                res = {"dataset": label, "world": world, "model": model, "system": system,
-                       "iterations_run": n, "iterations_per_epoch": per_epoch, "iteration_times": t,
-                       "epoch_s_est": t["total_s"] * per_epoch,
-                       "phases_epoch_s_est": {ph: t[f"{ph}_s"] * per_epoch for ph in ("sample", "load", "train")},
-                       "input_rows_per_iteration": c["input_rows"] / n,
-                       "edges_per_iteration": sum(c["edges"]) / n,
-                       "traffic_bytes_per_iteration": c["traffic_bytes"] / n,
-                       "counters": c, "map": prep if system == "split" else None}
-                results.append(res)
-                by_key[(model, system)] = res
+            for model in models:
+                for system in ("split", "dp"):
+                    runs = [log for k, log in zip(keys, logs) if k == (model, system)]
+                    c = common.epoch_counters(runs[0])  # counters are identical across repeats (same batches)
+                    t = common.iteration_times(runs)
+                    n = c["iterations"]
+                    res = {"dataset": label, "world": world, "model": model, "system": system, "repeats": len(runs),
+                           "iterations_run": n, "iterations_per_epoch": per_epoch, "iteration_times": t,
+                           "epoch_s_est": t["total_s"] * per_epoch,
+                           "phases_epoch_s_est": {ph: t[f"{ph}_s"] * per_epoch for ph in ("sample", "load", "train")},
+                           "input_rows_per_iteration": c["input_rows"] / n,
+                           "edges_per_iteration": sum(c["edges"]) / n,
+                           "traffic_bytes_per_iteration": c["traffic_bytes"] / n,
+                           "counters": c, "map": prep if system == "split" else None}
+                    results.append(res)
+                    by_key[(model, system)] = res
             for model in models:
                 sp, dp = by_key[(model, "split")], by_key[(model, "dp")]
                 for r in (sp, dp):
@@ -87,18 +92,20 @@ def main(argv=None) -> int:
     headers = ["graph", "model", "ranks", "system", "sample s", "load s", "fwd-bwd s", "epoch s", "features/it",
                "edges/it", "shuffle+ids MiB/it", "DP/this"]
     table = common.format_table(headers, rows, ".2f")
-    print(f"\nepoch time estimated from {iters} iterations per run (first excluded), batch {args.batch_size}/rank, "
+    print(f"\nepoch time = median time per iteration x iterations per epoch; {repeats} run(s) of {iters} iterations "
+          f"per job (first of each excluded); batch {args.batch_size}/rank, "
           f"fanouts {fanouts}, hidden {args.hidden}")
     print(table)
     common.save_json(stem, {"experiment": "end-to-end epoch time (paper Table 3)", "datasets": data_info,
                             "fanouts": fanouts, "batch_size": args.batch_size, "hidden": args.hidden,
-                            "iterations": iters, "presample_epochs": pre_epochs, "results": results, "table": table})
+                            "iterations": iters, "repeats": repeats, "presample_epochs": pre_epochs, "results": results,
+                            "table": table})
     panels = [(lab, m) for lab in data_info for m in models]
     fig, axes = common.figure(len(panels))
     for ax, (lab, model) in zip(axes, panels):
         sub = [r for r in results if r["dataset"] == lab and r["model"] == model]
         common.stacked_panel(ax, [f"{r['system']} x{r['world']}" for r in sub],
-                             {ph: [r["phases_epoch_s_est"][ph] for r in sub] for ph in ("sample", "load", "train")},
+                             {label: [r["phases_epoch_s_est"][ph] for r in sub] for ph, label in common.PHASES},
                              "epoch time (s, estimated)", f"{lab}, {model}")
     common.save_figure(fig, stem)
     return 0

@@ -118,8 +118,8 @@ def main(argv=None) -> int:
         common.bar_panel(ax[2], layers, {r["method"]: [b / 2**20 for b in r["run"]["shuffle_bytes_per_layer_per_iteration"]]
                                          for r in sub}, "shuffle MiB / iteration (fwd+bwd)", name + " (run)")
         common.stacked_panel(ax[3], [r["method"] for r in sub],
-                             {ph: [1e3 * r["run"]["iteration_times"][f"{ph}_s"] for r in sub]
-                              for ph in ("sample", "load", "train")}, "ms / iteration", name + " (run)")
+                             {label: [1e3 * r["run"]["iteration_times"][f"{ph}_s"] for r in sub]
+                              for ph, label in common.PHASES}, "ms / iteration (median)", name + " (run)")
     common.save_figure(fig, stem)
     return 0
 

@@ -6,6 +6,7 @@ all-to-all shuffle per layer. See README.md for a quick start and DESIGN.md for 
 
 from gsplit import datasets
 from gsplit.comm import Communicator, shuffle
+from gsplit.feature_store import FeatureStore
 from gsplit.graph import Graph
 from gsplit.launch import LaunchError, current_device, launch
 from gsplit.loader import DataLoader
@@ -20,6 +21,6 @@ __all__ = [
     "Graph", "Block", "NeighborSampler", "datasets",
     "presample", "PresampleWeights", "partition", "PartitionMap", "split_stats",
     "Communicator", "shuffle", "ShuffleIndex", "sp_sample", "sp_forward",
-    "split_cross_entropy", "allreduce_gradients", "DataLoader", "launch", "LaunchError", "current_device",
+    "split_cross_entropy", "allreduce_gradients", "DataLoader", "FeatureStore", "launch", "LaunchError", "current_device",
     "__version__",
 ]

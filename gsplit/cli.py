@@ -82,7 +82,10 @@ def _load_dataset(args):
 # ---------------------------------------------------------------------------- prepare
 def prepare_partition(ds, num_parts: int, fanouts: List[int], batch_size: int, method: str, seed: int,
                       presample_epochs: int, out: Optional[Path], stats_batches: int = 20):
-    """Pre-sample, partition and measure; saves the map, weights and stats under ``out`` when given."""
+    """Pre-sample, partition and measure; saves the map, weights and stats under ``out`` when given.
+
+    Returns ``(pmap, weights, report)``; ``weights`` is None for methods that do not pre-sample.
+    """
     import gsplit
 
     sampler = gsplit.NeighborSampler(fanouts, seed=seed)
@@ -108,7 +111,7 @@ def prepare_partition(ds, num_parts: int, fanouts: List[int], batch_size: int, m
         if weights is not None:  # the GPU feature cache orders vertices by these frequencies
             np.save(out / "vertex_weights.npy", weights.vertex_weights.numpy())
         (out / "prepare.json").write_text(json.dumps(report, indent=1))
-    return pmap, report
+    return pmap, weights, report
 
 
 def _print_stats(stats: dict) -> None:
@@ -123,7 +126,7 @@ def cmd_prepare(args) -> int:
     ds = _load_dataset(args)
     fanouts = parse_fanouts(args.fanouts)
     out = Path(args.out)
-    _, report = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
+    _, _, report = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
                                   args.presample_epochs, out)
     print(f"presample {report['presample_s']:.1f}s, partition {report['partition_s']:.1f}s; map written to {out}")
     _print_stats(report["stats"])
@@ -181,14 +184,18 @@ def cmd_train(args) -> int:
             pmap.check_world_size(ranks)
             print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
         else:
-            pmap, report = prepare_partition(ds, ranks, fanouts, args.batch_size, args.method, args.seed,
-                                             args.presample_epochs, pdir)
+            pmap, weights, report = prepare_partition(ds, ranks, fanouts, args.batch_size, args.method, args.seed,
+                                                      args.presample_epochs, pdir)
             _print_stats(report["stats"])
+            if weights is not None:
+                cache_weights = weights.vertex_weights
         owner = pmap.assignment
         weights_file = pdir / "vertex_weights.npy" if pdir is not None else None
-        if parse_size(cfg.cache_size) and weights_file is not None and weights_file.exists():
-            cache_weights = torch.from_numpy(np.load(weights_file))  # hottest first, as pre-sampling saw them
-            print(f"feature cache ordered by pre-sampling weights from {weights_file}")
+        if cache_weights is None and weights_file is not None and weights_file.exists():
+            cache_weights = torch.from_numpy(np.load(weights_file))
+        if parse_size(cfg.cache_size):
+            print("feature cache ordered by " + ("pre-sampling frequency" if cache_weights is not None
+                                                else "in-degree (no pre-sampling weights for this map)"))
     print(f"training {args.model} with {args.system} on {ranks} rank(s) "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)

@@ -100,14 +100,20 @@ def _pin_in_place(t: torch.Tensor) -> bool:
 
     No copy: a copy would double host memory for features that may be most of it. The registration is
     kept for the life of the process (other stores may share the tensor), so ``t`` must stay alive.
+    Needs CuPy, whose runtime wrapper also clears CUDA's last-error state when registration fails.
     """
     if t.is_pinned():
         return True
+    import cupy
+
     nbytes = t.numel() * t.element_size()
-    err = int(torch.cuda.cudart().cudaHostRegister(t.data_ptr(), nbytes, 1))  # 1 = cudaHostRegisterPortable
-    if err != 0:
+    try:
+        cupy.cuda.runtime.hostRegister(t.data_ptr(), nbytes, 1)  # 1 = cudaHostRegisterPortable
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        if "AlreadyRegistered" in str(exc):  # registered by someone else: as good as pinned
+            return True
         _log_once(logging.WARNING, f"cannot pin the {nbytes / 2**30:.1f} GiB host feature tensor in place "
-                  f"(cudaHostRegister error {err}); cache misses are gathered by the CPU instead")
+                  f"({exc}); cache misses are gathered by the CPU instead")
         return False
     return True
 
@@ -187,6 +193,7 @@ class FeatureStore:
         self.rank = int(rank)
         self.cache_bytes_budget = parse_size(cache_size)
         self._lock = threading.Lock()  # counters may be updated by a prefetching thread
+        self._host_for_kernel: Optional[torch.Tensor] = None
         self._counts = CacheCounts()
 
         if features.device.type != "cpu":
@@ -229,8 +236,12 @@ class FeatureStore:
             self.mode = "host-gather"
             _log_once(logging.INFO, "CuPy is not available: feature-cache misses are gathered by the CPU and "
                       "copied to the GPU (install cupy for the zero-copy gather kernel)")
-        elif k == self.num_nodes or self.num_nodes == 0 or _pin_in_place(self.features):
+        elif k == self.num_nodes or self.num_nodes == 0:
+            self.mode = "uva"  # every row is cached: host memory is never read, so it needs no pinning
+            self._host_for_kernel = self.cache[:0]
+        elif _pin_in_place(self.features):
             self.mode = "uva"
+            self._host_for_kernel = self.features
         else:
             self.mode = "host-gather"
         log.info("feature store on %s (%s): %d of %d owned rows cached (%.1f MiB of %.1f MiB budget)",
@@ -407,7 +418,7 @@ class FeatureStore:
     def _gather_uva(self, ids: torch.Tensor) -> Tuple[torch.Tensor, CacheCounts]:
         slots, hits = self._slots_and_checks(ids)
         out = self._empty(ids.numel())
-        gather_rows_kernel(self.cache, self.features, slots, ids, out)
+        gather_rows_kernel(self.cache, self._host_for_kernel, slots, ids, out)
         return out, self._counts_for(ids.numel(), hits)
 
     def _gather_host(self, ids: torch.Tensor) -> Tuple[torch.Tensor, CacheCounts]:

