@@ -16,11 +16,7 @@ shuffle indices keep the training communicator (``loader.comm``).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
-import queue
-import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Dict, Iterator, List, Optional, Tuple, Union
@@ -32,16 +28,13 @@ from gsplit.comm.communicator import Communicator
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import FeatureStore, parse_size
 from gsplit.graph import Graph
-from gsplit.sampling.batches import epoch_permutation, num_iterations
+from gsplit.prefetch import PREFETCH_DEPTH, Producer, batch_tensors
+from gsplit.sampling.batches import BatchSchedule
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.split.sp_sample import sp_sample
 
 log = logging.getLogger(__name__)
-
-_PREFETCH_DEPTH = 1
-"""Mini-batches the background thread prepares ahead of the one being trained on."""
-
 
 @dataclass
 class IterationStats:
@@ -71,7 +64,7 @@ class IterationStats:
 
 
 @dataclass
-class _Prepared:
+class PreparedBatch:
     """One mini-batch ready to hand over, with what it cost."""
 
     input_nodes: torch.Tensor
@@ -82,16 +75,6 @@ class _Prepared:
     """Traffic sent on the loader's own group for this batch (``{"rows": {tag: n}, "bytes": {...}}``)."""
     ready: Optional["torch.cuda.Event"] = None
     """Recorded on the producing side stream once the batch is complete (CUDA prefetch only)."""
-
-
-@dataclass
-class _Failure:
-    """An exception raised in the prefetching thread, to re-raise in the consumer."""
-
-    exc: BaseException
-
-
-_END = object()
 
 
 def _owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
@@ -132,17 +115,6 @@ def _group_like(comm: Communicator):
 def _traffic_delta(now: dict, before: dict) -> dict:
     return {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now[kind].items() if n != before[kind].get(tag, 0)}
             for kind in ("rows", "bytes")}
-
-
-def _batch_tensors(item: _Prepared) -> Iterator[torch.Tensor]:
-    yield item.input_nodes
-    yield item.output_nodes
-    for b in item.blocks:
-        yield from (b.src_nodes, b.edge_src, b.edge_dst, b.edge_ids)
-        yield from b.srcdata.values()
-        yield from b.dstdata.values()
-        if b.shuffle_index is not None:
-            yield from (b.shuffle_index.send_idx, b.shuffle_index.recv_pos)
 
 
 class DataLoader:
@@ -196,26 +168,20 @@ class DataLoader:
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  features: Union[torch.Tensor, FeatureStore, None] = None, labels: Optional[torch.Tensor] = None,
                  group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: bool = False):
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}; it must be at least 1 (targets per rank per iteration)")
         self.comm = Communicator(group)
         if self.comm.world_size > 1 and not use_ddp:
             raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
                              "pass use_ddp=True so the ranks split one global mini-batch")
         self.graph = graph
-        self.indices = torch.as_tensor(indices, dtype=torch.int64).cpu()
-        graph.check_ids(self.indices, "indices")
-        if torch.unique(self.indices).numel() != self.indices.numel():
+        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
+        graph.check_ids(self.schedule.indices, "indices")
+        if torch.unique(self.schedule.indices).numel() != self.schedule.indices.numel():
             raise ValueError("indices contain repeated vertex ids; pass each target vertex once")
         self.sampler = sampler
         self.owner = _owner_tensor(partition, graph, self.comm.world_size).to(graph.device)
         self.device = torch.device(device) if device is not None else graph.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.ddp_seed = int(ddp_seed)
-        self.batch_size = int(batch_size)
-        self.shuffle = bool(shuffle)
-        self.drop_last = bool(drop_last)
         self.feature_store = self._feature_store(features, cache_size, cache_weights)
         self.features = None if self.feature_store is None else self.feature_store.features
         if labels is not None and labels.shape[0] != graph.num_nodes:
@@ -229,8 +195,7 @@ class DataLoader:
             if self.sampling_comm.rank != self.comm.rank:
                 raise RuntimeError(f"internal error: the loader's group numbers this rank {self.sampling_comm.rank} "
                                    f"but the training group {self.comm.rank}")
-        self._producer: Optional[_Producer] = None
-        self._next_epoch = 0
+        self._producer: Optional[Producer] = None
         self.last_stats = IterationStats()
 
     def _feature_store(self, features, cache_size, cache_weights) -> Optional[FeatureStore]:
@@ -268,28 +233,20 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch of the next pass (else every pass advances the epoch by one)."""
-        self._next_epoch = int(epoch)
+        self.schedule.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return num_iterations(self.indices.numel(), self.batch_size, self.world_size, self.drop_last)
-
-    def global_batches(self, epoch: int) -> Iterator[torch.Tensor]:
-        """The global mini-batches (identical on every rank) of ``epoch``."""
-        order = epoch_permutation(self.indices, self.ddp_seed, epoch, self.shuffle)
-        gb = self.batch_size * self.world_size
-        for t in range(len(self)):
-            yield order[t * gb:(t + 1) * gb]
+        return len(self.schedule)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, List[Block]]]:
-        epoch = self._next_epoch
-        self._next_epoch += 1
+        epoch = self.schedule.next_epoch()
         if self.prefetch:
             yield from self._iter_prefetch(epoch)
         else:
             yield from self._iter_inline(epoch)
 
     # ------------------------------------------------------------------ producing one batch
-    def _prepare(self, epoch: int, it: int, seeds: torch.Tensor) -> _Prepared:
+    def _prepare(self, epoch: int, it: int, seeds: torch.Tensor) -> PreparedBatch:
         """Sample and load one mini-batch with the loader's communicator (any thread)."""
         stats = IterationStats()
         comm = self.sampling_comm
@@ -320,14 +277,14 @@ class DataLoader:
         stats.edges = [b.num_edges() for b in blocks]
         stats.dst_vertices = [b.num_dst_nodes() for b in blocks]
         stats.targets = batch.output_nodes.numel()
-        return _Prepared(batch.input_nodes.to(self.device), batch.output_nodes.to(self.device), blocks, stats, traffic)
+        return PreparedBatch(batch.input_nodes.to(self.device), batch.output_nodes.to(self.device), blocks, stats, traffic)
 
-    def _deliver(self, item: _Prepared) -> Tuple[torch.Tensor, torch.Tensor, List[Block]]:
+    def _deliver(self, item: PreparedBatch) -> Tuple[torch.Tensor, torch.Tensor, List[Block]]:
         """Hand a prepared batch to the consumer (its thread): stream order, counters, ``last_stats``."""
         if item.ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(item.ready)
-            for t in _batch_tensors(item):
+            for t in batch_tensors(item.input_nodes, item.output_nodes, item.blocks):
                 if t.is_cuda:
                     # allocated on the side stream: do not let the allocator reuse the memory there
                     # while this stream may still read it
@@ -339,7 +296,7 @@ class DataLoader:
         return item.input_nodes, item.output_nodes, item.blocks
 
     def _iter_inline(self, epoch: int):
-        for it, seeds in enumerate(self.global_batches(epoch)):
+        for it, seeds in enumerate(self.schedule.global_batches(epoch)):
             t0 = time.perf_counter()
             item = self._prepare(epoch, it, seeds)
             item.stats.wait_s = time.perf_counter() - t0
@@ -348,15 +305,15 @@ class DataLoader:
     def _iter_prefetch(self, epoch: int):
         if self._producer is not None:  # an earlier pass that was never finished nor closed
             self._producer.stop()
-        producer = _Producer(self, epoch)
+        producer = Producer(self._prepare, self.schedule.global_batches, epoch, self.device, self.rank)
         self._producer = producer
         producer.start()
         try:
             for k in range(len(self)):
-                # Batch k is wanted now; allow the thread to prepare up to _PREFETCH_DEPTH more. Credits,
+                # Batch k is wanted now; allow the thread to prepare up to PREFETCH_DEPTH more. Credits,
                 # not timing, decide how many batches the thread prepares, so every rank's thread runs
                 # the same collectives even when the consumer stops early.
-                producer.grant(k + 1 + _PREFETCH_DEPTH)
+                producer.grant(k + 1 + PREFETCH_DEPTH)
                 t0 = time.perf_counter()
                 item = producer.get()
                 item.stats.wait_s = time.perf_counter() - t0
@@ -367,97 +324,3 @@ class DataLoader:
                 self._producer = None
 
 
-class _Producer:
-    """The prefetching thread of one pass: prepares batch ``j`` once the consumer has granted it.
-
-    The consumer grants batches (``grant``); the thread prepares exactly the granted ones, in order,
-    and puts them into a bounded queue. ``stop`` lets it finish what was granted (its collectives are
-    matched by the other ranks' threads, which got the same grants) and joins it.
-    """
-
-    def __init__(self, loader: DataLoader, epoch: int):
-        self._loader = loader
-        self._epoch = epoch
-        # Never full: at most _PREFETCH_DEPTH + 1 batches are granted and not yet taken, plus the end mark.
-        self._queue: "queue.Queue" = queue.Queue(maxsize=_PREFETCH_DEPTH + 2)
-        self._cond = threading.Condition()
-        self._granted = 0
-        self._stopping = False
-        self._consumer_stream = None
-        if loader.device.type == "cuda":
-            self._consumer_stream = torch.cuda.current_stream(loader.device)
-        self._thread = threading.Thread(target=self._run, name=f"gsplit-prefetch-rank{loader.rank}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-        # At interpreter exit, finish the thread's granted work before the interpreter tears down:
-        # a daemon thread still inside torch when it is killed aborts the process.
-        atexit.register(self.stop)
-
-    def grant(self, n: int) -> None:
-        with self._cond:
-            if n > self._granted:
-                self._granted = n
-                self._cond.notify()
-
-    def _granted_batch(self, j: int) -> bool:
-        with self._cond:
-            while j >= self._granted and not self._stopping:
-                self._cond.wait()
-            return j < self._granted
-
-    def _run(self) -> None:
-        loader = self._loader
-        try:
-            stream, ctx = None, contextlib.nullcontext()
-            if self._consumer_stream is not None:
-                torch.cuda.set_device(loader.device)  # the current device is per thread
-                stream = torch.cuda.Stream(loader.device)
-                # what the consumer queued before (cache fill, graph copy) must be done before we read it
-                stream.wait_stream(self._consumer_stream)
-                ctx = torch.cuda.stream(stream)
-            with ctx:
-                for j, seeds in enumerate(loader.global_batches(self._epoch)):
-                    if not self._granted_batch(j):
-                        break
-                    item = loader._prepare(self._epoch, j, seeds)
-                    if stream is not None:
-                        item.ready = torch.cuda.Event()
-                        item.ready.record(stream)
-                    self._queue.put(item)
-        except BaseException as exc:  # noqa: BLE001 - everything must reach the consumer
-            self._queue.put(_Failure(exc))
-        else:
-            self._queue.put(_END)
-
-    def get(self) -> _Prepared:
-        """The next batch; re-raises the thread's exception."""
-        while True:
-            try:
-                item = self._queue.get(timeout=1.0)
-            except queue.Empty:
-                if not self._thread.is_alive() and self._queue.empty():
-                    raise RuntimeError("the prefetching thread ended without a batch or an error") from None
-                continue
-            if isinstance(item, _Failure):
-                raise item.exc
-            if item is _END:
-                raise RuntimeError("the prefetching thread ended before the epoch's last batch")
-            return item
-
-    def stop(self) -> None:
-        """Finish the granted batches and join the thread (no-op when it has ended)."""
-        atexit.unregister(self.stop)
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, _Failure):
-                log.warning("preparing a prefetched mini-batch that was not consumed failed: %s: %s",
-                            type(item.exc).__name__, item.exc)

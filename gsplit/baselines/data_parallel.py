@@ -18,7 +18,7 @@ import torch
 from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
 from gsplit.loader import IterationStats
-from gsplit.sampling.batches import epoch_permutation, num_iterations
+from gsplit.sampling.batches import BatchSchedule
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -38,21 +38,16 @@ class DataParallelLoader:
                  features: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                  group=None, partition=None):
         del partition  # accepted so both loaders take the same arguments; data parallelism ignores it
-        if batch_size < 1:
-            raise ValueError(f"batch_size={batch_size}; it must be at least 1 (targets per rank per iteration)")
         self.comm = Communicator(group)
         if self.comm.world_size > 1 and not use_ddp:
             raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
                              "pass use_ddp=True so each rank takes its own share of the targets")
         self.graph = graph
-        self.indices = torch.as_tensor(indices, dtype=torch.int64).cpu()
-        graph.check_ids(self.indices, "indices")
+        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
+        graph.check_ids(self.schedule.indices, "indices")
         self.sampler = sampler
         self.device = torch.device(device) if device is not None else graph.device
-        self.ddp_seed, self.batch_size = int(ddp_seed), int(batch_size)
-        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self.features, self.labels = features, labels
-        self._next_epoch = 0
         self.last_stats = IterationStats()
 
     @property
@@ -64,19 +59,16 @@ class DataParallelLoader:
         return self.comm.rank
 
     def set_epoch(self, epoch: int) -> None:
-        self._next_epoch = int(epoch)
+        self.schedule.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return num_iterations(self.indices.numel(), self.batch_size, self.world_size, self.drop_last)
+        return len(self.schedule)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, List[Block]]]:
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        order = epoch_permutation(self.indices, self.ddp_seed, epoch, self.shuffle)
-        gb, b = self.batch_size * self.world_size, self.batch_size
-        for it in range(len(self)):
-            start = it * gb + self.rank * b
-            seeds = order[start:min(start + b, (it + 1) * gb)]
+        epoch = self.schedule.next_epoch()
+        b = self.schedule.batch_size
+        for it, global_batch in enumerate(self.schedule.global_batches(epoch)):
+            seeds = global_batch[self.rank * b:(self.rank + 1) * b]  # this rank's micro-batch
             stats = IterationStats()
             t0 = time.perf_counter()
             blocks = self.sampler.sample_blocks(self.graph, seeds.to(self.graph.device), epoch=epoch, iteration=it)

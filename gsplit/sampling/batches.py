@@ -40,3 +40,49 @@ def global_batches(indices: torch.Tensor, batch_size: int, seed: int, epoch: int
     order = epoch_permutation(indices, seed, epoch, shuffle)
     for t in range(num_iterations(order.numel(), batch_size, 1, drop_last)):
         yield order[t * batch_size:(t + 1) * batch_size]
+
+
+class BatchSchedule:
+    """A loader's targets and how each epoch cuts them into global mini-batches, identically on every rank.
+
+    Both :class:`gsplit.DataLoader` and the data-parallel baseline iterate one of these, so the two
+    systems see the same global mini-batches. Every pass advances the epoch unless
+    :meth:`set_epoch` fixed it.
+
+    Example:
+        >>> s = BatchSchedule(torch.arange(10), batch_size=2, world_size=2, seed=0, shuffle=False)
+        >>> len(s), [b.tolist() for b in s.global_batches(s.next_epoch())]
+        (3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]])
+    """
+
+    def __init__(self, indices: torch.Tensor, batch_size: int, world_size: int = 1, seed: int = 0,
+                 shuffle: bool = False, drop_last: bool = False):
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size}; it must be at least 1 (targets per rank per iteration)")
+        self.indices = torch.as_tensor(indices, dtype=torch.int64).cpu()
+        self.batch_size = int(batch_size)
+        self.world_size = int(world_size)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self._next_epoch = 0
+
+    def __len__(self) -> int:
+        return num_iterations(self.indices.numel(), self.batch_size, self.world_size, self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fix the epoch of the next pass."""
+        self._next_epoch = int(epoch)
+
+    def next_epoch(self) -> int:
+        """The epoch of the pass that starts now (and advance the counter)."""
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        return epoch
+
+    def global_batches(self, epoch: int) -> Iterator[torch.Tensor]:
+        """The global mini-batches of ``epoch``: ``batch_size * world_size`` targets each."""
+        order = epoch_permutation(self.indices, self.seed, epoch, self.shuffle)
+        gb = self.batch_size * self.world_size
+        for t in range(len(self)):
+            yield order[t * gb:(t + 1) * gb]

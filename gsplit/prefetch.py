@@ -1,0 +1,146 @@
+"""Prefetching: a background thread prepares the next mini-batches while the current one trains.
+
+The consumer *grants* batches and the thread prepares exactly the granted ones, in order. Credits, not
+timing, decide how much is prepared, so on every rank the thread runs the same collectives even when
+the consumer stops early. On CUDA the thread works on a side stream and hands each batch over with an
+event. The preparing function must use a process group of its own (see :mod:`gsplit.loader`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, List
+
+import torch
+
+from gsplit.sampling.block import Block
+
+log = logging.getLogger(__name__)
+
+PREFETCH_DEPTH = 1
+"""Mini-batches the background thread prepares ahead of the one being trained on."""
+
+
+@dataclass
+class _Failure:
+    """An exception raised in the prefetching thread, to re-raise in the consumer."""
+
+    exc: BaseException
+
+
+_END = object()
+
+
+def batch_tensors(input_nodes: torch.Tensor, output_nodes: torch.Tensor, blocks: List[Block]) -> Iterator[torch.Tensor]:
+    """Every tensor of one mini-batch (to mark them as used on the consumer's CUDA stream)."""
+    yield input_nodes
+    yield output_nodes
+    for b in blocks:
+        yield from (b.src_nodes, b.edge_src, b.edge_dst, b.edge_ids)
+        yield from b.srcdata.values()
+        yield from b.dstdata.values()
+        if b.shuffle_index is not None:
+            yield from (b.shuffle_index.send_idx, b.shuffle_index.recv_pos)
+
+
+class Producer:
+    """The prefetching thread of one pass: prepares batch ``j`` once the consumer has granted it.
+
+    The consumer grants batches (``grant``); the thread prepares exactly the granted ones, in order,
+    and puts them into a bounded queue. ``stop`` lets it finish what was granted (its collectives are
+    matched by the other ranks' threads, which got the same grants) and joins it.
+    """
+
+    def __init__(self, prepare: Callable[[int, int, torch.Tensor], Any], batches: Callable[[int], Iterable[torch.Tensor]],
+                 epoch: int, device: torch.device, rank: int = 0):
+        self._prepare = prepare
+        self._batches = batches
+        self._epoch = epoch
+        self._device = device
+        # Never full: at most PREFETCH_DEPTH + 1 batches are granted and not yet taken, plus the end mark.
+        self._queue: "queue.Queue" = queue.Queue(maxsize=PREFETCH_DEPTH + 2)
+        self._cond = threading.Condition()
+        self._granted = 0
+        self._stopping = False
+        self._consumer_stream = None
+        if device.type == "cuda":
+            self._consumer_stream = torch.cuda.current_stream(device)
+        self._thread = threading.Thread(target=self._run, name=f"gsplit-prefetch-rank{rank}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        # At interpreter exit, finish the thread's granted work before the interpreter tears down:
+        # a daemon thread still inside torch when it is killed aborts the process.
+        atexit.register(self.stop)
+
+    def grant(self, n: int) -> None:
+        with self._cond:
+            if n > self._granted:
+                self._granted = n
+                self._cond.notify()
+
+    def _granted_batch(self, j: int) -> bool:
+        with self._cond:
+            while j >= self._granted and not self._stopping:
+                self._cond.wait()
+            return j < self._granted
+
+    def _run(self) -> None:
+        try:
+            stream, ctx = None, contextlib.nullcontext()
+            if self._consumer_stream is not None:
+                torch.cuda.set_device(self._device)  # the current device is per thread
+                stream = torch.cuda.Stream(self._device)
+                # what the consumer queued before (cache fill, graph copy) must be done before we read it
+                stream.wait_stream(self._consumer_stream)
+                ctx = torch.cuda.stream(stream)
+            with ctx:
+                for j, seeds in enumerate(self._batches(self._epoch)):
+                    if not self._granted_batch(j):
+                        break
+                    item = self._prepare(self._epoch, j, seeds)
+                    if stream is not None:
+                        item.ready = torch.cuda.Event()
+                        item.ready.record(stream)
+                    self._queue.put(item)
+        except BaseException as exc:  # noqa: BLE001 - everything must reach the consumer
+            self._queue.put(_Failure(exc))
+        else:
+            self._queue.put(_END)
+
+    def get(self):
+        """The next batch; re-raises the thread's exception."""
+        while True:
+            try:
+                item = self._queue.get(timeout=1.0)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._queue.empty():
+                    raise RuntimeError("the prefetching thread ended without a batch or an error") from None
+                continue
+            if isinstance(item, _Failure):
+                raise item.exc
+            if item is _END:
+                raise RuntimeError("the prefetching thread ended before the epoch's last batch")
+            return item
+
+    def stop(self) -> None:
+        """Finish the granted batches and join the thread (no-op when it has ended)."""
+        atexit.unregister(self.stop)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Failure):
+                log.warning("preparing a prefetched mini-batch that was not consumed failed: %s: %s",
+                            type(item.exc).__name__, item.exc)
