@@ -117,7 +117,29 @@ def _traffic_delta(now: dict, before: dict) -> dict:
             for kind in ("rows", "bytes")}
 
 
-class DataLoader:
+class RankLoader:
+    """What every per-rank loader has: a communicator and a :class:`BatchSchedule` of global batches."""
+
+    comm: Communicator
+    schedule: BatchSchedule
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.comm.rank
+
+    def set_epoch(self, epoch: int) -> None:
+        """Fix the epoch of the next pass (else every pass advances the epoch by one)."""
+        self.schedule.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.schedule)
+
+
+class DataLoader(RankLoader):
     """Split-parallel mini-batch loader; iterate it like DGL's ``DataLoader``.
 
     Args:
@@ -222,21 +244,6 @@ class DataLoader:
         device = self.device if features.device.type == "cpu" else features.device
         return FeatureStore(features, device=device, cache_size=cache_size, weights=cache_weights,
                             graph=self.graph, owner=owner, rank=self.comm.rank)
-
-    @property
-    def world_size(self) -> int:
-        return self.comm.world_size
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
-
-    def set_epoch(self, epoch: int) -> None:
-        """Fix the epoch of the next pass (else every pass advances the epoch by one)."""
-        self.schedule.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.schedule)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, List[Block]]]:
         epoch = self.schedule.next_epoch()

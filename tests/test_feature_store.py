@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import shutil
-import subprocess
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -16,7 +10,7 @@ import gsplit
 from gsplit import gpu
 from gsplit.feature_store import CacheCounts, FeatureStore, gather_rows_kernel, parse_size
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+from kernel_emulation import build_emulation_lib, make_shim, patch_gpu_launches
 
 
 def _problem(n=200, dim=5, seed=0, dtype=torch.float32):
@@ -213,65 +207,18 @@ def test_loader_batches_do_not_depend_on_the_cache_and_count_hits():
 
 
 # ------------------------------------------------------------------------------- the kernel, run on the CPU
-# gather.cu uses only threadIdx/blockIdx/blockDim/gridDim (.x) and no thread depends on another, so
-# running every (block, thread) in turn is a legal schedule; gsplit.gpu's launch path drives it.
-_SHIM = r"""
-struct GsDim3 { unsigned x, y, z; };
-static GsDim3 threadIdx, blockIdx, blockDim, gridDim;
-#define __global__
-#define __device__
-#define __forceinline__ inline
-
-#include "gather.cu"
-
-extern "C" void emu_set_thread(unsigned grid, unsigned block, unsigned b, unsigned t) {
-    gridDim = {grid, 1, 1};
-    blockDim = {block, 1, 1};
-    blockIdx = {b, 0, 0};
-    threadIdx = {t, 0, 0};
-}
-"""
-
-_CTYPES = {np.uint64: ctypes.c_uint64, np.int64: ctypes.c_int64, np.int32: ctypes.c_int32}
-
-
-class _SerialKernel:
-    def __init__(self, lib, name, launched):
-        self._fn, self._set, self._name, self._launched = getattr(lib, name), lib.emu_set_thread, name, launched
-        self._fn.restype = None
-
-    def __call__(self, grid, block, args):
-        self._launched.append(self._name)
-        cargs = [_CTYPES[type(a)](int(a)) for a in args]
-        for b in range(grid[0]):
-            for t in range(block[0]):
-                self._set(grid[0], block[0], b, t)
-                self._fn(*cargs)
-
-
+# gather.cu run serially on the CPU (see kernel_emulation); gsplit.gpu's launch path drives it.
 @pytest.fixture(scope="module")
 def gather_lib(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++) to run the kernel on the CPU")
-    build = tmp_path_factory.mktemp("gather_emu")
-    (build / "shim.cpp").write_text(_SHIM)
-    lib = build / "libgather_emu.so"
-    res = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-I", str(KERNEL_DIR),
-                          "-o", str(lib), str(build / "shim.cpp")], capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, f"host build of gather.cu failed:\n{res.stderr}"
-    return ctypes.CDLL(str(lib))
+    return build_emulation_lib(tmp_path_factory.mktemp("gather_emu"), make_shim(["gather.cu"]), "libgather_emu.so")
 
 
 @pytest.fixture
 def emulated(gather_lib, monkeypatch):
     """gsplit.gpu's launches replaced by serial CPU runs of gather.cu; at most two blocks of 256 threads,
-    so the grid-stride loop goes round several times."""
+    so the grid-stride loop goes round several times. Returns the names of the kernels launched."""
     launched = []
-    monkeypatch.setattr(gpu, "_function", lambda module, kernel: _SerialKernel(gather_lib, kernel, launched))
-    monkeypatch.setattr(gpu, "_torch_stream", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(gpu, "_ptr", lambda t: np.uint64(t.data_ptr() if t.numel() else 0))
-    monkeypatch.setattr(gpu, "_MAX_BLOCKS", 2)
+    patch_gpu_launches(monkeypatch, gather_lib, launched)
     return launched
 
 

@@ -9,11 +9,8 @@ Three levels, so that machines without a GPU still test the kernel source itself
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +21,8 @@ from gsplit.graph import Graph
 from gsplit.sampling import NeighborSampler, counter_rng, neighbor
 from gsplit.sampling.neighbor import relabel
 
-KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
+from kernel_emulation import KERNEL_DIR, build_emulation_lib, make_shim, patch_gpu_launches
+
 CU_FILES = sorted(KERNEL_DIR.glob("*.cu"))
 
 FANOUTS = [1, 3, 10, 25, 250, -1]
@@ -99,17 +97,11 @@ def test_kernel_dir_has_the_kernels_the_wrappers_launch():
 
 
 # ------------------------------------------------------------------------------- kernels on the CPU
-# The kernels use only threadIdx/blockIdx/blockDim/gridDim (.x), atomicCAS and atomicAdd, and no
-# thread waits for another, so running every (block, thread) in turn is one legal schedule. Built as a
-# shared library, they replace CuPy's launches under gsplit.gpu's own wrappers, which checks the
-# wrappers' argument lists and orchestration as well as the kernels.
-_SHIM = r"""
-struct GsDim3 { unsigned x, y, z; };
-static GsDim3 threadIdx, blockIdx, blockDim, gridDim;
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
+# The kernels run serially on the CPU (see kernel_emulation): built as a shared library, they replace
+# CuPy's launches under gsplit.gpu's own wrappers, which checks the wrappers' argument lists and
+# orchestration as well as the kernels. Only sample.cu and relabel.cu need atomics; serial runs make
+# them plain read-modify-writes.
+_ATOMICS = r"""
 static unsigned long long atomicCAS(unsigned long long* a, unsigned long long cmp, unsigned long long val) {
     unsigned long long old = *a;
     if (old == cmp) *a = val;
@@ -120,63 +112,19 @@ static unsigned long long atomicAdd(unsigned long long* a, unsigned long long v)
     *a = old + v;
     return old;
 }
-
-#include "sample.cu"
-#include "relabel.cu"
-
-extern "C" void emu_set_thread(unsigned grid, unsigned block, unsigned b, unsigned t) {
-    gridDim = {grid, 1, 1};
-    blockDim = {block, 1, 1};
-    blockIdx = {b, 0, 0};
-    threadIdx = {t, 0, 0};
-}
 """
-
-_CTYPES = {np.uint64: ctypes.c_uint64, np.int64: ctypes.c_int64, np.int32: ctypes.c_int32}
-
-
-class _SerialKernel:
-    """Stands in for a CuPy RawKernel: ``kernel(grid, block, args)`` runs every thread in turn."""
-
-    def __init__(self, lib, name):
-        self._fn, self._set = getattr(lib, name), lib.emu_set_thread
-        self._fn.restype = None
-
-    def __call__(self, grid, block, args):
-        cargs = [_CTYPES[type(a)](int(a)) for a in args]
-        for b in range(grid[0]):
-            for t in range(block[0]):
-                self._set(grid[0], block[0], b, t)
-                self._fn(*cargs)
 
 
 @pytest.fixture(scope="module")
 def kernel_lib(tmp_path_factory):
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        pytest.skip("no C++ compiler (g++) to run the kernels on the CPU")
-    build = tmp_path_factory.mktemp("emu")
-    (build / "shim.cpp").write_text(_SHIM)
-    lib = build / "libgsplit_kernels_emu.so"
-    res = subprocess.run(
-        [cxx, "-std=c++17", "-O1", "-Wall", "-Werror", "-shared", "-fPIC", "-I", str(KERNEL_DIR),
-         "-o", str(lib), str(build / "shim.cpp")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert res.returncode == 0, f"host build of the kernels failed:\n{res.stderr}"
-    return ctypes.CDLL(str(lib))
+    shim = make_shim(["sample.cu", "relabel.cu"], extra=_ATOMICS)
+    return build_emulation_lib(tmp_path_factory.mktemp("emu"), shim, "libgsplit_kernels_emu.so")
 
 
 @pytest.fixture
 def emulated(kernel_lib, monkeypatch):
-    """gsplit.gpu with its CuPy launches replaced by serial CPU runs of the same kernels.
-
-    Two blocks at most, so that every grid-stride loop goes round more than once.
-    """
-    monkeypatch.setattr(gpu, "_function", lambda module, kernel: _SerialKernel(kernel_lib, kernel))
-    monkeypatch.setattr(gpu, "_torch_stream", lambda device: contextlib.nullcontext())
-    monkeypatch.setattr(gpu, "_ptr", lambda t: np.uint64(t.data_ptr()))
-    monkeypatch.setattr(gpu, "_MAX_BLOCKS", 2)
+    """gsplit.gpu with its CuPy launches replaced by serial CPU runs of the same kernels."""
+    patch_gpu_launches(monkeypatch, kernel_lib)
     return gpu
 
 

@@ -17,13 +17,13 @@ import torch
 
 from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
-from gsplit.loader import IterationStats
+from gsplit.loader import IterationStats, RankLoader
 from gsplit.sampling.batches import BatchSchedule
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
 
 
-class DataParallelLoader:
+class DataParallelLoader(RankLoader):
     """Per-rank micro-batch loader with the same arguments and output triple as :class:`gsplit.DataLoader`.
 
     Example:
@@ -49,20 +49,6 @@ class DataParallelLoader:
         self.device = torch.device(device) if device is not None else graph.device
         self.features, self.labels = features, labels
         self.last_stats = IterationStats()
-
-    @property
-    def world_size(self) -> int:
-        return self.comm.world_size
-
-    @property
-    def rank(self) -> int:
-        return self.comm.rank
-
-    def set_epoch(self, epoch: int) -> None:
-        self.schedule.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.schedule)
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, List[Block]]]:
         epoch = self.schedule.next_epoch()
