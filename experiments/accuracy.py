@@ -56,7 +56,8 @@ def main(argv=None) -> int:
                  pmap.assignment if system == "split" else None) for system in ("split", "dp")]
         logs = common.run_jobs(ds, args.world, jobs)
         for system, log in zip(("split", "dp"), logs):
-            curve = [{k: rec.get(k) for k in ("epoch", "loss", "val_acc", "test_acc", "epoch_s")} for rec in log["epochs"]]
+            keep = ("epoch", "loss", "val_acc", "test_acc", "epoch_s")
+            curve = [{k: rec.get(k) for k in keep} for rec in log["epochs"]]
             best = max(curve, key=lambda r: r["val_acc"])
             res = {"dataset": label, "system": system, "world": args.world, "batch_size": batch,
                    "epochs": curve, "final_test_acc": curve[-1]["test_acc"], "best_val_acc": best["val_acc"],

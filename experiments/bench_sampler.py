@@ -107,7 +107,8 @@ def bench_graph(name: str, graph, targets, args, fanouts) -> dict:
                           "partition_s": t2 - t1, "total_s": t2 - t0, "threads": args.threads,
                           "part_sizes": pmap.part_sizes().tolist(), "metis": pmap.metadata}
         print(f"  {name}: presample {args.presample_epochs} epoch(s) ({weights.num_batches} batches of "
-              f"{args.batch_size * args.parts}) {t1 - t0:.1f}s + partition into {args.parts} {t2 - t1:.1f}s", flush=True)
+              f"{args.batch_size * args.parts}) {t1 - t0:.1f}s + partition into {args.parts} {t2 - t1:.1f}s",
+              flush=True)
     return res
 
 
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
                             "results": results, "table": table, "offline_table": off_table})
     fig, axes = common.figure(len(results))
     for ax, res in zip(axes, results):
-        labels = [f"{r['sampler']}\n{r['threads']} thr" for r in res["runs"]]
+        labels = ["\n".join(r["sampler"].split() + [f"{r['threads']} thr"]) for r in res["runs"]]
         common.bar_panel(ax, labels, {"median ms per mini-batch": [r["ms_per_batch"] for r in res["runs"]]},
                          "ms per mini-batch", f"{res['graph']}: {res['num_nodes']:,} v, {res['num_edges']:,} e")
         if res["graph"] == "uniform" and res["num_nodes"] >= 1_000_000:

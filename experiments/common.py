@@ -139,6 +139,22 @@ def run_jobs(dataset, world: int, jobs: List[Tuple[TrainConfig, Optional[torch.T
     return logs
 
 
+def run_repeated(dataset, world: int, jobs: Dict[object, Tuple[TrainConfig, Optional[torch.Tensor]]],
+                 repeats: int = 1) -> Dict[object, List[dict]]:
+    """Run every job ``key -> (TrainConfig, owner)`` ``repeats`` times in one launch; returns ``key -> logs``.
+
+    Even repeats run the jobs in the given order, odd repeats in reverse (ABBA), so that warm-up and
+    slow drifts of the machine's load do not favour one job.
+    """
+    keys = list(jobs)
+    order = [k for rep in range(repeats) for k in (keys if rep % 2 == 0 else keys[::-1])]
+    logs = run_jobs(dataset, world, [jobs[k] for k in order])
+    out: Dict[object, List[dict]] = {k: [] for k in keys}
+    for k, log in zip(order, logs):
+        out[k].append(log)
+    return out
+
+
 def iteration_times(logs, skip_first: int = 1) -> dict:
     """Per-iteration time of one trainer log (or of several runs of the same job), from every rank's records.
 

@@ -30,7 +30,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--iters", type=int, default=0, help="iterations per run (default 4 quick, 10 full)")
     p.add_argument("--presample-epochs", type=int, default=0, help="default 2 quick, 5 full")
-    p.add_argument("--repeats", type=int, default=0, help="runs of every job, order alternated (default 1 quick, 2 full)")
+    p.add_argument("--repeats", type=int, default=0,
+                   help="runs of every job, order alternated (default 1 quick, 2 full)")
     args = p.parse_args(argv)
     nodes = args.nodes or (20_000 if args.quick else 100_000)
     iters = args.iters or (4 if args.quick else 10)
@@ -52,21 +53,17 @@ def main(argv=None) -> int:
         for world in worlds:
             pmap, prep, _ = common.make_map(ds, world, "gsplit", fanouts, args.batch_size, args.seed, pre_epochs)
             print(f"  {world} ranks: gsplit map in {prep['presample_s'] + prep['partition_s']:.1f}s", flush=True)
-            jobs, keys = [], []
-            for rep in range(repeats):  # alternate the order (ABBA) so that warm-up and drift hit both systems
-                for model in models:
-                    for system in (("split", "dp") if rep % 2 == 0 else ("dp", "split")):
-                        cfg = TrainConfig(model=model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
-                                          epochs=1, system=system, seed=args.seed, eval_every=0, max_iters=iters,
-                                          device="cpu")
-                        jobs.append((cfg, pmap.assignment if system == "split" else None))
-                        keys.append((model, system))
-            logs = common.run_jobs(ds, world, jobs)
+            jobs = {(model, system): (TrainConfig(model=model, fanouts=fanouts, batch_size=args.batch_size,
+                                                  hidden=args.hidden, epochs=1, system=system, seed=args.seed,
+                                                  eval_every=0, max_iters=iters, device="cpu"),
+                                      pmap.assignment if system == "split" else None)
+                    for model in models for system in ("split", "dp")}
+            logs = common.run_repeated(ds, world, jobs, repeats)
             per_epoch = num_iterations(ds.train_idx.numel(), args.batch_size, world)
             by_key = {}
             for model in models:
                 for system in ("split", "dp"):
-                    runs = [log for k, log in zip(keys, logs) if k == (model, system)]
+                    runs = logs[(model, system)]
                     c = common.epoch_counters(runs[0])  # counters are identical across repeats (same batches)
                     t = common.iteration_times(runs)
                     n = c["iterations"]

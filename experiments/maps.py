@@ -20,6 +20,7 @@ import time
 import common
 import gsplit
 from gsplit.partition import METHODS
+from gsplit.sampling.batches import num_iterations
 from gsplit.trainer import TrainConfig
 
 
@@ -38,17 +39,19 @@ def run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, 
         print(f"  {world} ranks, {method}: presample {info['presample_s']:.1f}s, partition "
               f"{info['partition_s']:.1f}s, cross-edges {[round(x, 3) for x in stats.cross_edge_fraction]}",
               flush=True)
-    jobs = [(TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, epochs=1, system="split",
-                         seed=args.seed, eval_every=0, max_iters=iters, device="cpu"), maps[m][0].assignment)
-            for m in METHODS]
-    logs = common.run_jobs(ds, world, jobs)
-    for method, log in zip(METHODS, logs):
+    jobs = {m: (TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, epochs=1, system="split",
+                            seed=args.seed, eval_every=0, max_iters=iters, device="cpu"), maps[m][0].assignment)
+            for m in METHODS}
+    logs = common.run_repeated(ds, world, jobs, args.repeats)
+    per_epoch = num_iterations(ds.train_idx.numel(), args.batch_size, world)
+    for method in METHODS:
         pmap, info, stats = maps[method]
-        c = common.epoch_counters(log)
-        times = common.iteration_times(log)
+        c = common.epoch_counters(logs[method][0])  # counters are identical across repeats (same batches)
+        times = common.iteration_times(logs[method])
         shuffle = common.shuffle_bytes_per_layer(c["traffic_bytes_by_tag"], L)
         res = {"dataset": label, "world": world, "method": method, "map": info, "split_stats": stats.to_dict(),
-               "run": {**c, "iteration_times": times,
+               "run": {**c, "iteration_times": times, "iterations_per_epoch": per_epoch,
+                       "epoch_s_est": times["total_s"] * per_epoch,
                        "shuffle_bytes_per_iteration": sum(shuffle) / c["iterations"],
                        "shuffle_bytes_per_layer_per_iteration": [b / c["iterations"] for b in shuffle],
                        "id_bytes_per_iteration": common.id_bytes(c["traffic_bytes_by_tag"]) / c["iterations"]}}
@@ -59,7 +62,7 @@ def run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, 
                      "/".join(f"{x:.2f}" for x in r["edge_imbalance_run"]),
                      r["shuffle_bytes_per_iteration"] / 2**20, r["id_bytes_per_iteration"] / 2**20,
                      1e3 * times["sample_s"], 1e3 * times["load_s"], 1e3 * times["train_s"],
-                     1e3 * times["total_s"], info["presample_s"] + info["partition_s"]])
+                     1e3 * times["total_s"], times["total_s"] * per_epoch, info["presample_s"] + info["partition_s"]])
 
 
 def main(argv=None) -> int:
@@ -73,7 +76,9 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=0, help="training iterations per map (default 4 quick, 10 full)")
     p.add_argument("--presample-epochs", type=int, default=0, help="default 2 quick, 5 full")
     p.add_argument("--stats-batches", type=int, default=0, help="held-out batches for split_stats (default 5 / 20)")
+    p.add_argument("--repeats", type=int, default=0, help="runs per map, order alternated (default 1 quick, 2 full)")
     args = p.parse_args(argv)
+    args.repeats = args.repeats or (1 if args.quick else 2)
     nodes = args.nodes or (20_000 if args.quick else 100_000)
     worlds = [int(x) for x in (args.worlds or ("2" if args.quick else "2,4")).split(",")]
     iters = args.iters or (4 if args.quick else 10)
@@ -95,14 +100,17 @@ def main(argv=None) -> int:
             run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, sampler, results, rows)
 
     headers = ["graph", "map", "ranks", "cross-edge frac L0/L1/L2", "edge imb. (stats)", "edge imb. (run)",
-               "shuffle MiB/it", "ids MiB/it", "sample ms", "load ms", "fwd-bwd ms", "iter ms", "prep s"]
+               "shuffle MiB/it", "ids MiB/it", "sample ms", "load ms", "fwd-bwd ms", "iter ms", "epoch s (est.)",
+               "prep s"]
     table = common.format_table(headers, rows, ".1f")
     print(f"\n{args.model}, batch {args.batch_size}/rank, fanouts {fanouts}; "
-          f"stats over {stats_batches} held-out batches, run over {iters} iterations (first excluded from times)")
+          f"stats over {stats_batches} held-out batches; times: median over {args.repeats} run(s) of {iters} "
+          f"iterations (first of each excluded); epoch = median iteration x iterations per epoch")
     print(table)
     common.save_json(stem, {"experiment": "partition maps (paper Fig. 5, Table 3 Node/Edge/Rand)",
                             "datasets": data_info, "fanouts": fanouts, "batch_size": args.batch_size,
-                            "model": args.model, "iterations": iters, "presample_epochs": pre_epochs,
+                            "model": args.model, "iterations": iters, "repeats": args.repeats,
+                            "presample_epochs": pre_epochs,
                             "stats_batches": stats_batches, "results": results, "table": table})
 
     panels = sorted({(r["dataset"], r["world"]) for r in results}, key=lambda k: (list(data_info).index(k[0]), k[1]))
@@ -115,8 +123,8 @@ def main(argv=None) -> int:
                          "cross-split edge fraction", name)
         common.bar_panel(ax[1], layers, {r["method"]: r["split_stats"]["edge_imbalance"] for r in sub},
                          "edge load imbalance (max/mean)", name)
-        common.bar_panel(ax[2], layers, {r["method"]: [b / 2**20 for b in r["run"]["shuffle_bytes_per_layer_per_iteration"]]
-                                         for r in sub}, "shuffle MiB / iteration (fwd+bwd)", name + " (run)")
+        mib = {r["method"]: [b / 2**20 for b in r["run"]["shuffle_bytes_per_layer_per_iteration"]] for r in sub}
+        common.bar_panel(ax[2], layers, mib, "shuffle MiB / iteration (fwd+bwd)", name + " (run)")
         common.stacked_panel(ax[3], [r["method"] for r in sub],
                              {label: [1e3 * r["run"]["iteration_times"][f"{ph}_s"] for r in sub]
                               for ph, label in common.PHASES}, "ms / iteration (median)", name + " (run)")

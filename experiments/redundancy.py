@@ -76,7 +76,8 @@ def measure(ds, world: int, batch_size: int, fanouts, iters: int, seed: int) -> 
     for system in ("split", "dp"):
         res[system] = {"input_rows": mean([p[system]["input_rows"] for p in per_iter]),
                        "edges": mean([sum(p[system]["edges"]) for p in per_iter]),
-                       "edges_per_layer": [mean([p[system]["edges"][l] for p in per_iter]) for l in range(len(fanouts))],
+                       "edges_per_layer": [mean([p[system]["edges"][layer] for p in per_iter])
+                                           for layer in range(len(fanouts))],
                        "dst_vertices": mean([sum(p[system]["dst_vertices"]) for p in per_iter])}
     res["edge_ratio"] = res["dp"]["edges"] / res["split"]["edges"]
     res["feature_ratio"] = res["dp"]["input_rows"] / res["split"]["input_rows"]
@@ -117,7 +118,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration (default 1024)")
     p.add_argument("--fanouts", default="15,10,5")
     p.add_argument("--iters", type=int, default=0, help="iterations averaged (default 4 quick, 10 full)")
-    p.add_argument("--synthetic-nodes", default="", help="comma-separated sizes (default 20000 quick, 100000,1000000 full)")
+    p.add_argument("--synthetic-nodes", default="",
+                   help="comma-separated sizes (default 20000 quick, 100000,1000000 full)")
     p.add_argument("--worlds", default="2,4")
     args = p.parse_args(argv)
     fanouts = [int(x) for x in args.fanouts.split(",")]
