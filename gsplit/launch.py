@@ -15,6 +15,7 @@ guard the call with ``if __name__ == "__main__":``.
 from __future__ import annotations
 
 import datetime
+import contextlib
 import logging
 import os
 import pickle
@@ -209,6 +210,24 @@ def _pick_root_cause(failures: List[RankFailure]) -> List[RankFailure]:
     return sorted(failures, key=lambda f: (f.communication, f.when))
 
 
+@contextlib.contextmanager
+def _child_environment(cpu_ranks: bool):
+    """Environment the spawned ranks start with (read by OpenMP when they import torch).
+
+    CPU ranks share the host's cores and block in collectives; OpenMP's default of spinning idle
+    threads made ranks 5-30x slower on a busy 2-core machine, so they sleep instead, unless the user
+    chose a policy. The parent's environment is restored once the ranks have started.
+    """
+    saved = os.environ.get("OMP_WAIT_POLICY")
+    if cpu_ranks and saved is None:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+
+
 def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optional[str] = None,
            devices: Union[None, str, Sequence[Union[str, torch.device]]] = None, timeout: float = 60,
            master_port: Optional[int] = None, spawn: bool = True) -> List[Any]:
@@ -278,14 +297,16 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     results: List[Any] = [None] * nprocs
     done = [False] * nprocs          # result or failure received
     try:
-        for rank in range(nprocs):
-            reader, writer = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_child_main, name=f"gsplit-rank{rank}",
-                            args=(rank, nprocs, fn, tuple(args), str(devs[rank]), backend, port, float(timeout), writer))
-            p.start()
-            writer.close()  # the child holds the only write end: EOF on reader means the child is gone
-            procs.append(p)
-            conns.append(reader)
+        with _child_environment(cpu_ranks=all(d.type == "cpu" for d in devs)):
+            for rank in range(nprocs):
+                reader, writer = ctx.Pipe(duplex=False)
+                p = ctx.Process(target=_child_main, name=f"gsplit-rank{rank}",
+                                args=(rank, nprocs, fn, tuple(args), str(devs[rank]), backend, port, float(timeout),
+                                      writer))
+                p.start()
+                writer.close()  # the child holds the only write end: EOF on reader means the child is gone
+                procs.append(p)
+                conns.append(reader)
         log.debug("launched %d ranks (backend %s, port %d)", nprocs, backend, port)
 
         drain_until = None

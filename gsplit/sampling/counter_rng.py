@@ -65,3 +65,14 @@ def draw_below(vkeys: torch.Tensor, draw: int, bound: torch.Tensor) -> torch.Ten
     """
     r = mix64(vkeys + _signed((draw + 1) * GOLDEN))
     return _shr(r, 1) % bound
+
+
+def draws_below(vkeys: torch.Tensor, count: int, bound: torch.Tensor) -> torch.Tensor:
+    """Draws ``0..count-1`` for every vertex key at once: ``[n, count]``, column ``i`` in ``[0, bound[:, i])``.
+
+    Column ``i`` equals ``draw_below(vkeys, i, bound[:, i])``; one pass over an ``[n, count]`` tensor
+    costs far fewer kernel launches than ``count`` passes over ``[n]``.
+    """
+    steps = torch.tensor([_signed((i + 1) * GOLDEN) for i in range(count)], dtype=torch.int64, device=vkeys.device)
+    r = mix64(vkeys[:, None] + steps[None, :])
+    return _shr(r, 1) % bound

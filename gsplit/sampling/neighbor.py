@@ -106,34 +106,26 @@ def sample_neighbors_torch(graph: Graph, nodes: torch.Tensor, fanout: int, repla
 
     vkeys = counter_rng.vertex_keys(key, nodes)
     n = nodes.numel()
-    pos = torch.full((n, k), -1, dtype=torch.int64, device=dev)
+    cols = torch.arange(k, device=dev)
     if replace:
-        has = deg > 0
-        d, vk = deg[has], vkeys[has]
-        picks = torch.stack([counter_rng.draw_below(vk, i, d) for i in range(k)], 1) if d.numel() else pos[has]
-        pos[has] = torch.sort(picks, 1).values
+        picks = counter_rng.draws_below(vkeys, k, deg.clamp_min(1)[:, None].expand(n, k))
+        pos = torch.where(deg[:, None] > 0, torch.sort(picks, 1).values, -1)
     else:
-        small = deg <= k
-        cols = torch.arange(k, device=dev)
-        pos[small] = torch.where(cols[None, :] < deg[small, None], cols[None, :], -1)
-        big = ~small
-        d, vk = deg[big], vkeys[big]
-        if d.numel():
-            # Floyd's algorithm: a uniform k-subset of [0, d) in k draws, no rejection loop.
-            chosen = torch.empty((d.numel(), k), dtype=torch.int64, device=dev)
-            for i in range(k):
-                j = d - k + i
-                r = counter_rng.draw_below(vk, i, j + 1)
-                if i:
-                    taken = (chosen[:, :i] == r[:, None]).any(1)
-                    r = torch.where(taken, j, r)
-                chosen[:, i] = r
-            pos[big] = torch.sort(chosen, 1).values
-    valid = pos >= 0
+        # Floyd's algorithm: a uniform k-subset of [0, d) in k draws, no rejection loop. It runs on every
+        # row, also those with deg <= k (overwritten below): one pass over [n, k] tensors beats
+        # selecting rows with boolean masks.
+        bound = (deg[:, None] - k + 1 + cols[None, :]).clamp_min(1)  # draw i is uniform in [0, j + 1)
+        chosen = counter_rng.draws_below(vkeys, k, bound)
+        for i in range(1, k):
+            taken = (chosen[:, :i] == chosen[:, i:i + 1]).any(1)
+            chosen[:, i] = torch.where(taken, bound[:, i] - 1, chosen[:, i])
+        everything = torch.where(cols[None, :] < deg[:, None], cols[None, :], -1)
+        pos = torch.where((deg <= k)[:, None], everything, torch.sort(chosen, 1).values)
+    valid = pos >= 0  # a prefix of every row
     counts = valid.sum(1)
-    eids = (start[:, None] + pos)[valid]
-    dst_index = torch.repeat_interleave(torch.arange(n, device=dev), counts)
-    return SampledEdges(graph.indices[eids], dst_index, eids)
+    eids = torch.masked_select(start[:, None] + pos, valid)
+    dst_index = torch.repeat_interleave(torch.arange(n, device=dev), counts, output_size=eids.numel())
+    return SampledEdges(torch.index_select(graph.indices, 0, eids), dst_index, eids)
 
 
 class NeighborSampler:
