@@ -84,12 +84,12 @@ def test_presample_matches_brute_force_count():
     sampler = NeighborSampler([4, 3], seed=7)
     train = random_train(g.num_nodes, 0.3, seed=1)
     w = presample(g, train, sampler, batch_size=16, epochs=2, seed=5)
-    from gsplit.partition import epoch_batches
+    from gsplit.sampling.batches import global_batches
     vcount = np.zeros(g.num_nodes)
     ecount = np.zeros(g.num_edges)
     nb = 0
     for ep in range(2):
-        for it, seeds in enumerate(epoch_batches(train, 16, 5, ep)):
+        for it, seeds in enumerate(global_batches(train, 16, 5, ep)):
             blocks = sampler.sample_blocks(g, seeds, ep, it)
             for v in blocks[0].src_nodes.tolist():
                 vcount[v] += 1

@@ -2,7 +2,7 @@
 
 from gsplit.partition.metis import METHODS, metis_part_kway, partition, symmetrize, to_metis_weights
 from gsplit.partition.partition_map import PartitionMap
-from gsplit.partition.presample import PresampleWeights, epoch_batches, presample
+from gsplit.partition.presample import PresampleWeights, presample
 from gsplit.partition.stats import SplitStats, split_stats
 
 __all__ = [
@@ -10,7 +10,6 @@ __all__ = [
     "PartitionMap",
     "PresampleWeights",
     "SplitStats",
-    "epoch_batches",
     "metis_part_kway",
     "partition",
     "presample",

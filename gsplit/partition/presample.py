@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 from gsplit.graph import Graph
+from gsplit.sampling.batches import global_batches
 
 log = logging.getLogger(__name__)
 
@@ -23,21 +23,6 @@ log = logging.getLogger(__name__)
 # allocate a full ``[num_edges]`` result every time, which dominates on large graphs. A chunk holds at
 # least as many ids as the count has entries (so that cost is amortised), and at least this many.
 _MIN_FLUSH_ENTRIES = 1 << 22
-
-
-def epoch_batches(train_idx: torch.Tensor, batch_size: int, seed: int, epoch: int) -> List[torch.Tensor]:
-    """The mini-batches of one epoch: a permutation of ``train_idx`` seeded by ``(seed, epoch)``, cut in order.
-
-    The last batch is kept even when it is short.
-
-    Example:
-        >>> [b.numel() for b in epoch_batches(torch.arange(10), 4, seed=0, epoch=0)]
-        [4, 4, 2]
-    """
-    rng = np.random.default_rng([int(seed), int(epoch)])
-    perm = torch.from_numpy(rng.permutation(train_idx.numel()))
-    shuffled = train_idx[perm.to(train_idx.device)]
-    return list(torch.split(shuffled, batch_size))
 
 
 def check_train_idx(graph: Graph, train_idx, what: str = "train_idx") -> torch.Tensor:
@@ -189,8 +174,8 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
               progress: bool = False) -> PresampleWeights:
     """Run ``sampler`` over the training vertices for ``epochs`` epochs and count vertex and edge use.
 
-    Each epoch is a permutation of ``train_idx`` seeded by ``(seed, epoch)`` cut into mini-batches of
-    ``batch_size`` targets (the last one may be short); batch ``i`` of epoch ``e`` is sampled with
+    Each epoch is the loaders' global order of ``train_idx`` for ``(seed, epoch)``
+    (:func:`gsplit.sampling.batches.global_batches`) cut into mini-batches of ``batch_size`` targets (the last may be short); batch ``i`` of epoch ``e`` is sampled with
     ``sampler.sample_blocks(graph, seeds, e, i)``. For split-parallel training pass the *global*
     mini-batch size (per-rank ``batch_size * world_size``). See :class:`PresampleWeights` for what is
     counted. For the built-in :class:`~gsplit.sampling.NeighborSampler` the same edges are drawn with
@@ -229,7 +214,7 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
         bar = tqdm(total=epochs * per_epoch, desc="pre-sampling", unit="batch")
     num_batches = 0
     for epoch in range(epochs):
-        for it, seeds in enumerate(epoch_batches(train_idx, batch_size, seed, epoch)):
+        for it, seeds in enumerate(global_batches(train_idx, batch_size, seed, epoch)):
             level_nodes, layer_edges = batch_use(seeds, epoch, it)
             if levels is None:
                 levels = [_Counter(n, dev) for _ in range(len(level_nodes))]

@@ -10,7 +10,8 @@ import torch
 
 from gsplit.graph import Graph
 from gsplit.partition.partition_map import PartitionMap
-from gsplit.partition.presample import check_train_idx, epoch_batches
+from gsplit.partition.presample import check_train_idx
+from gsplit.sampling.batches import global_batches
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ def split_stats(graph: Graph, pmap: PartitionMap, sampler, train_idx, batch_size
     inimb: List[float] = []
     epoch = int(first_epoch)
     while len(cross) < num_batches:
-        for it, seeds in enumerate(epoch_batches(train_idx, batch_size, seed, epoch)):
+        for it, seeds in enumerate(global_batches(train_idx, batch_size, seed, epoch)):
             if len(cross) == num_batches:
                 break
             blocks = sampler.sample_blocks(graph, seeds, epoch, it)
