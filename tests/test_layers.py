@@ -292,3 +292,25 @@ def test_cuda_matches_cpu(name):
     torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="block.to"):
         layer(block, h.cuda())
+
+
+def test_vertex_dropout_rate_scale_and_keying():
+    from gsplit.nn import vertex_dropout
+
+    ids = torch.arange(20000)
+    h = torch.ones(ids.numel(), 16)
+    out = vertex_dropout(h, ids, 0.3, seed=1, step=5, layer=2)
+    kept = out != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.01
+    assert torch.allclose(out[kept], torch.full_like(out[kept], 1 / 0.7))
+    # rows of the same vertex get the same mask wherever they appear; another step or layer changes it
+    perm = torch.randperm(ids.numel())
+    assert torch.equal(vertex_dropout(h, ids[perm], 0.3, 1, 5, 2), out[perm])
+    assert not torch.equal(vertex_dropout(h, ids, 0.3, 1, 6, 2), out)
+    assert not torch.equal(vertex_dropout(h, ids, 0.3, 1, 5, 1), out)
+    # masks of different vertices are (nearly) independent: few pairs of rows coincide
+    same = (kept[:-1] == kept[1:]).all(1).float().mean().item()
+    assert same < 0.01
+    assert torch.equal(vertex_dropout(h, ids, 0.0, 1, 5, 2), h)
+    with pytest.raises(ValueError, match="p=1.0"):
+        vertex_dropout(h, ids, 1.0, 1, 5, 2)

@@ -24,6 +24,7 @@ NUM_CLASSES = 3
 BATCH = 12          # per rank
 ITERS = 3
 FANOUTS = [3, -1, 2]  # includes "all neighbours"
+DROPOUT = 0.4         # vertex-keyed dropout draws the same masks on every rank
 
 
 def make_problem():
@@ -55,7 +56,8 @@ def make_maps(graph, train_idx, world_size):
 def train_steps(model_name, graph, feats, labels, train_idx, owner, comm_group_world):
     """Train ITERS steps with the split loader; returns global losses, gradients and final parameters."""
     torch.manual_seed(0)
-    model = build_model(model_name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2).double()
+    model = build_model(model_name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2,
+                        dropout=DROPOUT).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
     loader = DataLoader(graph, train_idx, sampler, partition=owner, use_ddp=comm_group_world > 1,
@@ -93,7 +95,8 @@ def reference(model_name, world_size):
     """Single-process training on the whole global mini-batch, with no split machinery at all."""
     graph, feats, labels, train_idx = make_problem()
     torch.manual_seed(0)
-    model = build_model(model_name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2).double()
+    model = build_model(model_name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2,
+                        dropout=DROPOUT).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
     order = epoch_permutation(train_idx, 11, 0, True)
@@ -115,7 +118,7 @@ def reference(model_name, world_size):
             "inputs": inputs, "edges": edges}
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-6) -> float:
+def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-4) -> float:
     """Relative error; ``floor`` keeps gradients that are zero up to rounding (e.g. a 1-head attention
     vector of the output layer, whose softmax is shift-invariant) from dividing by ~1e-18."""
     return float((a - b).norm() / b.norm().clamp_min(floor))
@@ -187,7 +190,7 @@ def ddp_worker(rank, world_size):
 
     graph, feats, labels, train_idx = make_problem()
     torch.manual_seed(0)
-    model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS)).double()
+    model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), dropout=DROPOUT).double()
     ddp = DistributedDataParallel(model, process_group=dist.new_group())
     owner = torch.arange(graph.num_nodes) % world_size
     loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=3), partition=owner, use_ddp=True,
@@ -215,7 +218,7 @@ def subgroup_worker(rank, world_size):
         return None
     graph, feats, labels, train_idx = make_problem()
     torch.manual_seed(0)
-    model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS)).double()
+    model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), dropout=DROPOUT).double()
     owner = torch.arange(graph.num_nodes) % 2
     loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=3), partition=owner, use_ddp=True,
                         batch_size=BATCH, shuffle=True, ddp_seed=11, features=feats, labels=labels, group=group)

@@ -12,28 +12,43 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gsplit.nn.dropout import vertex_dropout
 from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
 from gsplit.nn.split import sp_forward
 from gsplit.sampling.block import Block
 
 
 class _Stack(nn.Module):
-    """Layers plus the activation/dropout applied between them (on the rank's own rows)."""
+    """Layers plus the activation and dropout applied between them (on the rank's own rows).
 
-    def __init__(self, layers: Sequence[nn.Module], dropout: float):
+    Dropout is :func:`~gsplit.nn.dropout.vertex_dropout`: a vertex's mask depends on the vertex, the
+    layer and the training step (counted by this module), so split training with dropout still computes
+    exactly what single-process training computes.
+    """
+
+    def __init__(self, layers: Sequence[nn.Module], dropout: float, seed: int = 0):
         super().__init__()
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"dropout={dropout}; it must be in [0, 1)")
         self.layers = nn.ModuleList(layers)
         self.dropout = float(dropout)
+        self.seed = int(seed)
+        self.step = 0
+        """Training forward passes so far; every rank counts the same, which keys the dropout masks."""
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def between(self, i: int, h: torch.Tensor) -> torch.Tensor:
+    def between(self, i: int, h: torch.Tensor, block: Block) -> torch.Tensor:
         h = F.relu(h)
-        return F.dropout(h, self.dropout, self.training) if self.dropout > 0 else h
+        if self.training and self.dropout > 0:
+            h = vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i)
+        return h
 
     def forward(self, blocks: List[Block], x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.step += 1
         return sp_forward(self.layers, x, blocks, between=self.between)
 
 
@@ -79,8 +94,8 @@ class GAT(_Stack):
         layers.append(GATConv(dim, num_classes, 1))
         super().__init__(layers, dropout)
 
-    def between(self, i: int, h: torch.Tensor) -> torch.Tensor:
-        return super().between(i, h.flatten(1))
+    def between(self, i: int, h: torch.Tensor, block: Block) -> torch.Tensor:
+        return super().between(i, h.flatten(1), block)
 
     def forward(self, blocks: List[Block], x: torch.Tensor) -> torch.Tensor:
         return super().forward(blocks, x).mean(1)

@@ -20,16 +20,17 @@ from gsplit.sampling.block import Block
 
 
 def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Sequence[Block],
-               between: Optional[Callable[[int, torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+               between: Optional[Callable[[int, torch.Tensor, Block], torch.Tensor]] = None) -> torch.Tensor:
     """Run ``layers[i](blocks[i], h)`` bottom-up, shuffling rows before every layer but the first.
 
     ``feat`` has one row per ``blocks[0]`` source node (``blocks[0].srcdata["feat"]`` from the
-    loader, already shuffled). ``between(i, h)`` runs after layer ``i`` except the last (activation,
-    dropout, head flattening); it runs on the rank's own rows, before the next shuffle.
+    loader, already shuffled). ``between(i, h, blocks[i])`` runs after layer ``i`` except the last
+    (activation, dropout, head flattening); it runs on the rank's own rows (``blocks[i].dst_nodes``),
+    before the next shuffle.
 
     Example:
         >>> logits = gsplit.sp_forward(model.layers, blocks[0].srcdata["feat"], blocks,
-        ...                            between=lambda i, h: torch.relu(h))      # doctest: +SKIP
+        ...                            between=lambda i, h, block: torch.relu(h))      # doctest: +SKIP
     """
     if len(layers) != len(blocks):
         raise ValueError(f"got {len(blocks)} blocks but the model has {len(layers)} layers; "
@@ -40,7 +41,7 @@ def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Se
             h = shuffle(h, block)
         h = layer(block, h)
         if between is not None and i < len(layers) - 1:
-            h = between(i, h)
+            h = between(i, h, block)
     return h
 
 
