@@ -41,15 +41,10 @@ def main(argv=None) -> int:
     stem = common.output_stem(args, "accuracy")
 
     results, rows, data_info = [], [], {}
-    for key in args.datasets.split(","):
-        ds = common.load_named(key, nodes, args.seed)
-        if ds is None:
-            continue
-        label = "cora" if key == "cora" else f"synthetic-{nodes // 1000}k"
-        data_info[label] = common.describe_dataset(ds)
+    for key, label, ds in common.each_dataset(args.datasets, nodes, args.seed, data_info):
         batch = args.cora_batch_size if key == "cora" else args.batch_size
         n_epochs = cora_epochs if key == "cora" else epochs  # Cora's epochs are 3 tiny iterations
-        print(f"{label}: {ds.num_nodes:,} vertices, {ds.train_idx.numel()} train; {n_epochs} epochs", flush=True)
+        print(f"  {n_epochs} epochs", flush=True)
         pmap, prep, _ = common.make_map(ds, args.world, "gsplit", fanouts, batch, args.seed, 5)
         jobs = [(TrainConfig(model=args.model, fanouts=fanouts, batch_size=batch, epochs=n_epochs, lr=args.lr,
                              system=system, seed=args.seed, eval_every=1, device="cpu", log_iterations=False),

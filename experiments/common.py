@@ -90,6 +90,22 @@ def load_named(key: str, num_nodes: int, seed: int = 0):
     raise ValueError(f"unknown dataset key {key!r}; use synthetic, cora or bio")
 
 
+def each_dataset(keys: str, num_nodes: int, seed: int, data_info: dict):
+    """Yield ``(key, label, dataset)`` for the comma-separated ``keys`` that are present.
+
+    Records each dataset's summary in ``data_info[label]`` and prints one line about it.
+    """
+    for key in keys.split(","):
+        ds = load_named(key, num_nodes, seed)
+        if ds is None:
+            print(f"{key}: data not found, skipped", flush=True)
+            continue
+        label = {"cora": "cora", "bio": "bio-pathways"}.get(key, f"synthetic-{num_nodes // 1000}k")
+        data_info[label] = describe_dataset(ds)
+        print(f"{label}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train", flush=True)
+        yield key, label, ds
+
+
 def describe_dataset(ds) -> dict:
     """A JSON-ready summary of a dataset."""
     return {"name": ds.name, "num_nodes": ds.num_nodes, "num_edges": ds.num_edges, "feature_dim": ds.feature_dim,

@@ -43,13 +43,7 @@ def main(argv=None) -> int:
     stem = common.output_stem(args, "end_to_end")
 
     results, rows, data_info = [], [], {}
-    for key in args.datasets.split(","):
-        ds = common.load_named(key, nodes, args.seed)
-        if ds is None:
-            continue
-        label = f"synthetic-{nodes // 1000}k" if key == "synthetic" else "bio-pathways"
-        data_info[label] = common.describe_dataset(ds)
-        print(f"{label}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train", flush=True)
+    for _, label, ds in common.each_dataset(args.datasets, nodes, args.seed, data_info):
         for world in worlds:
             pmap, prep, _ = common.make_map(ds, world, "gsplit", fanouts, args.batch_size, args.seed, pre_epochs)
             print(f"  {world} ranks: gsplit map in {prep['presample_s'] + prep['partition_s']:.1f}s", flush=True)

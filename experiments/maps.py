@@ -89,13 +89,7 @@ def main(argv=None) -> int:
 
     sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
     results, rows, data_info = [], [], {}
-    for key in args.datasets.split(","):
-        ds = common.load_named(key, nodes, args.seed)
-        if ds is None:
-            continue
-        label = f"synthetic-{nodes // 1000}k" if key == "synthetic" else "bio-pathways"
-        data_info[label] = common.describe_dataset(ds)
-        print(f"{label}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train")
+    for _, label, ds in common.each_dataset(args.datasets, nodes, args.seed, data_info):
         for world in worlds:
             run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, sampler, results, rows)
 

@@ -123,6 +123,18 @@ class RankLoader:
     comm: Communicator
     schedule: BatchSchedule
 
+    def _init_rank(self, graph: Graph, indices, group, use_ddp: bool, batch_size: int, ddp_seed: int,
+                   shuffle: bool, drop_last: bool) -> None:
+        self.comm = Communicator(group)
+        if self.comm.world_size > 1 and not use_ddp:
+            raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
+                             "pass use_ddp=True so the ranks share one global order of the targets")
+        self.graph = graph
+        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
+        graph.check_ids(self.schedule.indices, "indices")
+        if torch.unique(self.schedule.indices).numel() != self.schedule.indices.numel():
+            raise ValueError("indices contain repeated vertex ids; pass each target vertex once")
+
     @property
     def world_size(self) -> int:
         return self.comm.world_size
@@ -190,15 +202,7 @@ class DataLoader(RankLoader):
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  features: Union[torch.Tensor, FeatureStore, None] = None, labels: Optional[torch.Tensor] = None,
                  group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: bool = False):
-        self.comm = Communicator(group)
-        if self.comm.world_size > 1 and not use_ddp:
-            raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
-                             "pass use_ddp=True so the ranks split one global mini-batch")
-        self.graph = graph
-        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
-        graph.check_ids(self.schedule.indices, "indices")
-        if torch.unique(self.schedule.indices).numel() != self.schedule.indices.numel():
-            raise ValueError("indices contain repeated vertex ids; pass each target vertex once")
+        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
         self.owner = _owner_tensor(partition, graph, self.comm.world_size).to(graph.device)
         self.device = torch.device(device) if device is not None else graph.device

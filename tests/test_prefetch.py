@@ -19,8 +19,8 @@ from gsplit.launch import launch
 from gsplit.loader import DataLoader
 from gsplit.nn import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
-from test_split_parity import (BATCH, FANOUTS, FEAT_DIM, ITERS, NUM_CLASSES, make_maps, make_problem, reference,
-                               rel_err)
+from test_split_parity import (BATCH, DROPOUT, FANOUTS, FEAT_DIM, ITERS, NUM_CLASSES, make_maps, make_problem,
+                               reference, rel_err)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -230,7 +230,8 @@ def test_two_ranks_prefetch_yields_the_same_batches():
 def train_steps(model_name, graph, feats, labels, train_idx, owner, world_size, **loader_kw):
     """ITERS training steps (then an early break), as test_split_parity.train_steps, with loader options."""
     torch.manual_seed(0)
-    model = build_model(model_name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2).double()
+    model = build_model(model_name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2,
+                        dropout=DROPOUT).double()
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=3), partition=owner,
                         use_ddp=world_size > 1, batch_size=BATCH, shuffle=True, ddp_seed=11, features=feats,

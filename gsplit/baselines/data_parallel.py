@@ -15,10 +15,8 @@ from typing import Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
 from gsplit.loader import IterationStats, RankLoader
-from gsplit.sampling.batches import BatchSchedule
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -38,13 +36,7 @@ class DataParallelLoader(RankLoader):
                  features: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
                  group=None, partition=None):
         del partition  # accepted so both loaders take the same arguments; data parallelism ignores it
-        self.comm = Communicator(group)
-        if self.comm.world_size > 1 and not use_ddp:
-            raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
-                             "pass use_ddp=True so each rank takes its own share of the targets")
-        self.graph = graph
-        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
-        graph.check_ids(self.schedule.indices, "indices")
+        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
         self.device = torch.device(device) if device is not None else graph.device
         self.features, self.labels = features, labels
