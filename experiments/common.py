@@ -292,7 +292,7 @@ def bar_panel(ax, groups: Sequence[str], series: Dict[str, Sequence[float]], yla
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
         ax.bar(xs, values, width, label=name)
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, fontsize=8)
+    ax.set_xticklabels(groups, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
