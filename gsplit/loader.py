@@ -24,7 +24,7 @@ from typing import Dict, Iterator, List, Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from gsplit.comm.communicator import Communicator
+from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import FeatureStore, parse_size
 from gsplit.graph import Graph
@@ -110,11 +110,6 @@ def _group_like(comm: Communicator):
     group = comm.group
     ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
     return dist.new_group(ranks=ranks, backend=dist.get_backend(group), use_local_synchronization=group is not None)
-
-
-def _traffic_delta(now: dict, before: dict) -> dict:
-    return {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now[kind].items() if n != before[kind].get(tag, 0)}
-            for kind in ("rows", "bytes")}
 
 
 class RankLoader:
@@ -282,7 +277,7 @@ class DataLoader(RankLoader):
             for b in blocks:
                 if b.shuffle_index is not None:
                     b.shuffle_index = replace(b.shuffle_index, comm=self.comm)
-            traffic = _traffic_delta(comm.traffic.snapshot(), before)
+            traffic = TrafficCounter.delta(comm.traffic.snapshot(), before)
         stats.sample_s, stats.load_s = t1 - t0, t2 - t1
         stats.input_rows = batch.input_nodes.numel()
         stats.edges = [b.num_edges() for b in blocks]

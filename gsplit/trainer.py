@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gsplit.baselines.data_parallel import DataParallelLoader
-from gsplit.comm.communicator import Communicator
+from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.feature_store import parse_size
 from gsplit.loader import DataLoader
 from gsplit.nn.models import build_model
@@ -111,21 +111,15 @@ class EpochCounters:
         self.iterations += 1
         self.sample_s += stats.sample_s
         self.load_s += stats.load_s
-        self.wait_s += getattr(stats, "wait_s", 0.0)
+        self.wait_s += stats.wait_s
         self.input_rows += stats.input_rows
-        self.cache_hits += getattr(stats, "cache_hits", 0)
-        self.cache_misses += getattr(stats, "cache_misses", 0)
+        self.cache_hits += stats.cache_hits
+        self.cache_misses += stats.cache_misses
         if not self.edges:
             self.edges = [0] * len(stats.edges)
             self.dst_vertices = [0] * len(stats.dst_vertices)
         self.edges = [a + b for a, b in zip(self.edges, stats.edges)]
         self.dst_vertices = [a + b for a, b in zip(self.dst_vertices, stats.dst_vertices)]
-
-
-def _traffic_delta(now: dict, before: dict) -> dict:
-    """Per-tag difference of two :meth:`TrafficCounter.snapshot` results (what was sent in between)."""
-    return {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now[kind].items() if n != before[kind].get(tag, 0)}
-            for kind in ("rows", "bytes")}
 
 
 def _sum_tags(dicts) -> Dict[str, int]:
@@ -233,12 +227,11 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             counters.train_s += train_s
             if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
                 traffic_now = comm.traffic.snapshot()
-                delta = _traffic_delta(traffic_now, traffic_before)
+                delta = TrafficCounter.delta(traffic_now, traffic_before)
                 traffic_before = traffic_now
                 counters.per_iteration.append({
                     "iteration": it, "sample_s": stats.sample_s, "load_s": stats.load_s, "train_s": train_s,
-                    "wait_s": getattr(stats, "wait_s", 0.0), "cache_hits": getattr(stats, "cache_hits", 0),
-                    "cache_misses": getattr(stats, "cache_misses", 0),
+                    "wait_s": stats.wait_s, "cache_hits": stats.cache_hits, "cache_misses": stats.cache_misses,
                     "input_rows": stats.input_rows, "edges": list(stats.edges),
                     "dst_vertices": list(stats.dst_vertices), "targets": stats.targets,
                     "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"]})

@@ -37,6 +37,13 @@ class TrafficCounter:
     def snapshot(self) -> dict:
         return {"rows": dict(self.rows), "bytes": dict(self.bytes)}
 
+    @staticmethod
+    def delta(now: dict, before: dict) -> dict:
+        """Per-tag difference of two :meth:`snapshot` results: what was sent in between."""
+        return {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now[kind].items()
+                       if n != before[kind].get(tag, 0)}
+                for kind in ("rows", "bytes")}
+
 
 class Communicator:
     """A rank's handle on its process group.

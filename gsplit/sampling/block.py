@@ -44,7 +44,8 @@ class Block:
     shuffle_index: Optional["ShuffleIndex"] = None
     """Split parallelism only: how this rank's local rows become this block's ``src_nodes`` rows."""
     global_num_dst: Optional[int] = None
-    """Split parallelism only: number of destinations of this layer summed over all ranks."""
+    """Destinations of this layer summed over all ranks: the global mini-batch size on the top block
+    (``split_cross_entropy`` divides by it); ``None`` on lower split blocks, which do not need it."""
     srcdata: Dict[str, torch.Tensor] = field(default_factory=dict)
     """Per-source-row tensors, e.g. ``srcdata["feat"]`` on the first block."""
     dstdata: Dict[str, torch.Tensor] = field(default_factory=dict)
