@@ -59,3 +59,19 @@ def test_bad_arguments_give_one_line(argv, msg, capsys):
     assert rc == 2
     assert err.startswith("gsplit: error:") and msg in err
     assert "Traceback" not in err
+
+
+def test_train_two_ranks_prepares_then_reuses_the_map(tmp_path, capsys):
+    """The README's main job in small: 2 CPU ranks, the map prepared on the fly, saved, then reused."""
+    parts = tmp_path / "parts"
+    argv = ["train", *TINY, "--num-ranks", "2", "--fanouts", "5,3", "--batch-size", "64", "--epochs", "1",
+            "--hidden", "16", "--device", "cpu", "--presample-epochs", "1", "--partition", str(parts),
+            "--log", str(tmp_path / "log.json")]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert "partitioning into 2 parts" in first and (parts / "assignment.npy").exists()
+    assert main(argv) == 0
+    assert "using partition map" in capsys.readouterr().out
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert log["world_size"] == 2 and len(log["epochs"][0]["ranks"]) == 2
+    assert log["epochs"][0]["traffic_bytes"] > 0  # the ranks really shuffled rows
