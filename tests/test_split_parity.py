@@ -237,3 +237,34 @@ def test_explicit_process_group():
     for name, g_ref in ref["grads"][0].items():
         for r in range(2):
             assert rel_err(per_rank[r][name], g_ref) < 1e-10, f"rank {r}: {name}"
+
+
+def gpu_rank_worker(rank, world_size, graph_on_gpu):
+    """Split training with this rank's batches on the GPU (two ranks may share one GPU over gloo)."""
+    device = gsplit.current_device()
+    graph, feats, labels, train_idx = make_problem()
+    if graph_on_gpu:
+        graph = graph.to(device)  # sampling and relabelling run on the GPU too
+    torch.manual_seed(0)
+    model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), dropout=DROPOUT).double().to(device)
+    owner = torch.arange(graph.num_nodes) % world_size
+    loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=3), partition=owner, device=device,
+                        use_ddp=True, batch_size=BATCH, shuffle=True, ddp_seed=11, features=feats, labels=labels)
+    _, _, blocks = next(iter(loader))
+    assert blocks[0].srcdata["feat"].is_cuda
+    loss = split_cross_entropy(model(blocks, blocks[0].srcdata["feat"]), blocks[-1].dstdata["label"], blocks[-1])
+    loss.backward()
+    allreduce_gradients(model, loader.comm)
+    return {n: p.grad.cpu() for n, p in model.named_parameters()}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph_on_gpu", [False, True])
+def test_two_ranks_sharing_one_gpu_match_single_process(graph_on_gpu):
+    """Several processes on one GPU (NCCL needs a GPU per rank, so gloo with host staging)."""
+    per_rank = launch(gpu_rank_worker, 2, args=(graph_on_gpu,), devices=["cuda:0", "cuda:0"], backend="gloo")
+    ref = reference("sage", 2)
+    for name, g_ref in ref["grads"][0].items():
+        for r in range(2):
+            assert rel_err(per_rank[r][name], g_ref) < 1e-10, f"rank {r}: {name}"
