@@ -8,12 +8,14 @@ from gsplit.baselines import DataParallelLoader
 from gsplit.sampling.batches import epoch_permutation, num_iterations
 
 
-def small_problem(n=120):
+def small_problem(n=120, num_edges=600, feat_dim=4, num_classes=3):
+    """A seeded random symmetric graph with features and labels (also used by test_prefetch.py)."""
     g = torch.Generator().manual_seed(0)
-    graph = gsplit.Graph.from_edges(torch.randint(0, n, (600,), generator=g), torch.randint(0, n, (600,), generator=g),
-                                    n, symmetric=True)
-    feats = torch.randn(n, 4, generator=g)
-    labels = torch.randint(0, 3, (n,), generator=g)
+    src = torch.randint(0, n, (num_edges,), generator=g)
+    dst = torch.randint(0, n, (num_edges,), generator=g)
+    graph = gsplit.Graph.from_edges(src, dst, n, symmetric=True)
+    feats = torch.randn(n, feat_dim, generator=g)
+    labels = torch.randint(0, num_classes, (n,), generator=g)
     return graph, feats, labels
 
 

@@ -19,6 +19,7 @@ from gsplit.launch import launch
 from gsplit.loader import DataLoader
 from gsplit.nn import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
+import test_loader
 from test_split_parity import (BATCH, DROPOUT, FANOUTS, FEAT_DIM, ITERS, NUM_CLASSES, make_maps, make_problem,
                                reference, rel_err)
 
@@ -68,13 +69,8 @@ def stats_of(loader):
     return (s.input_rows, s.edges, s.dst_vertices, s.targets, s.cache_hits, s.cache_misses, s.host_bytes)
 
 
-def small_problem(n=300):
-    g = torch.Generator().manual_seed(0)
-    graph = gsplit.Graph.from_edges(torch.randint(0, n, (1500,), generator=g), torch.randint(0, n, (1500,), generator=g),
-                                    n, symmetric=True)
-    feats = torch.randn(n, 6, generator=g)
-    labels = torch.randint(0, 4, (n,), generator=g)
-    return graph, feats, labels
+def small_problem():
+    return test_loader.small_problem(n=300, num_edges=1500, feat_dim=6, num_classes=4)
 
 
 def passes(loader, epochs=2, delay=0.0):
