@@ -8,6 +8,7 @@ same launcher, same counters. Every number in the returned log comes from the co
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -205,6 +206,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         traffic_before = comm.traffic.snapshot()
         batches = train_loader
         if progress and rank == 0:
+            # tqdm's default lock is a multiprocessing semaphore, which a rank leaving with os._exit (see
+            # gsplit.launch) would leak; one process needs only a thread lock.
+            tqdm.set_lock(threading.RLock())
             batches = tqdm(train_loader, desc=f"epoch {epoch}", unit="it", leave=False, dynamic_ncols=True)
         for it, (_, _, blocks) in enumerate(batches):
             stats = train_loader.last_stats
