@@ -222,7 +222,18 @@ class Graph:
 
     # ------------------------------------------------------------------ identity
     def fingerprint(self) -> str:
-        """A short content hash of the structure; a ``PartitionMap`` uses it to refuse another graph."""
+        """A short content hash of the structure; a ``PartitionMap`` uses it to refuse another graph.
+
+        Computed once per ``Graph`` object (hashing a billion-edge graph takes seconds and every loader
+        checks it); a ``Graph`` is not modified in place, any change makes a new object.
+        """
+        cached = self.__dict__.get("_fingerprint")
+        if cached is None:
+            cached = self._hash_structure()
+            self.__dict__["_fingerprint"] = cached  # frozen dataclass: bypass __setattr__ for the cache
+        return cached
+
+    def _hash_structure(self) -> str:
         h = hashlib.blake2b(digest_size=12)
         h.update(np.int64(self.num_nodes).tobytes())
         h.update(np.int64(self.num_edges).tobytes())
