@@ -16,6 +16,7 @@ import torch
 
 from gsplit.graph import Graph
 from gsplit.sampling.batches import global_batches
+from gsplit.sampling.neighbor import unique_ids
 
 log = logging.getLogger(__name__)
 
@@ -132,30 +133,12 @@ def _has_fast_path(sampler) -> bool:
     return isinstance(sampler, NeighborSampler) and type(sampler).sample_blocks is NeighborSampler.sample_blocks
 
 
-class _Dedup:
-    """Distinct ids of a tensor: with a reusable ``[N]`` mask when the ids are many, else ``torch.unique``."""
-
-    def __init__(self, n: int, device):
-        self.n, self.device = n, device
-        self.mask: Optional[torch.Tensor] = None
-
-    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        if ids.numel() * 32 < self.n:  # few ids: sorting them beats scanning an N-long mask
-            return torch.unique(ids)
-        if self.mask is None:
-            self.mask = torch.zeros(self.n, dtype=torch.bool, device=self.device)
-        self.mask[ids] = True
-        out = self.mask.nonzero().squeeze(1)
-        self.mask[out] = False
-        return out
-
-
-def _use_fast(sampler, graph: Graph, seeds: torch.Tensor, epoch: int, it: int, dedup: _Dedup) -> BatchUse:
+def _use_fast(sampler, graph: Graph, seeds: torch.Tensor, epoch: int, it: int) -> BatchUse:
     """What ``sampler.sample_blocks`` would sample, without building blocks.
 
     The counter-based sampler picks the same edges for a vertex whatever frontier order it is given, so
-    the levels only need to be the right *sets*; skipping the blocks' local relabelling (a sort with
-    inverse indices) roughly halves pre-sampling time on large graphs.
+    the levels only need to be the right *sets*; skipping the blocks' local relabelling saves 10-20 % of
+    pre-sampling time (1M vertices / 20M edges, batches of 2048).
     """
     frontier = seeds.to(graph.device)
     levels = [frontier]
@@ -163,7 +146,7 @@ def _use_fast(sampler, graph: Graph, seeds: torch.Tensor, epoch: int, it: int, d
     for layer in reversed(range(sampler.num_layers)):
         picked = sampler.sample_neighbors(graph, frontier, layer, epoch, it)
         layer_edges.append((frontier[picked.dst_index], picked.edge_ids))
-        frontier = dedup(torch.cat([frontier, picked.src]))
+        frontier = unique_ids(torch.cat([frontier, picked.src]), graph.num_nodes)
         levels.append(frontier)
     levels.reverse()
     layer_edges.reverse()
@@ -179,7 +162,7 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     ``sampler.sample_blocks(graph, seeds, e, i)``. For split-parallel training pass the *global*
     mini-batch size (per-rank ``batch_size * world_size``). See :class:`PresampleWeights` for what is
     counted. For the built-in :class:`~gsplit.sampling.NeighborSampler` the same edges are drawn with
-    ``sample_neighbors`` level by level, without building blocks: identical counts, about twice as fast.
+    ``sample_neighbors`` level by level, without building blocks: identical counts, 10-20 % faster.
     Any other object with ``sample_blocks`` works too.
 
     Example:
@@ -203,8 +186,7 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     loads: Optional[List[_Counter]] = None
     edges = _Counter(graph.num_edges, dev)
     if _has_fast_path(sampler):
-        dedup = _Dedup(n, dev)
-        batch_use = lambda seeds, e, i: _use_fast(sampler, graph, seeds, e, i, dedup)  # noqa: E731
+        batch_use = lambda seeds, e, i: _use_fast(sampler, graph, seeds, e, i)  # noqa: E731
     else:
         batch_use = lambda seeds, e, i: _use_from_blocks(sampler.sample_blocks(graph, seeds, e, i))  # noqa: E731
     bar = None

@@ -50,8 +50,7 @@ def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int]
         >>> relabel(torch.tensor([9, 4]), torch.tensor([4, 7, 1]))[0].tolist()
         [9, 4, 1, 7]
     """
-    n = dst_nodes.numel() + src.numel()
-    if num_nodes is not None and num_nodes <= _DENSE_RELABEL_FACTOR * n + _DENSE_RELABEL_SLACK:
+    if _dense_pays_off(dst_nodes.numel() + src.numel(), num_nodes):
         return _relabel_dense(dst_nodes, src, num_nodes)
     nd = dst_nodes.numel()
     uniq, inv = torch.unique(torch.cat([dst_nodes, src]), return_inverse=True)
@@ -68,6 +67,24 @@ def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int]
 # against the graph (measured: 5-20x faster than torch.unique for 1M ids on a 1M-vertex graph).
 _DENSE_RELABEL_FACTOR = 16
 _DENSE_RELABEL_SLACK = 1 << 22
+
+
+def _dense_pays_off(num_ids: int, num_nodes: Optional[int]) -> bool:
+    return num_nodes is not None and num_nodes <= _DENSE_RELABEL_FACTOR * num_ids + _DENSE_RELABEL_SLACK
+
+
+def unique_ids(ids: torch.Tensor, num_nodes: Optional[int] = None) -> torch.Tensor:
+    """Sorted distinct values of ``ids`` (like ``torch.unique``), by an O(num_nodes) mask when that is cheaper.
+
+    Example:
+        >>> unique_ids(torch.tensor([5, 1, 5, 3]), num_nodes=8).tolist()
+        [1, 3, 5]
+    """
+    if not _dense_pays_off(ids.numel(), num_nodes):
+        return torch.unique(ids)
+    seen = torch.zeros(num_nodes, dtype=torch.bool, device=ids.device)
+    seen[ids] = True
+    return seen.nonzero().squeeze(1)
 
 
 def _relabel_dense(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -10,14 +10,14 @@ is exactly the single-process mini-batch of ``NeighborSampler.sample_blocks`` fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 
 from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
 from gsplit.sampling.block import Block
-from gsplit.sampling.neighbor import NeighborSampler, relabel
+from gsplit.sampling.neighbor import NeighborSampler, relabel, unique_ids
 from gsplit.split.shuffle_index import ShuffleIndex
 
 
@@ -33,7 +33,8 @@ class SplitBatch:
     """One block per layer (index 0 = input layer); ``blocks[l].shuffle_index`` feeds layer ``l``."""
 
 
-def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag: str):
+def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag: str,
+                 num_nodes: Optional[int] = None):
     """Send each id to its owner; return ``(new_local_frontier, ShuffleIndex)`` for the reverse rows.
 
     ``ids`` are the mixed frontier (unique); ``owner[i]`` owns ``ids[i]``. The owner's new frontier is
@@ -45,7 +46,7 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     send_counts = torch.bincount(owner, minlength=world).cpu()
     recv_counts = comm.exchange_counts(send_counts)
     recv_ids = comm.all_to_all_rows(ids[order], send_counts.tolist(), recv_counts.tolist(), tag=f"ids/{tag}")
-    frontier = torch.unique(recv_ids)
+    frontier = unique_ids(recv_ids, num_nodes)
     send_idx = torch.searchsorted(frontier, recv_ids)
     index = ShuffleIndex(send_idx=send_idx, send_counts=recv_counts.tolist(), recv_pos=order,
                          recv_counts=send_counts.tolist(), num_local=frontier.numel(), num_mixed=ids.numel(),
@@ -80,7 +81,8 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
     for layer in reversed(range(sampler.num_layers)):
         sampled = sampler.sample_neighbors(graph, frontier, layer, epoch, iteration)
         src_nodes, src_local = relabel(frontier, sampled.src, graph.num_nodes)
-        next_frontier, index = exchange_ids(src_nodes, owner[src_nodes].long(), comm, tag=f"layer{layer}")
+        next_frontier, index = exchange_ids(src_nodes, owner[src_nodes].long(), comm, tag=f"layer{layer}",
+                                            num_nodes=graph.num_nodes)
         blocks.append(Block(src_nodes=src_nodes, num_dst=frontier.numel(), edge_src=src_local,
                             edge_dst=sampled.dst_index, edge_ids=sampled.edge_ids, layer=layer,
                             shuffle_index=index))
