@@ -202,7 +202,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         counters = EpochCounters()
         comm.traffic.reset()
         train_loader.set_epoch(epoch)
-        loss_sum, t_epoch = 0.0, time.perf_counter()
+        # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
+        local_loss, t_epoch = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
         traffic_before = comm.traffic.snapshot()
         batches = train_loader
         if progress and rank == 0:
@@ -239,12 +240,13 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                     "input_rows": stats.input_rows, "edges": list(stats.edges),
                     "dst_vertices": list(stats.dst_vertices), "targets": stats.targets,
                     "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"]})
-            loss_sum += global_sum(loss.detach(), comm)
+            local_loss += loss.detach().to(torch.float64)
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
         epoch_s = time.perf_counter() - t_epoch
         traffic = comm.traffic.snapshot()
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
+        loss_sum = global_sum(local_loss, comm)
         record = {"epoch": epoch, "loss": loss_sum / max(counters.iterations, 1), "epoch_s": epoch_s}
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0:
             for name, loader in eval_loaders.items():
