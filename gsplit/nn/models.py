@@ -14,7 +14,7 @@ from torch import nn
 
 from gsplit.nn.dropout import vertex_dropout
 from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
-from gsplit.nn.split import sp_forward
+from gsplit.nn.forward import sp_forward
 from gsplit.sampling.block import Block
 
 
@@ -46,10 +46,11 @@ class _Stack(nn.Module):
             h = vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i)
         return h
 
-    def forward(self, blocks: List[Block], x: torch.Tensor) -> torch.Tensor:
+    def forward(self, blocks: List[Block], x: torch.Tensor, group=None) -> torch.Tensor:
+        """Logits of the top block's destinations; ``group`` is where split blocks shuffle (default group)."""
         if self.training:
             self.step += 1
-        return sp_forward(self.layers, x, blocks, between=self.between)
+        return sp_forward(self.layers, x, blocks, between=self.between, group=group)
 
 
 class SAGE(_Stack):
@@ -97,8 +98,8 @@ class GAT(_Stack):
     def between(self, i: int, h: torch.Tensor, block: Block) -> torch.Tensor:
         return super().between(i, h.flatten(1), block)
 
-    def forward(self, blocks: List[Block], x: torch.Tensor) -> torch.Tensor:
-        return super().forward(blocks, x).mean(1)
+    def forward(self, blocks: List[Block], x: torch.Tensor, group=None) -> torch.Tensor:
+        return super().forward(blocks, x, group).mean(1)
 
 
 MODELS = {"sage": SAGE, "gcn": GCN, "gat": GAT}
