@@ -96,7 +96,7 @@ def bench_graph(name: str, graph, targets, args, fanouts) -> dict:
     if not args.skip_partition:
         sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
         t0 = time.perf_counter()
-        weights = gsplit.presample(graph, targets, sampler, batch_size=args.batch_size * args.parts,
+        weights = gsplit.presample(graph, targets, sampler, batch_size=args.batch_size, num_parts=args.parts,
                                    epochs=args.presample_epochs, seed=args.seed)
         t1 = time.perf_counter()
         pmap = gsplit.partition(graph, args.parts, method="gsplit", weights=weights)

@@ -68,6 +68,14 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _add_presample_args(p: argparse.ArgumentParser) -> None:
+    from gsplit.partitioning.presample import PRESAMPLE_METHODS
+
+    p.add_argument("--presample", default="expected", choices=PRESAMPLE_METHODS,
+                   help="pre-sampling weights: expected (closed form, default) or sampled (run the sampler)")
+    p.add_argument("--presample-epochs", type=int, default=10, help="epochs of --presample sampled (default 10)")
+
+
 def _load_dataset(args):
     from gsplit import datasets
 
@@ -103,7 +111,7 @@ def cmd_prepare(args) -> int:
     from gsplit.partitioning import prepare_partition
 
     prepared = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
-                                 args.presample_epochs, out, progress=_say)
+                                 args.presample_epochs, out, progress=_say, presample_method=args.presample)
     print(f"map written to {out}")
     _print_stats(prepared.report["stats"])
     return 0
@@ -115,7 +123,7 @@ def cmd_stats(args) -> int:
     ds = _load_dataset(args)
     pmap = gsplit.PartitionMap.load(args.partition)
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else list(pmap.fanouts or [15, 10, 5])
-    global_batch = args.batch_size * pmap.num_parts if args.batch_size else int(pmap.batch_size or 1024 * pmap.num_parts)
+    global_batch = (args.batch_size or pmap.batch_size or 1024) * pmap.num_parts  # the map stores targets per rank
     sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
     stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, global_batch,
                                num_batches=args.num_batches, seed=args.seed)
@@ -163,7 +171,7 @@ def cmd_train(args) -> int:
             from gsplit.partitioning import prepare_partition
 
             prepared = prepare_partition(ds, ranks, fanouts, args.batch_size, args.method, args.seed,
-                                         args.presample_epochs, pdir, progress=_say)
+                                         args.presample_epochs, pdir, progress=_say, presample_method=args.presample)
             pmap = prepared.pmap
             _print_stats(prepared.report["stats"])
             if prepared.weights is not None:
@@ -224,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p)
     p.add_argument("--num-parts", type=int, required=True, help="number of GPUs/ranks")
     p.add_argument("--method", default="gsplit", choices=METHODS)
-    p.add_argument("--presample-epochs", type=int, default=10)
+    _add_presample_args(p)
     p.add_argument("--out", required=True, help="folder for the map, its metadata and stats")
     p.set_defaults(func=cmd_prepare)
 
@@ -241,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default="split", choices=sorted(SYSTEMS))
     p.add_argument("--partition", help="partition folder; prepared on the fly (and saved here) when absent")
     p.add_argument("--method", default="gsplit", choices=METHODS)
-    p.add_argument("--presample-epochs", type=int, default=10)
+    _add_presample_args(p)
     p.add_argument("--max-iters", type=int, default=0, help="stop each epoch after this many iterations")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--cache-size", default="0",

@@ -209,7 +209,7 @@ def test_partition_valid_and_deterministic(method):
     g, _ = sbm_graph(num_blocks=4, block_size=150, seed=1)
     train = random_train(g.num_nodes, 0.25)
     sampler = NeighborSampler([5, 3])
-    w = presample(g, train, sampler, batch_size=64, epochs=2)
+    w = presample(g, train, sampler, batch_size=64, num_parts=3, epochs=2)
     pm = partition(g, 3, method=method, weights=w, train_idx=train, seed=4)
     assert pm.assignment.dtype == torch.int8 and pm.assignment.numel() == g.num_nodes
     assert int(pm.assignment.min()) >= 0 and int(pm.assignment.max()) <= 2
@@ -228,7 +228,8 @@ def test_partition_valid_and_deterministic(method):
 def test_partition_runs_presample_when_given_a_sampler():
     g, _ = sbm_graph(num_blocks=2, block_size=100)
     train = random_train(g.num_nodes, 0.3)
-    pm = partition(g, 2, method="gsplit", train_idx=train, sampler=NeighborSampler([3]), batch_size=32, epochs=1)
+    pm = partition(g, 2, method="gsplit", train_idx=train, sampler=NeighborSampler([3]), batch_size=32, epochs=1,
+                   presample_method="sampled")
     assert pm.metadata["presample_epochs"] == 1 and bool((pm.part_sizes() > 0).all())
 
 

@@ -224,11 +224,16 @@ def symmetrize(graph: Graph, edge_weights: Optional[torch.Tensor] = None, drop_z
 
     Args:
         edge_weights: ``[num_edges]`` weight per edge id; None means 1 per edge.
-        drop_zero: leave out edges whose weight is 0 (e.g. never sampled).
+        drop_zero: leave out edges whose weight is 0 (e.g. never sampled) before summing the two
+            directions; an entry whose summed weight is 0 is always left out.
 
     Returns:
         ``(xadj, adjncy, adjwgt)`` as int64 / int64 / float64 numpy arrays; ``adjwgt`` is None when
         every entry has the same weight (METIS then treats edges as unit weight).
+
+    A graph whose every edge has its reverse (undirected data, e.g. built with ``symmetric=True``)
+    and sorted in-edge lists is already its own symmetric CSR: its arrays are used as they are, with
+    ``w(u, d) + w(d, u)`` per entry. Other graphs go through scipy's ``A + A^T``.
 
     Example:
         >>> g = Graph.from_edges([0, 1, 1], [1, 0, 2])
@@ -236,15 +241,41 @@ def symmetrize(graph: Graph, edge_weights: Optional[torch.Tensor] = None, drop_z
         >>> xadj.tolist(), adjncy.tolist(), w.tolist()
         ([0, 1, 3, 4], [1, 0, 2, 1], [2.0, 2.0, 1.0, 1.0])
     """
-    import scipy.sparse as sp
+    from gsplit.partitioning.expected import reverse_edges
 
-    n = graph.num_nodes
+    indptr = graph.indptr.cpu().numpy()
     src = graph.indices.cpu().numpy()
-    dst = graph.edge_dst().cpu().numpy()
     if edge_weights is None:
         w = np.ones(src.size, dtype=np.float64)
     else:
         w = edge_weights.detach().cpu().numpy().astype(np.float64, copy=False)
+    dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(indptr))
+    rev = reverse_edges(indptr, src)
+    repeated = src.size > 1 and bool(np.any((src[1:] == src[:-1]) & (dst[1:] == dst[:-1])))
+    if rev.size and rev.min() >= 0 and not repeated:
+        # every edge has its reverse, none is repeated: the in-edge lists are the symmetric adjacency
+        # lists already; each entry's weight is the sum of its two directions
+        if drop_zero:
+            w = np.where(w > 0, w, 0.0)
+        sym = w + w[rev]
+        keep = (src != dst) & (sym > 0)  # a zero sum is dropped either way, as scipy's A + A^T drops it
+        if keep.all():
+            xadj, adjncy, data = indptr.astype(np.int64, copy=False), src.astype(np.int64, copy=False), sym
+        else:
+            xadj = np.zeros(graph.num_nodes + 1, dtype=np.int64)
+            np.cumsum(np.bincount(dst[keep], minlength=graph.num_nodes), out=xadj[1:])
+            adjncy, data = src[keep].astype(np.int64, copy=False), sym[keep]
+    else:
+        xadj, adjncy, data = _symmetrize_scipy(graph.num_nodes, src, dst, w, drop_zero)
+    uniform = data.size == 0 or bool(np.all(data == data[0]))
+    return xadj, adjncy, (None if uniform else data)
+
+
+def _symmetrize_scipy(n: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray, drop_zero: bool
+                      ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``A + A^T`` (duplicates summed, self loops dropped) through scipy, for graphs that are not symmetric."""
+    import scipy.sparse as sp
+
     keep = src != dst
     if drop_zero:
         keep &= w > 0
@@ -254,9 +285,7 @@ def symmetrize(graph: Graph, edge_weights: Optional[torch.Tensor] = None, drop_z
     s = (a + a.T).tocsr()
     s.sum_duplicates()
     s.sort_indices()
-    data = s.data.astype(np.float64, copy=False)
-    uniform = data.size == 0 or bool(np.all(data == data[0]))
-    return s.indptr.astype(np.int64), s.indices.astype(np.int64), (None if uniform else data)
+    return s.indptr.astype(np.int64), s.indices.astype(np.int64), s.data.astype(np.float64, copy=False)
 
 
 # ---------------------------------------------------------------------------------------------- strategies
@@ -291,9 +320,21 @@ def _random_assignment(n: int, num_parts: int, seed: int) -> np.ndarray:
     return out
 
 
+def _per_rank_batch(weights: PresampleWeights, num_parts: int) -> Optional[int]:
+    """Targets per rank that ``weights`` were made for, for a map of ``num_parts`` parts."""
+    if int(weights.metadata.get("num_parts", 0)) == num_parts and "batch_size_per_rank" in weights.metadata:
+        return int(weights.metadata["batch_size_per_rank"])
+    if weights.batch_size % num_parts == 0:
+        return weights.batch_size // num_parts
+    log.warning("the pre-sampling weights were made for mini-batches of %d targets, which %d parts do not divide; "
+                "the map records no batch size", weights.batch_size, num_parts)
+    return None
+
+
 def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Optional[PresampleWeights] = None,
               train_idx=None, seed: int = 0, sampler=None, batch_size: Optional[int] = None, *,
-              epochs: int = 10, ufactor: int = 30, balance: str = "layers") -> PartitionMap:
+              epochs: int = 10, ufactor: int = 30, balance: str = "layers",
+              presample_method: str = "expected") -> PartitionMap:
     """Partition ``graph``'s vertices into ``num_parts`` parts (one per GPU); returns a :class:`PartitionMap`.
 
     Methods:
@@ -313,7 +354,10 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
     per part by ``ufactor / 1000``. The map is deterministic for a given ``seed``.
 
     ``gsplit``/``node`` need ``weights`` from :func:`presample`; without them, pass ``sampler``,
-    ``batch_size`` and ``train_idx`` and pre-sampling runs here for ``epochs`` epochs.
+    ``batch_size`` (targets **per rank**, as the loaders take it) and ``train_idx``, and pre-sampling runs
+    here for the global mini-batch ``batch_size * num_parts``: ``presample_method="expected"`` (default,
+    closed form) or ``"sampled"`` (``epochs`` epochs of the sampler). The map records the per-rank batch
+    size (from ``weights``: their global mini-batch divided by ``num_parts``).
 
     Example:
         >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
@@ -341,12 +385,14 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
             if sampler is None or batch_size is None or train_idx is None:
                 raise ValueError(f"method={method!r} needs pre-sampling weights: pass weights=presample(...), or "
                                  "sampler=, batch_size= and train_idx= so that partition runs pre-sampling")
-            weights = presample(graph, train_idx, sampler, batch_size, epochs=epochs, seed=seed)
+            weights = presample(graph, train_idx, sampler, batch_size, num_parts=num_parts, epochs=epochs, seed=seed,
+                                method=presample_method)
         if not isinstance(weights, PresampleWeights):
             raise TypeError(f"weights must be a PresampleWeights from presample(), got {type(weights).__name__}")
         weights.check_graph(graph)
-        fanouts, bsize = weights.fanouts, weights.batch_size
-        meta.update(presample_epochs=weights.epochs, presample_batches=weights.num_batches, balance=balance)
+        fanouts, bsize = weights.fanouts, _per_rank_batch(weights, num_parts)
+        meta.update(presample_method=weights.metadata.get("method", "sampled"), presample_epochs=weights.epochs,
+                    presample_batches=weights.num_batches, balance=balance)
     else:
         if weights is not None:
             log.info("method=%r does not use pre-sampling weights; ignoring them", method)
@@ -358,6 +404,7 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
     elif method == "random":
         assign = _random_assignment(n, num_parts, seed)
     else:
+        t_graph = time.perf_counter()
         if method == "gsplit":
             xadj, adjncy, ew = symmetrize(graph, weights.edge_weights, drop_zero=True)
             vw = _balance_constraints(weights, balance)
@@ -371,12 +418,17 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
                 is_train = np.zeros(n, dtype=np.float64)
                 is_train[check_train_idx(graph, train_idx).cpu().numpy()] = 1.0
                 vw = np.stack([vw, is_train], 1)
+        t_scale = time.perf_counter()
         limits = _weight_limits()
         vw_int = to_metis_weights(vw, *limits, keep_positive=True)
         ew_int = None if ew is None else to_metis_weights(ew, *limits, keep_positive=True)
+        del vw, ew
+        t_metis = time.perf_counter()
         assign, cut, backend = metis_part_kway(xadj, adjncy, num_parts, vw_int, ew_int, seed=seed, ufactor=int(ufactor))
         meta.update(metis_edgecut=cut, metis_backend=backend, ncon=1 if vw_int.ndim == 1 else int(vw_int.shape[1]),
-                    ufactor=int(ufactor), metis_adjacency_entries=int(adjncy.size))
+                    ufactor=int(ufactor), metis_adjacency_entries=int(adjncy.size),
+                    stage_seconds={"build_graph": round(t_scale - t_graph, 3), "scale_weights": round(t_metis - t_scale, 3),
+                                   "metis": round(time.perf_counter() - t_metis, 3)})
     meta["seconds"] = round(time.perf_counter() - t0, 3)
 
     pmap = PartitionMap(assignment=torch.from_numpy(assign), num_parts=num_parts, method=method,

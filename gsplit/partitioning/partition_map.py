@@ -17,7 +17,8 @@ from gsplit.graph import Graph, check_id_range
 log = logging.getLogger(__name__)
 
 _FORMAT = "gsplit-partition-map"
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
+# version 2: ``batch_size`` is targets per rank (version 1 stored the global mini-batch, all ranks together)
 
 
 def _small_int_dtype(num_parts: int) -> torch.dtype:
@@ -54,7 +55,8 @@ class PartitionMap:
     fanouts: Optional[List[int]] = None
     """Fanouts of the sampler used for pre-sampling, if any."""
     batch_size: Optional[int] = None
-    """Targets per *global* mini-batch (all ranks together) the map was pre-sampled / tuned for."""
+    """Targets *per rank* per iteration the map was pre-sampled / tuned for (the loaders' ``batch_size``;
+    the global mini-batch is ``batch_size * num_parts``)."""
     metadata: Dict[str, Any] = field(default_factory=dict)
     """JSON-serialisable details (seed, METIS edge cut, time taken, ...)."""
 
@@ -169,9 +171,12 @@ class PartitionMap:
             raise ValueError(f"{p} was written by a newer gsplit (format version {meta['version']} > "
                              f"{_FORMAT_VERSION}); upgrade gsplit to read it")
         a = torch.from_numpy(np.load(p / "assignment.npy"))
+        batch_size = meta.get("batch_size")
+        if batch_size is not None and int(meta.get("version", 1)) < 2:
+            batch_size = int(batch_size) // int(meta["num_parts"])  # version 1 stored the global mini-batch
         return cls(assignment=a, num_parts=meta["num_parts"], method=meta.get("method", "custom"),
                    graph_fingerprint=meta.get("graph_fingerprint"), num_nodes=meta.get("num_nodes"),
-                   fanouts=meta.get("fanouts"), batch_size=meta.get("batch_size"), metadata=meta.get("metadata", {}))
+                   fanouts=meta.get("fanouts"), batch_size=batch_size, metadata=meta.get("metadata", {}))
 
     def __repr__(self) -> str:
         return (f"PartitionMap(num_parts={self.num_parts}, method={self.method!r}, num_nodes={self.num_nodes}, "

@@ -43,13 +43,17 @@ class PreparedPartition:
 def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_size: int, method: str = "gsplit",
                       seed: int = 0, presample_epochs: int = 10, out: Union[str, Path, None] = None,
                       stats_batches: int = 20, weights: Optional[PresampleWeights] = None,
-                      progress: Optional[Callable[[str], None]] = None) -> PreparedPartition:
+                      progress: Optional[Callable[[str], None]] = None,
+                      presample_method: str = "expected") -> PreparedPartition:
     """Pre-sample (if ``method`` needs it), partition into ``num_parts``, measure, and save under ``out``.
 
     ``batch_size`` is targets **per rank**, as for the loaders; pre-sampling and statistics use the
-    global mini-batch ``batch_size * num_parts``, as training does. ``weights`` from an earlier call on
-    the same graph and sampler skip pre-sampling. ``stats_batches=0`` skips the split statistics.
-    ``progress(message)`` is told each stage as it starts and ends (the CLI prints them).
+    global mini-batch ``batch_size * num_parts``, as training does. ``presample_method`` is
+    ``"expected"`` (default: the weights in closed form, seconds) or ``"sampled"`` (run the sampler for
+    ``presample_epochs`` epochs); see :func:`gsplit.presample`. ``weights`` from an earlier call on the
+    same graph and sampler skip pre-sampling. ``stats_batches=0`` skips the split statistics.
+    ``progress(message)`` is told each stage as it starts and, with its time, as it ends (the CLI
+    prints them); ``report["seconds"]`` keeps the times.
 
     Example:
         >>> ds = gsplit.datasets.load("synthetic", num_nodes=2000)                     # doctest: +SKIP
@@ -59,32 +63,51 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     fanouts = [int(f) for f in fanouts]
     sampler = NeighborSampler(fanouts, seed=seed)
     global_batch = int(batch_size) * int(num_parts)
-    t0 = time.perf_counter()
+    seconds: dict = {}
     if method in PRESAMPLING_METHODS and weights is None:
-        say(f"pre-sampling {presample_epochs} epochs (global batch {global_batch}, fanouts {fanouts})")
-        weights = presample(dataset.graph, dataset.train_idx, sampler, batch_size=global_batch,
-                            epochs=presample_epochs, seed=seed, progress=progress is not None)
+        t = time.perf_counter()
+        if presample_method == "expected":
+            say(f"expected pre-sampling weights (global batch {global_batch}, fanouts {fanouts}) ...")
+        else:
+            say(f"pre-sampling {presample_epochs} epochs (global batch {global_batch}, fanouts {fanouts}) ...")
+        weights = presample(dataset.graph, dataset.train_idx, sampler, batch_size=batch_size, num_parts=num_parts,
+                            epochs=presample_epochs, seed=seed, progress=progress is not None, method=presample_method)
+        seconds["presample"] = time.perf_counter() - t
+        say(f"  pre-sampling weights: {seconds['presample']:.1f}s")
     used_weights = weights if method in PRESAMPLING_METHODS else None
-    t1 = time.perf_counter()
-    say(f"partitioning into {num_parts} parts with method {method}")
+    t = time.perf_counter()
+    say(f"partitioning into {num_parts} parts with method {method} ...")
     pmap = partition(dataset.graph, num_parts, method=method, weights=used_weights, train_idx=dataset.train_idx,
-                     seed=seed, sampler=sampler, batch_size=global_batch)
-    t2 = time.perf_counter()
+                     seed=seed, sampler=sampler, batch_size=batch_size)
+    seconds["partition"] = time.perf_counter() - t
+    stages = pmap.metadata.get("stage_seconds", {})
+    detail = ", ".join(f"{name.replace('_', ' ')} {sec:.1f}s" for name, sec in stages.items())
+    say(f"  partitioning: {seconds['partition']:.1f}s" + (f" ({detail})" if detail else ""))
     report = {"dataset": getattr(dataset, "name", None), "num_parts": int(num_parts), "method": method,
               "fanouts": fanouts, "batch_size": int(batch_size),
-              "presample_epochs": presample_epochs if used_weights is not None else 0,
-              "presample_s": t1 - t0, "partition_s": t2 - t1}
+              "presample_method": None if used_weights is None else used_weights.metadata.get("method", "sampled"),
+              "presample_epochs": used_weights.epochs if used_weights is not None else 0,
+              "presample_s": seconds.get("presample", 0.0), "partition_s": seconds["partition"],
+              "partition_stage_s": stages}
     if stats_batches:
+        t = time.perf_counter()
+        say(f"split statistics on {stats_batches} sampled mini-batches ...")
         stats = split_stats(dataset.graph, pmap, sampler, dataset.train_idx, global_batch,
                             num_batches=stats_batches, seed=seed)
         report["stats"] = stats.to_dict()
-        report["stats_s"] = time.perf_counter() - t2
-    say(f"pre-sampling {report['presample_s']:.1f}s, partitioning {report['partition_s']:.1f}s")
+        seconds["stats"] = report["stats_s"] = time.perf_counter() - t
+        say(f"  split statistics: {seconds['stats']:.1f}s")
     if out is not None:
+        t = time.perf_counter()
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         pmap.save(out)
         if used_weights is not None:  # the GPU feature cache orders vertices by these frequencies
             np.save(out / "vertex_weights.npy", used_weights.vertex_weights.numpy())
-        (out / "prepare.json").write_text(json.dumps(report, indent=1))
+        seconds["save"] = time.perf_counter() - t
+    report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
+    report["total_s"] = round(sum(seconds.values()), 3)
+    if out is not None:
+        (Path(out) / "prepare.json").write_text(json.dumps(report, indent=1))
+    say(f"prepared in {report['total_s']:.1f}s (" + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items()) + ")")
     return PreparedPartition(pmap, used_weights, report)
