@@ -65,6 +65,58 @@ def run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, 
                      1e3 * times["total_s"], times["total_s"] * per_epoch, info["presample_s"] + info["partition_s"]])
 
 
+def compare_presampling(ds, label, world, args, fanouts, pre_epochs, stats_batches, sampler, results, rows) -> None:
+    """``gsplit`` maps from expected weights vs from ``pre_epochs`` epochs of sampled weights, for ``world``
+    parts: time of each step and split quality on the same held-out mini-batches (``split_stats``)."""
+    for presample_method in ("expected", "sampled"):
+        prepared = gsplit.prepare_partition(ds, world, fanouts, args.batch_size, "gsplit", args.seed, pre_epochs,
+                                            stats_batches=stats_batches, presample_method=presample_method)
+        r, st = prepared.report, prepared.report["stats"]
+        res = {"dataset": label, "world": world, "presample_method": presample_method,
+               "presample_epochs": r["presample_epochs"], "presample_s": r["presample_s"],
+               "partition_s": r["partition_s"], "partition_stage_s": r["partition_stage_s"],
+               "ncon": prepared.pmap.metadata.get("ncon"), "split_stats": st}
+        results.append(res)
+        rows.append([label, world, presample_method if presample_method == "expected" else f"sampled x{pre_epochs}",
+                     r["presample_s"], r["partition_s"], 100 * st["mean_cross_edge_fraction"],
+                     "/".join(f"{100 * x:.1f}" for x in st["cross_edge_fraction"]),
+                     "/".join(f"{x:.3f}" for x in st["edge_imbalance"]),
+                     "/".join(f"{x:.3f}" for x in st["vertex_imbalance"]), st["input_imbalance"]])
+        print(f"  {label}, {world} parts, {presample_method}: weights {r['presample_s']:.1f}s, partition "
+              f"{r['partition_s']:.1f}s, cross-edges {100 * st['mean_cross_edge_fraction']:.2f}%, edge imbalance "
+              f"{[round(x, 3) for x in st['edge_imbalance']]}", flush=True)
+
+
+def main_compare(args, fanouts, worlds, nodes) -> int:
+    """``--presample-compare``: expected vs sampled pre-sampling weights, time and map quality."""
+    pre_epochs = args.presample_epochs or 10
+    stats_batches = args.stats_batches or 20
+    stem = common.output_stem(args, "presample_compare")
+    sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
+    results, rows, data_info = [], [], {}
+    for key in args.datasets.split(","):
+        if key == "synthetic-1m":  # the 1M-vertex / 20M-edge graph of the offline-time target
+            ds = gsplit.datasets.load("synthetic", num_nodes=1_000_000, avg_degree=20, seed=args.seed)
+            label = "synthetic-1M/20M"
+            data_info[label] = common.describe_dataset(ds)
+            datasets = [(key, label, ds)]
+        else:
+            datasets = list(common.each_dataset(key, nodes, args.seed, data_info))
+        for _, label, ds in datasets:
+            for world in worlds:
+                compare_presampling(ds, label, world, args, fanouts, pre_epochs, stats_batches, sampler, results, rows)
+    headers = ["graph", "parts", "weights", "weights s", "METIS s", "cross-edges %", "cross % L0/L1/L2",
+               "edge imb. L0/L1/L2", "vertex imb. L0/L1/L2", "input imb."]
+    table = common.format_table(headers, rows, ".2f")
+    print(f"\ngsplit maps, batch {args.batch_size}/rank, fanouts {fanouts}; split statistics over {stats_batches} "
+          f"held-out mini-batches (the same for both maps)")
+    print(table)
+    common.save_json(stem, {"experiment": "expected vs sampled pre-sampling weights", "datasets": data_info,
+                            "fanouts": fanouts, "batch_size": args.batch_size, "presample_epochs": pre_epochs,
+                            "stats_batches": stats_batches, "results": results, "table": table})
+    return 0
+
+
 def main(argv=None) -> int:
     p = common.make_parser(__doc__.splitlines()[0])
     p.add_argument("--datasets", default="synthetic,bio", help="synthetic and/or bio (the bio-pathways PPI graph)")
@@ -77,6 +129,9 @@ def main(argv=None) -> int:
     p.add_argument("--presample-epochs", type=int, default=0, help="default 2 quick, 5 full")
     p.add_argument("--stats-batches", type=int, default=0, help="held-out batches for split_stats (default 5 / 20)")
     p.add_argument("--repeats", type=int, default=0, help="runs per map, order alternated (default 1 quick, 2 full)")
+    p.add_argument("--presample-compare", action="store_true",
+                   help="instead: gsplit maps from expected vs sampled (--presample-epochs, default 10) weights; "
+                        "--datasets may also name cora and synthetic-1m (1M vertices, 20M edges)")
     args = p.parse_args(argv)
     args.repeats = args.repeats or (1 if args.quick else 2)
     nodes = args.nodes or (20_000 if args.quick else 100_000)
@@ -85,6 +140,8 @@ def main(argv=None) -> int:
     pre_epochs = args.presample_epochs or (2 if args.quick else 5)
     stats_batches = args.stats_batches or (5 if args.quick else 20)
     fanouts = [int(x) for x in args.fanouts.split(",")]
+    if args.presample_compare:
+        return main_compare(args, fanouts, worlds, nodes)
     stem = common.output_stem(args, "maps")
 
     sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)

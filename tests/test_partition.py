@@ -352,3 +352,55 @@ def test_gsplit_beats_random_on_bio_pathways():
     gs, rnd = q["gsplit"], q["random"]
     assert gs.mean_cross_edge_fraction < 0.6 * rnd.mean_cross_edge_fraction, (gs, rnd)
     assert max(gs.edge_imbalance) <= 1.2, gs.edge_imbalance
+
+
+# ---------------------------------------------------------------------------------------------- batch size per rank
+def test_partition_records_batch_size_per_rank(tmp_path):
+    g, _ = sbm_graph(num_blocks=2, block_size=100)
+    train = random_train(g.num_nodes, 0.3)
+    s = NeighborSampler([3, 2])
+    # weights for 2 ranks of 16 targets (global 32), and the same global batch given as one number
+    for w in (presample(g, train, s, batch_size=16, num_parts=2, method="expected"),
+              presample(g, train, s, batch_size=32, epochs=1)):
+        assert w.batch_size == 32
+        assert partition(g, 2, method="gsplit", weights=w).batch_size == 16
+    # partition pre-sampling by itself takes the per-rank size too: expected weights by default
+    pm = partition(g, 2, method="gsplit", train_idx=train, sampler=s, batch_size=16)
+    assert pm.batch_size == 16 and pm.metadata["presample_method"] == "expected"
+    assert pm.metadata["presample_epochs"] == 0 and set(pm.metadata["stage_seconds"]) == {"build_graph", "scale_weights", "metis"}
+    assert partition(g, 2, method="edge", train_idx=train, sampler=s, batch_size=16).batch_size == 16
+    pm.save(tmp_path / "v2")
+    assert PartitionMap.load(tmp_path / "v2").batch_size == 16
+
+
+def test_version_1_map_converts_its_global_batch_size(tmp_path):
+    import json
+
+    pm = PartitionMap.from_tensor([0, 1, 1, 0, 2, 3], 4, graph=path_graph(6))
+    pm.batch_size = 4096  # what version 1 stored: the global mini-batch of 4 ranks of 1024
+    pm.save(tmp_path / "old")
+    meta = json.loads((tmp_path / "old" / "meta.json").read_text())
+    assert meta["version"] == 2
+    meta["version"] = 1
+    (tmp_path / "old" / "meta.json").write_text(json.dumps(meta))
+    back = PartitionMap.load(tmp_path / "old")
+    assert back.batch_size == 1024 and torch.equal(back.assignment, pm.assignment)
+
+
+def test_prepare_partition_reports_each_stage_with_its_time(tmp_path):
+    from gsplit import datasets
+    from gsplit.partitioning import prepare_partition
+
+    ds = datasets.load("synthetic", num_nodes=600, seed=0)
+    said = []
+    prepared = prepare_partition(ds, 2, [4, 3], batch_size=32, out=tmp_path / "p", stats_batches=2,
+                                 progress=said.append)
+    text = "\n".join(said)
+    for stage in ("pre-sampling weights: ", "partitioning: ", "split statistics: ", "prepared in "):
+        assert stage in text, text
+    assert "metis" in text and prepared.report["presample_method"] == "expected"
+    assert set(prepared.report["seconds"]) == {"presample", "partition", "stats", "save"}
+    assert PartitionMap.load(tmp_path / "p").batch_size == 32
+    sampled = prepare_partition(ds, 2, [4, 3], batch_size=32, stats_batches=0, presample_epochs=1,
+                                presample_method="sampled")
+    assert sampled.report["presample_method"] == "sampled" and sampled.weights.num_batches > 0
