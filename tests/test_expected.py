@@ -113,6 +113,13 @@ def test_undirected_tree_with_fixed_targets_is_exact(fanouts, replace):
     assert_exact(g, [0, 5], fanouts, replace, batch_size=2)
 
 
+def test_directed_tree_is_exact():
+    # every vertex has one out-edge (child -> parent): its only way in is through its parent
+    g = Graph.from_edges([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 3], num_nodes=7)
+    assert_exact(g, [0], [1, 2, 1], False, batch_size=1)
+    assert_exact(g, [0], [2, 1, 2], True, batch_size=1)
+
+
 def test_forest_with_one_training_vertex_per_tree_is_exact_with_random_batches():
     # three trees, one training vertex each; batches of 2 from 3 targets: a full batch and a short one
     # per epoch, which the expectation must average as the sampled counts do (half each)
