@@ -105,7 +105,7 @@ def main_compare(args, fanouts, worlds, nodes) -> int:
         for _, label, ds in datasets:
             for world in worlds:
                 compare_presampling(ds, label, world, args, fanouts, pre_epochs, stats_batches, sampler, results, rows)
-    headers = ["graph", "parts", "weights", "weights s", "METIS s", "cross-edges %", "cross % L0/L1/L2",
+    headers = ["graph", "parts", "weights", "weights s", "partition s", "cross-edges %", "cross % L0/L1/L2",
                "edge imb. L0/L1/L2", "vertex imb. L0/L1/L2", "input imb."]
     table = common.format_table(headers, rows, ".2f")
     print(f"\ngsplit maps, batch {args.batch_size}/rank, fanouts {fanouts}; split statistics over {stats_batches} "
