@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.feature_store import parse_size
+from gsplit.inference import accuracy, layerwise_inference
 from gsplit.loader import DataLoader
 from gsplit.nn.models import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
@@ -66,6 +67,9 @@ class TrainConfig:
     ``"512M"``, bytes; ``"0"``: none)."""
     prefetch: bool = False
     """Split only: sample and load the next mini-batch in a background thread while one trains."""
+    final_eval: bool = True
+    """After the last epoch, compute validation/test accuracy by layer-wise full-graph inference (all
+    in-edges, no sampling): ``final_val_acc`` / ``final_test_acc`` in the run log."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -172,6 +176,30 @@ def evaluate(model, loader, comm: Communicator) -> float:
     return float(correct[0] / correct[1].clamp_min(1))
 
 
+def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Tensor], comm: Communicator,
+                     device: torch.device) -> dict:
+    """Validation and test accuracy of the trained model by layer-wise full-graph inference, over all ranks.
+
+    ``split``: split-parallel over the training partition map (each rank computes the vertices it owns).
+    ``dp`` has no partition map; its ranks split the work the same way over contiguous ranges of vertex
+    ids. Both equal single-process inference, so the numbers do not depend on the system or the map,
+    only on the model. Every rank gets the same numbers.
+    """
+    t0 = time.perf_counter()
+    n = dataset.graph.num_nodes
+    if cfg.system == "split" and owner is not None:
+        part = owner
+    else:
+        part = torch.arange(n) * comm.world_size // n
+    result = layerwise_inference(model, dataset.graph, dataset.features, partition=part, group=comm,
+                                 batch_size=cfg.batch_size, device=device)
+    record = {f"final_{name}_acc": accuracy(result, dataset.labels, idx, group=comm)
+              for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
+    record["final_eval_s"] = time.perf_counter() - t0
+    log.info("final layer-wise evaluation: %s", record)
+    return record
+
+
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
                report: Optional[Callable[[dict], None]] = None, progress: bool = False,
                cache_weights=None) -> dict:
@@ -267,4 +295,5 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         history.append(record)
         if rank == 0 and report is not None:
             report(record)
-    return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history}
+    final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval else {}
+    return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history, **final}

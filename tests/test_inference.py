@@ -156,3 +156,33 @@ def test_inference_errors_name_the_bad_argument():
     res = InferenceResult(nodes=torch.tensor([0, 2]), output=torch.zeros(2, 3), num_nodes=3)
     with pytest.raises(ValueError, match="outside"):
         gather_rows(res, torch.tensor([3]))
+
+
+def _train_both_systems(rank, world_size, ds, owner):
+    from gsplit.trainer import TrainConfig, train_rank
+
+    logs = []
+    for system in ("split", "dp"):
+        cfg = TrainConfig(model="gat", fanouts=[4, 4], batch_size=64, hidden=8, heads=2, epochs=0, system=system,
+                          device="cpu")
+        logs.append(train_rank(rank, world_size, cfg, ds, owner))
+    return logs
+
+
+def test_train_records_final_layerwise_accuracy():
+    """``gsplit train``'s final evaluation, split and data parallel on 2 ranks, equals one process's inference.
+
+    With ``epochs=0`` the model is its seeded initialisation, which the test rebuilds alike.
+    """
+    ds = gsplit.datasets.load("synthetic", num_nodes=600, avg_degree=6, feature_dim=8, seed=2)
+    owner = gsplit.partition(ds.graph, 2, method="random", seed=0).assignment
+    split_log, dp_log = launch(_train_both_systems, 2, args=(ds, owner))[0]
+    torch.manual_seed(0)
+    model = build_model("gat", ds.feature_dim, 8, ds.num_classes, num_layers=2, heads=2, dropout=0.5)
+    ref = layerwise_inference(model, ds.graph, ds.features, batch_size=10_000)
+    for name, idx in (("val", ds.val_idx), ("test", ds.test_idx)):
+        expected = accuracy(ref, ds.labels, idx)
+        for system, log in (("split", split_log), ("dp", dp_log)):
+            # float32: a row computed in a different batch may round differently; allow one flipped argmax
+            assert abs(log[f"final_{name}_acc"] - expected) <= 1.0 / idx.numel() + 1e-12, (system, name)
+    assert split_log["final_eval_s"] > 0
