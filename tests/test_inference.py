@@ -52,12 +52,16 @@ def make_maps(graph, world_size):
     return maps
 
 
+def full_block(graph):
+    """One block holding every vertex (as source and destination) and every edge."""
+    return gsplit.NeighborSampler([-1]).sample_blocks(graph, torch.arange(graph.num_nodes))[0]
+
+
 def reference(name):
     graph, feats, labels, eval_ids = make_problem()
     model = make_model(name).eval()
-    full = gsplit.NeighborSampler([-1]).sample_blocks(graph, torch.arange(graph.num_nodes))[0]
     with torch.no_grad():
-        return model([full] * NUM_LAYERS, feats)
+        return model([full_block(graph)] * NUM_LAYERS, feats)
 
 
 def rank_worker(rank, world_size):
@@ -133,7 +137,7 @@ def test_inference_refuses_models_without_the_protocol():
     # saying what runs between the layers makes it work
     model = NoBetween()
     res = layerwise_inference(model, graph, feats.float(), between=lambda i, h, block: torch.relu(h))
-    full = gsplit.NeighborSampler([-1]).sample_blocks(graph, torch.arange(graph.num_nodes))[0]
+    full = full_block(graph)
     with torch.no_grad():
         expected = model.layers[1](full, torch.relu(model.layers[0](full, feats.float())))
     assert torch.allclose(res.output, expected, atol=1e-6)

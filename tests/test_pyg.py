@@ -106,7 +106,7 @@ def train_reference(kind, world_size):
     losses, grads = [], []
     for it in range(ITERS):
         seeds = order[it * BATCH * world_size:(it + 1) * BATCH * world_size]
-        blocks = sampler.sample_blocks(graph, seeds, epoch=0, iteration=it)
+        blocks = reference_blocks(sampler, graph, seeds, it)
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(blocks, feats[blocks[0].src_nodes]), labels[seeds])
         loss.backward()
@@ -114,6 +114,11 @@ def train_reference(kind, world_size):
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
         opt.step()
     return {"losses": losses, "grads": grads}
+
+
+def reference_blocks(sampler, graph, seeds, iteration=0):
+    """The single-process blocks of ``seeds`` (the one place that reads ``sample_blocks``' return value)."""
+    return sampler.sample_blocks(graph, seeds, epoch=0, iteration=iteration)
 
 
 def rel_err(a, b, floor=1e-4):
@@ -195,7 +200,7 @@ def test_block_conv_on_full_block_equals_pyg_on_the_graph():
     """Direction and aggregation: a BlockConv on the block of all in-edges is PyG's layer on edge_index."""
     data = small_data()
     ds = from_pyg(data)
-    block = gsplit.NeighborSampler([-1]).sample_blocks(ds.graph, torch.arange(ds.num_nodes))[0]
+    block = reference_blocks(gsplit.NeighborSampler([-1]), ds.graph, torch.arange(ds.num_nodes))[0]
     x = data.x
     torch.manual_seed(0)
     for conv in (SAGEConv(5, 3), GATConv(5, 2, heads=2, add_self_loops=False),
@@ -222,7 +227,7 @@ def test_gcnconv_with_normalize_refuses_split_blocks():
     # block that is not split (the single-process reference), where PyG's own semantics apply
     assert BlockConv(GCNConv(FEAT_DIM, 3, normalize=False, aggr="mean").double())(blocks[0], x).shape == \
         (blocks[0].num_dst_nodes(), 3)
-    plain = gsplit.NeighborSampler([3]).sample_blocks(graph, train_idx[:20])[0]
+    plain = reference_blocks(gsplit.NeighborSampler([3]), graph, train_idx[:20])[0]
     assert BlockConv(GCNConv(FEAT_DIM, 3).double())(plain, feats[plain.src_nodes]).shape == (20, 3)
 
 

@@ -194,14 +194,14 @@ class BlockConv(nn.Module):
 
     Example:
         >>> import pytest; _ = pytest.importorskip("torch_geometric")   # (the test suite skips without PyG)
-        >>> import gsplit
         >>> from torch_geometric.nn import SAGEConv
-        >>> g = gsplit.Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
-        >>> blocks = gsplit.NeighborSampler([2, 2]).sample_blocks(g, torch.tensor([0, 1]))
-        >>> layers = nn.ModuleList([BlockConv(SAGEConv(16, 32)), BlockConv(SAGEConv(32, 7))])
-        >>> h = layers[0](blocks[0], torch.randn(blocks[0].num_src_nodes(), 16)).relu()
-        >>> layers[1](blocks[1], gsplit.shuffle(h, blocks[1])).shape    # shuffle: identity unless split
-        torch.Size([2, 7])
+        >>> block = Block(src_nodes=torch.tensor([5, 6, 7]), num_dst=2, edge_src=torch.tensor([1, 2, 0]),
+        ...               edge_dst=torch.tensor([0, 0, 1]), edge_ids=torch.tensor([0, 1, 2]))
+        >>> BlockConv(SAGEConv(16, 32))(block, torch.randn(3, 16)).shape   # one row per destination
+        torch.Size([2, 32])
+
+        In a model, shuffle before every layer but the first (``gsplit.shuffle(h, block)``, the identity
+        on a block that is not split), or run the layers with :func:`gsplit.sp_forward`.
     """
 
     def __init__(self, conv: nn.Module):
