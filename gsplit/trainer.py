@@ -69,7 +69,8 @@ class TrainConfig:
     """Split only: sample and load the next mini-batch in a background thread while one trains."""
     final_eval: bool = True
     """After the last epoch, compute validation/test accuracy by layer-wise full-graph inference (all
-    in-edges, no sampling): ``final_val_acc`` / ``final_test_acc`` in the run log."""
+    in-edges, no sampling): ``final_val_acc`` / ``final_test_acc`` in the run log. Skipped when
+    ``eval_every`` is 0 (never evaluate)."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -296,5 +297,5 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         history.append(record)
         if rank == 0 and report is not None:
             report(record)
-    final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval else {}
+    final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval and cfg.eval_every else {}
     return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history, **final}
