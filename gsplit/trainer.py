@@ -20,6 +20,7 @@ from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import allreduce_gradients, global_sum
 from gsplit.feature_store import parse_size
+from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import resolve_device
 from gsplit.loader import DataLoader, IterationStats
 from gsplit.nn.loss import split_cross_entropy
@@ -42,6 +43,10 @@ class System:
         """This rank's loss; its gradients are summed over ranks by :func:`allreduce_gradients`."""
         raise NotImplementedError
 
+    def inference_map(self, owner: Optional[torch.Tensor], num_nodes: int, world_size: int) -> torch.Tensor:
+        """Which rank computes each vertex in the final layer-wise evaluation (any map gives the same result)."""
+        return torch.arange(num_nodes) * world_size // num_nodes  # contiguous ranges of vertex ids
+
 
 class SplitSystem(System):
     """Split parallelism: one global mini-batch split by the partition map (:class:`gsplit.DataLoader`)."""
@@ -56,6 +61,10 @@ class SplitSystem(System):
 
     def loss(self, logits, labels, block, world_size):
         return split_cross_entropy(logits, labels, block)  # sum / global mini-batch: ranks' losses add up
+
+    def inference_map(self, owner, num_nodes, world_size):
+        # the training map: each rank computes the vertices it owns, as in training
+        return owner if owner is not None else super().inference_map(owner, num_nodes, world_size)
 
 
 class DataParallelSystem(System):
@@ -117,6 +126,10 @@ class TrainConfig:
     ``"512M"``, bytes; ``"0"``: none)."""
     prefetch: bool = False
     """Split only: sample and load the next mini-batch in a background thread while one trains."""
+    final_eval: bool = True
+    """After the last epoch, compute validation/test accuracy by layer-wise full-graph inference (all
+    in-edges, no sampling): ``final_val_acc`` / ``final_test_acc`` in the run log. Skipped when
+    ``eval_every`` is 0 (never evaluate)."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -200,6 +213,27 @@ def evaluate(model, loader, comm: Communicator) -> float:
     model.train()
     comm.all_reduce_(correct)
     return float(correct[0] / correct[1].clamp_min(1))
+
+
+def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Tensor], comm: Communicator,
+                     device: torch.device) -> dict:
+    """Validation and test accuracy of the trained model by layer-wise full-graph inference, over all ranks.
+
+    ``split``: split-parallel over the training partition map (each rank computes the vertices it owns).
+    ``dp`` has no partition map; its ranks split the work the same way over contiguous ranges of vertex
+    ids. Both equal single-process inference, so the numbers do not depend on the system or the map,
+    only on the model. Every rank gets the same numbers.
+    """
+    t0 = time.perf_counter()
+    part = SYSTEMS[cfg.system].inference_map(owner, dataset.graph.num_nodes, comm.world_size)
+    # chunks of layerwise_inference's default 4096 owned vertices: no backward to keep, so larger
+    # chunks than the training batch mean fewer collectives for the same memory
+    result = layerwise_inference(model, dataset.graph, dataset.features, partition=part, group=comm, device=device)
+    record = {f"final_{name}_acc": accuracy(result, dataset.labels, idx, group=comm)
+              for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
+    record["final_eval_s"] = time.perf_counter() - t0
+    log.info("final layer-wise evaluation: %s", record)
+    return record
 
 
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
@@ -286,4 +320,5 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         history.append(record)
         if rank == 0 and report is not None:
             report(record)
-    return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history}
+    final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval and cfg.eval_every else {}
+    return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history, **final}

@@ -65,6 +65,19 @@ class NeighborSampler:
         self.replace = bool(replace)
         self.seed = int(seed)
 
+    @classmethod
+    def from_pyg(cls, num_neighbors: Sequence[int], replace: bool = False, seed: int = 0) -> "NeighborSampler":
+        """A sampler from PyG's ``num_neighbors``, which lists hops from the seeds outward (the reverse of ``fanouts``).
+
+        PyG's ``NeighborLoader(num_neighbors=[25, 10])`` picks 25 neighbours of each seed, then 10 of each
+        of those: here the last layer (closest to the targets) has fanout 25.
+
+        Example:
+            >>> NeighborSampler.from_pyg([25, 10]).fanouts
+            [10, 25]
+        """
+        return cls(list(num_neighbors)[::-1], replace=replace, seed=seed)
+
     @property
     def num_layers(self) -> int:
         return len(self.fanouts)
