@@ -11,6 +11,7 @@ from gsplit.graph import Graph
 from gsplit.launch import LaunchError, current_device, launch
 from gsplit.loader import DataLoader
 from gsplit.nn import allreduce_gradients, sp_forward, split_cross_entropy
+from gsplit.parallel import SplitParallel
 from gsplit.partition import PartitionMap, PresampleWeights, partition, presample, split_stats
 from gsplit.sampling import Block, NeighborSampler
 from gsplit.split import ShuffleIndex, sp_sample
