@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -74,6 +75,11 @@ def _find_blocks(inputs: tuple, kwargs: dict) -> List[Block]:
     raise TypeError(f"SplitParallel's forward expects the list of blocks as its first argument, as in "
                     f"model(blocks, x), got {type(first).__name__}; call the wrapper the way the model is "
                     f"called on gsplit.DataLoader's blocks")
+
+
+def _remove_handles(handles) -> None:
+    for h in handles:
+        h.remove()
 
 
 def _ddp_group(comm: Communicator):
@@ -195,7 +201,21 @@ class SplitParallel(nn.Module):
                                  f"with .to(device) first (SplitParallel does not move inputs)")
 
     def _install_hooks(self, module: nn.Module) -> int:
-        """Pre/post hooks on every submodule outside split-aware subtrees; returns how many were hooked."""
+        """Pre/post hooks on every submodule outside split-aware subtrees; returns how many were hooked.
+
+        The hooks hold the wrapper weakly and are removed when it is collected, so re-wrapping a module
+        leaves no stale wrapper (and no stale DDP reducer) alive behind it.
+        """
+        ref = weakref.ref(self)
+
+        def pre(layer, args):
+            wrapper = ref()
+            return None if wrapper is None else wrapper._pre_hook(layer, args)
+
+        def post(layer, args, output):
+            wrapper = ref()
+            return None if wrapper is None else wrapper._post_hook(layer, args, output)
+
         seen = set()
         stack = [module]
         while stack:
@@ -203,9 +223,10 @@ class SplitParallel(nn.Module):
             if id(m) in seen or getattr(m, "split_aware", False):
                 continue
             seen.add(id(m))
-            self._hooks.append(m.register_forward_pre_hook(self._pre_hook))
-            self._hooks.append(m.register_forward_hook(self._post_hook, always_call=True))
+            self._hooks.append(m.register_forward_pre_hook(pre))
+            self._hooks.append(m.register_forward_hook(post, always_call=True))
             stack.extend(m.children())
+        weakref.finalize(self, _remove_handles, self._hooks)
         return len(seen)
 
     # ------------------------------------------------------------------ hooks

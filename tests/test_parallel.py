@@ -7,6 +7,8 @@ Each world size is one launch in which every rank trains every (model, map) case
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -138,7 +140,8 @@ def parity_worker(rank, *_launch_args):
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     _, _, _, train_idx = make_problem()
     return {(map_name, model_name): train_case(model_name, owner, world_size, rank)
-            for map_name, owner in make_maps(train_idx, world_size).items() for model_name in MODELS}
+            for map_name, owner in make_maps(train_idx, world_size).items() for model_name in MODELS
+            if map_name == "random" or model_name != "gsplit_sage"}  # gsplit's SAGE: no double shuffle, one map
 
 
 def reference(model_name, world_size):
@@ -203,7 +206,11 @@ def test_unchanged_model_matches_single_process(world_size):
 def test_split_aware_modules_get_no_hooks():
     assert gsplit.SplitParallel(build("gsplit_sage"))._hooked == 0
     module = build("plain_gat")
-    assert gsplit.SplitParallel(module)._hooked == len(list(module.modules()))
+    wrapper = gsplit.SplitParallel(module)
+    assert wrapper._hooked == len(list(module.modules()))
+    del wrapper
+    gc.collect()
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in module.modules()), "hooks outlived the wrapper"
     inner = gsplit.SplitParallel(gsplit.SplitParallel(build("plain_sage")))
     assert inner._hooked == 0
 
