@@ -8,6 +8,8 @@ Each world size is one launch in which every rank trains every (model, map) case
 from __future__ import annotations
 
 import gc
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -257,3 +259,30 @@ def test_clear_errors():
         gsplit.SplitParallel(PlainSAGE(), loader, group=loader.comm)
     with pytest.raises(ValueError, match="the module is on cpu"):
         gsplit.SplitParallel(PlainSAGE(), device_ids=["cuda:0"])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_quick_start_is_the_example_script():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Quick start (Python)", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == (ROOT / "examples" / "quickstart.py").read_text(), "README quick start != examples/quickstart.py"
+
+
+def test_readme_dgl_diff_matches_the_port():
+    """The '+' side of every hunk of the README's DGL diff is where it says in examples/dgl_port.py."""
+    readme = (ROOT / "README.md").read_text()
+    diff = readme.split("```diff\n", 1)[1].split("```", 1)[0]
+    port = (ROOT / "examples" / "dgl_port.py").read_text().split("\n")
+    parts = re.split(r"^(@@ .*)$", diff, flags=re.M)
+    removed = 0
+    for header, body in zip(parts[1::2], parts[2::2]):
+        _, old_len, start, new_len = map(int, re.match(r"@@ -(\d+),(\d+) \+(\d+),(\d+) @@", header).groups())
+        lines = body.strip("\n").split("\n")
+        new_side = [line[1:] for line in lines if line[:1] in (" ", "+")]
+        assert len([line for line in lines if line[:1] in (" ", "-")]) == old_len, header
+        assert port[start - 1:start - 1 + new_len] == new_side, f"{header}: examples/dgl_port.py changed"
+        removed += sum(line[:1] == "-" for line in lines)
+    assert 0 < removed <= 6, f"the README promises a diff of at most 6 changed lines, it has {removed}"
