@@ -153,13 +153,16 @@ class SplitParallel(nn.Module):
     """
 
     split_aware = True
-    """The wrapper shuffles for its module; a wrapper inside a wrapper gets no hooks of the outer one."""
+    """The wrapper shuffles for its module: a model holding a wrapped submodule adds no hooks inside it."""
 
     def __init__(self, module: nn.Module, loader=None, group: Union[None, "dist.ProcessGroup", Communicator] = None,
                  *, device_ids: Optional[Sequence] = None, output_device=None, **ddp_kwargs):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"SplitParallel wraps a torch.nn.Module, got {type(module).__name__}")
+        if isinstance(module, (SplitParallel, torch.nn.parallel.DistributedDataParallel)):
+            raise ValueError(f"the module is already a {type(module).__name__}; wrap the model itself once "
+                             f"(SplitParallel also does what DistributedDataParallel does)")
         if loader is not None and group is not None:
             raise ValueError("pass either loader (its comm is the split group) or group, not both")
         self.module = module
