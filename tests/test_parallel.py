@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -286,3 +287,42 @@ def test_readme_dgl_diff_matches_the_port():
         assert port[start - 1:start - 1 + new_len] == new_side, f"{header}: examples/dgl_port.py changed"
         removed += sum(line[:1] == "-" for line in lines)
     assert 0 < removed <= 6, f"the README promises a diff of at most 6 changed lines, it has {removed}"
+
+
+def quickstart_worker(rank, *args):
+    """examples/quickstart.py's ``run`` on this rank (``args[-3:]``: launch may pass the world size first)."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import quickstart
+
+    quickstart.run(rank, *args[-3:])
+
+
+def test_quickstart_run_trains_on_two_ranks(capfd):
+    """The quick start's per-rank function on a small graph: rank 0 prints 5 epochs with a falling loss."""
+    ds = gsplit.datasets.load("synthetic", num_nodes=2000, avg_degree=8, feature_dim=16, seed=1)
+    sampler = gsplit.NeighborSampler([10, 10, 5])
+    pmap = gsplit.partition(ds.graph, num_parts=2, method="random", seed=0)
+    gsplit.launch(quickstart_worker, 2, args=(ds, sampler, pmap))
+    lines = [line for line in capfd.readouterr().out.splitlines() if line.startswith("epoch")]
+    assert len(lines) == 5, lines  # rank 0 only
+    losses = [float(re.search(r"loss (\S+)", line).group(1)) for line in lines]
+    accs = [float(re.search(r"test accuracy (\S+)", line).group(1)) for line in lines]
+    assert losses[-1] < losses[0], lines
+    assert accs[-1] > 0.3, lines  # 8 classes: chance is 0.125
+
+
+def dgl_port_worker(rank, *args):
+    sys.path.insert(0, str(ROOT / "examples"))
+    import dgl_port
+
+    dgl_port.run(rank, *args[-3:])
+
+
+@pytest.mark.slow
+def test_dgl_port_runs_on_two_ranks(capfd):
+    ds = gsplit.datasets.load("synthetic", num_nodes=2000, avg_degree=8, feature_dim=16, seed=1)
+    pmap = gsplit.partition(ds.graph, num_parts=2, method="random", seed=0)
+    gsplit.launch(dgl_port_worker, 2, args=(ds, pmap, 2))
+    out = capfd.readouterr().out
+    assert len(re.findall(r"^Epoch 0000\d \| Loss [\d.]+ \| Accuracy [\d.]+", out, flags=re.M)) == 2, out
+    assert re.search(r"^Test accuracy [\d.]+$", out, flags=re.M), out
