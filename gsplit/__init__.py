@@ -12,6 +12,7 @@ from gsplit.inference import InferenceResult, layerwise_inference
 from gsplit.launch import LaunchError, current_device, launch
 from gsplit.loader import DataLoader
 from gsplit.nn import sp_forward, split_cross_entropy
+from gsplit.parallel import SplitParallel
 from gsplit.partitioning import PartitionMap, PresampleWeights, partition, prepare_partition, presample, split_stats
 from gsplit.sampling import Block, MiniBatch, NeighborSampler, ShuffleIndex
 from gsplit.split import sp_sample
@@ -19,7 +20,7 @@ from gsplit.split import sp_sample
 __version__ = "0.1.0"
 
 __all__ = [
-    "Graph", "Block", "MiniBatch", "NeighborSampler", "datasets",
+    "Graph", "Block", "MiniBatch", "NeighborSampler", "SplitParallel", "datasets",
     "presample", "PresampleWeights", "partition", "PartitionMap", "split_stats", "prepare_partition",
     "Communicator", "shuffle", "ShuffleIndex", "sp_sample", "sp_forward",
     "split_cross_entropy", "allreduce_gradients", "global_sum", "DataLoader", "FeatureStore", "launch", "LaunchError", "current_device",

@@ -26,6 +26,9 @@ class _Stack(nn.Module):
     exactly what single-process training computes.
     """
 
+    split_aware = True
+    """Its forward shuffles itself (``sp_forward``): ``gsplit.SplitParallel`` must not add shuffles."""
+
     def __init__(self, layers: Sequence[nn.Module], dropout: float, seed: int = 0):
         super().__init__()
         if not 0.0 <= float(dropout) < 1.0:
