@@ -24,6 +24,7 @@ from typing import Iterator, List, Optional, Union
 import torch
 import torch.distributed as dist
 
+from gsplit import ops
 from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
@@ -211,10 +212,12 @@ class DataLoader(RankLoader):
                  group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: bool = False):
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
-        self.owner = _owner_tensor(partition, graph, self.comm.world_size).to(graph.device)
         self.device = torch.device(device) if device is not None else graph.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        # a graph on the GPU, or pinned in host memory, is sampled on the GPU (ops.sampling_device)
+        self.sample_device = ops.sampling_device(graph, self.device)
+        self.owner = _owner_tensor(partition, graph, self.comm.world_size).to(self.sample_device)
         self.feature_store = self._feature_store(features, cache_size, cache_weights)
         self.features = None if self.feature_store is None else self.feature_store.features
         if labels is not None and labels.shape[0] != graph.num_nodes:
@@ -269,9 +272,9 @@ class DataLoader(RankLoader):
         own_group = comm is not self.comm
         before = comm.traffic.snapshot() if own_group else None
         t0 = time.perf_counter()
-        batch = sp_sample(self.graph, seeds.to(self.graph.device), self.owner, self.sampler, comm,
+        batch = sp_sample(self.graph, seeds.to(self.sample_device), self.owner, self.sampler, comm,
                           epoch=epoch, iteration=it)
-        if self.device != self.graph.device:
+        if self.device != self.sample_device:
             batch = batch.to(self.device)
         t1 = time.perf_counter()
         counts = None
