@@ -15,12 +15,17 @@ with gsplit's trainer:
 
 * backend ``gloo`` instead of ``nccl``; no ``torch.cuda.set_device``, no ``device_ids`` in DDP, no UVA:
   graph, features and model stay on the CPU;
-* each rank runs ``torch.set_num_threads(max(1, cores // ranks))`` and the ranks start with
-  ``OMP_WAIT_POLICY=PASSIVE``, as gsplit's launcher does for its CPU ranks;
+* each rank runs ``torch.set_num_threads(max(1, cores // ranks))`` (unless ``OMP_NUM_THREADS`` is set)
+  and the ranks start with ``OMP_WAIT_POLICY=PASSIVE``, as gsplit's launcher does for its CPU ranks; DGL's
+  own OpenMP pool (``dgl.utils.set_num_threads``) gets the same count, else every rank would use every
+  core for sampling (with one thread DGL 2.1 samples with ``sample_neighbors``, with more with its
+  fused sampler);
 * no validation pass inside the timed epoch (gsplit's ``epoch_s`` excludes evaluation too), no
   weight decay by default (gsplit's trainer uses plain Adam), and the same model sizes as gsplit's
   (``--hidden``, ``--dropout``; GAT: ``hidden / heads`` per head, heads concatenated in hidden layers,
-  one head at the output, as ``gsplit.nn.GAT``).
+  one head at the output, as ``gsplit.nn.GAT``); ``GATConv(allow_zero_in_degree=True)``, because
+  sampled blocks have destinations without in-edges (isolated vertices), which gsplit's GAT maps to
+  zeros plus the bias, as DGL does with that flag.
 
 Reported per epoch: wall time of the epoch loop (max over ranks), and, per rank and summed over
 ranks, iterations, edges per layer (``block.num_edges()``), destination vertices per layer, input
@@ -125,6 +130,9 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
 
     if "OMP_NUM_THREADS" not in os.environ:  # as gsplit's launcher: an explicit setting wins
         torch.set_num_threads(max(1, cpu_cores() // world))
+    # DGL's C++ kernels and sampler run on their own OpenMP runtime (the system's libgomp, not torch's),
+    # which would otherwise use every core in every rank; give them the same share.
+    dgl.utils.set_num_threads(torch.get_num_threads())
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank)
     torch.manual_seed(args.seed)
     # The example leaves sampling and the order unseeded; seeded here for repeatable counts. DGL 2.1's
