@@ -1,0 +1,231 @@
+"""DGL interop: a ``DGLGraph`` goes into :class:`gsplit.DataLoader`, real DGL blocks come out.
+
+``pip install "gsplit[dgl]"``. DGL 2.1 (the last release on PyPI) loads only with torch 2.2.x, so a DGL
+environment pins ``torch==2.2.*`` (``./dev dgl-env`` builds one); gsplit supports torch >= 2.2.
+
+* :func:`graph_from_dgl` converts a homogeneous ``DGLGraph`` once into gsplit's CSC of in-edges and
+  keeps DGL's edge ids (:class:`GraphFromDGL`); :func:`from_dgl` also takes ``ndata["feat"]``,
+  ``ndata["label"]`` and the ``train_mask`` / ``val_mask`` / ``test_mask`` into a
+  :class:`gsplit.datasets.Dataset` for the offline steps (``presample``, ``partition``).
+* ``gsplit.DataLoader(g, train_idx, sampler, ...)`` with a ``DGLGraph`` ``g`` takes features and labels
+  from ``g.ndata`` and yields DGL blocks made by :func:`to_dgl_block` (``dgl.create_block`` with
+  ``srcdata["feat"]``, ``dstdata["label"]``, ``srcdata[dgl.NID]`` / ``dstdata[dgl.NID]`` global vertex
+  ids and ``edata[dgl.EID]`` DGL edge ids), so ``dgl.nn`` layers run on them unchanged.
+* Split training: each DGL block made here is mapped (weakly) to the gsplit :class:`~gsplit.Block` it
+  was made from, which holds the block's shuffle plan; :func:`block_of` looks it up, and
+  :class:`gsplit.SplitParallel` uses it to shuffle before every layer above the first. A copy of a DGL
+  block (``block.to(other_device)``, ``copy.copy``) is a new object without that mapping, so pass the
+  loader's blocks as they come: the loader already delivers them on its ``device``.
+
+dgl is imported only inside the functions that need it, so this module (and gsplit) imports without it.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from gsplit.datasets.base import Dataset
+from gsplit.graph import Graph, as_vertex_ids
+from gsplit.sampling.block import Block, MiniBatch
+
+__all__ = ["GraphFromDGL", "graph_from_dgl", "from_dgl", "to_dgl_block", "to_dgl_batch", "block_of",
+           "is_dgl_graph", "is_dgl_block"]
+
+# DGL block -> the gsplit Block it was made from (its shuffle plan, global ids). Weak keys: an entry
+# lives exactly as long as the DGL block; the value holds no reference back to the key.
+_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _dgl():
+    try:
+        import dgl
+    except ImportError as e:  # an ImportError of dgl's own (e.g. a torch it does not support) says why
+        raise ImportError(f"gsplit.interop.dgl needs DGL ({e}); install it with pip install 'gsplit[dgl]' into an "
+                          "environment with torch 2.2.x (DGL 2.1 loads only with that torch; ./dev dgl-env builds "
+                          "one)") from e
+    return dgl
+
+
+def is_dgl_graph(x) -> bool:
+    """True for a ``DGLGraph`` that is not a block. Never imports dgl: without it nothing is one.
+
+    Example:
+        >>> is_dgl_graph(Graph.from_edges([0], [1]))
+        False
+    """
+    dgl = sys.modules.get("dgl")
+    return dgl is not None and isinstance(x, dgl.DGLGraph) and not x.is_block
+
+
+def is_dgl_block(x) -> bool:
+    """True for a DGL block (``DGLGraph.is_block``). Never imports dgl.
+
+    Example:
+        >>> is_dgl_block(torch.zeros(2))
+        False
+    """
+    dgl = sys.modules.get("dgl")
+    return dgl is not None and isinstance(x, dgl.DGLGraph) and x.is_block
+
+
+def block_of(x) -> Optional[Block]:
+    """The gsplit :class:`~gsplit.Block` a DGL block was made from by :func:`to_dgl_block`, else None.
+
+    Example:
+        >>> block_of(torch.zeros(2)) is None      # not a DGL block
+        True
+    """
+    if not is_dgl_block(x):
+        return None
+    return _PLANS.get(x)
+
+
+@dataclass(frozen=True)
+class GraphFromDGL:
+    """A ``DGLGraph``'s structure as a gsplit :class:`~gsplit.Graph`, with the way back to DGL's edge ids."""
+
+    graph: Graph
+    """CSC of in-edges, edges ordered by (destination, source) as :meth:`gsplit.Graph.from_edges` orders
+    them, so it samples exactly as ``Graph.from_edges(*g.edges(), g.num_nodes())`` does."""
+    dgl_edge_ids: Optional[torch.Tensor]
+    """int64 DGL edge id of every gsplit edge (position in ``graph.indices``), on the CPU; ``None`` when
+    they coincide (DGL's edges already in that order)."""
+
+    def edge_ids(self, gsplit_edge_ids: torch.Tensor) -> torch.Tensor:
+        """DGL's ids of the gsplit edges ``gsplit_edge_ids`` (e.g. ``Block.edge_ids``), on their device."""
+        if self.dgl_edge_ids is None:
+            return gsplit_edge_ids
+        return self.dgl_edge_ids[gsplit_edge_ids.cpu()].to(gsplit_edge_ids.device)
+
+
+def graph_from_dgl(g) -> GraphFromDGL:
+    """Convert a homogeneous ``DGLGraph``'s edges ``u -> v`` into gsplit's CSC of in-edges (``v`` reads ``u``).
+
+    Every edge is kept (also repeated ones and self-loops), so DGL's edge ids map one to one. The graph
+    is built on the CPU and moved to ``g.device``.
+
+    Example:
+        >>> import pytest; dgl = pytest.importorskip("dgl")   # (the test suite skips without DGL)
+        >>> g = dgl.graph((torch.tensor([2, 0, 1]), torch.tensor([1, 1, 0])))
+        >>> conv = graph_from_dgl(g)
+        >>> conv.graph.in_neighbors(1).tolist(), conv.dgl_edge_ids.tolist()  # edge 2 (1 -> 0) comes first
+        ([0, 2], [2, 1, 0])
+    """
+    if not is_dgl_graph(g):
+        what = "a DGL block" if is_dgl_block(g) else type(g).__name__
+        raise TypeError(f"graph_from_dgl expects a DGLGraph (not a block), got {what}")
+    if len(g.ntypes) != 1 or len(g.canonical_etypes) != 1:
+        raise ValueError(f"the DGLGraph has node types {g.ntypes} and edge types {g.canonical_etypes}; gsplit trains "
+                         "on homogeneous graphs: convert it with dgl.to_homogeneous(g, ndata=[...]) first")
+    n = g.num_nodes()
+    if n == 0:
+        raise ValueError("the DGLGraph has no vertices; gsplit needs at least one")
+    src, dst, eid = (t.cpu().to(torch.int64) for t in g.edges(form="all", order="eid"))
+    # (dst, src) order as Graph.from_edges: sampling then depends on the edge set, not on DGL's edge order
+    order = torch.sort(dst * n + src, stable=True).indices
+    indptr = torch.zeros(n + 1, dtype=torch.int64)
+    torch.cumsum(torch.bincount(dst, minlength=n), 0, out=indptr[1:])
+    graph = Graph.from_csc(indptr, src[order].contiguous())
+    dgl_ids = eid[order]
+    same = bool(torch.equal(dgl_ids, torch.arange(dgl_ids.numel())))
+    if g.device.type != "cpu":
+        graph = graph.to(g.device)
+    return GraphFromDGL(graph=graph, dgl_edge_ids=None if same else dgl_ids)
+
+
+def from_dgl(g, *, feat: str = "feat", label: str = "label", num_classes: Optional[int] = None,
+             name: str = "dgl") -> Dataset:
+    """A :class:`gsplit.datasets.Dataset` from a ``DGLGraph`` with ``ndata[feat]``, ``ndata[label]`` and masks.
+
+    For the offline steps (``gsplit.presample``, ``gsplit.partition``) and gsplit's own tools; training
+    can pass ``g`` itself to :class:`gsplit.DataLoader`. Features become float32, labels int64 (a
+    ``[N, 1]`` label column is squeezed; ``-1`` marks an unlabelled vertex); ``ndata["train_mask"]`` /
+    ``"val_mask"`` / ``"test_mask"`` (boolean or 0/1 masks; a missing one is empty) become the split ids.
+
+    Example:
+        >>> import pytest; dgl = pytest.importorskip("dgl")   # (the test suite skips without DGL)
+        >>> g = dgl.graph((torch.tensor([0, 1, 2]), torch.tensor([1, 2, 0])))
+        >>> g.ndata["feat"], g.ndata["label"] = torch.randn(3, 4), torch.tensor([0, 1, 1])
+        >>> g.ndata["train_mask"] = torch.tensor([True, True, False])
+        >>> ds = from_dgl(g)
+        >>> ds.train_idx.tolist(), ds.num_classes, ds.graph.in_neighbors(1).tolist()
+        ([0, 1], 2, [0])
+    """
+    graph = graph_from_dgl(g).graph.to("cpu")
+    n = graph.num_nodes
+    for key in (feat, label):
+        if key not in g.ndata:
+            raise ValueError(f"g.ndata has no {key!r} (it has {sorted(g.ndata.keys())}); name the keys with "
+                             f"from_dgl(g, feat=..., label=...)")
+    x = g.ndata[feat].detach().cpu()
+    y = g.ndata[label].detach().cpu()
+    if y.dim() == 2 and y.shape[1] == 1:
+        y = y.squeeze(1)
+    if y.dim() != 1 or y.dtype.is_floating_point:
+        raise ValueError(f"g.ndata[{label!r}] has dtype {y.dtype} and shape {tuple(y.shape)}; from_dgl needs one "
+                         "integer class per vertex")
+    y = y.to(torch.int64)
+    if num_classes is None:
+        num_classes = int(y.max()) + 1 if y.numel() else 1
+    splits = {}
+    for what in ("train", "val", "test"):
+        mask = g.ndata.get(f"{what}_mask")
+        if mask is None:
+            splits[what] = torch.zeros(0, dtype=torch.int64)
+        else:
+            mask = mask.cpu()
+            mask = mask.bool() if not mask.dtype.is_floating_point and mask.dtype != torch.bool else mask
+            splits[what] = as_vertex_ids(mask, n, f"g.ndata['{what}_mask']")
+    return Dataset(graph=graph, features=x.to(torch.float32).contiguous(), labels=y, train_idx=splits["train"],
+                   val_idx=splits["val"], test_idx=splits["test"], num_classes=int(num_classes), name=name,
+                   meta={"source": "dgl.DGLGraph"})
+
+
+def to_dgl_block(block: Block, source: Optional[GraphFromDGL] = None):
+    """The DGL block of a gsplit block: same edges in the same order, data attached, plan remembered.
+
+    ``dgl.create_block`` from ``(block.edge_src, block.edge_dst)`` on the block's device, with
+    ``srcdata[dgl.NID] = block.src_nodes``, ``dstdata[dgl.NID] = block.dst_nodes`` (global vertex ids),
+    ``edata[dgl.EID]`` the edges' ids (DGL's ids when ``source`` is given, else gsplit's) and every
+    tensor of ``block.srcdata`` / ``block.dstdata``. :func:`block_of` returns ``block`` for the result,
+    which is how :class:`gsplit.SplitParallel` finds the shuffle plan of a split block.
+
+    Example:
+        >>> import pytest; dgl = pytest.importorskip("dgl")   # (the test suite skips without DGL)
+        >>> b = Block(src_nodes=torch.tensor([7, 3, 9]), num_dst=1, edge_src=torch.tensor([1, 2]),
+        ...           edge_dst=torch.tensor([0, 0]), edge_ids=torch.tensor([40, 41]))
+        >>> db = to_dgl_block(b)
+        >>> db.num_src_nodes(), db.num_dst_nodes(), db.srcdata[dgl.NID].tolist(), block_of(db) is b
+        (3, 1, [7, 3, 9], True)
+    """
+    dgl = _dgl()
+    out = dgl.create_block((block.edge_src, block.edge_dst), num_src_nodes=block.num_src_nodes(),
+                           num_dst_nodes=block.num_dst_nodes(), device=block.device)
+    out.srcdata[dgl.NID] = block.src_nodes
+    out.dstdata[dgl.NID] = block.dst_nodes
+    out.edata[dgl.EID] = block.edge_ids if source is None else source.edge_ids(block.edge_ids)
+    for key, value in block.srcdata.items():
+        out.srcdata[key] = value
+    for key, value in block.dstdata.items():
+        out.dstdata[key] = value
+    _PLANS[out] = block
+    return out
+
+
+def to_dgl_batch(batch: MiniBatch, source: Optional[GraphFromDGL] = None) -> MiniBatch:
+    """``batch`` with its blocks as DGL blocks (:func:`to_dgl_block`); ``input_nodes``/``output_nodes`` unchanged.
+
+    Example:
+        >>> import pytest; dgl = pytest.importorskip("dgl")   # (the test suite skips without DGL)
+        >>> from gsplit import NeighborSampler
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> input_nodes, output_nodes, blocks = to_dgl_batch(NeighborSampler([2, 2]).sample(g, [0, 2]))
+        >>> [b.is_block for b in blocks], blocks[-1].dstdata[dgl.NID].tolist()
+        ([True, True], [0, 2])
+    """
+    return MiniBatch(batch.input_nodes, batch.output_nodes, [to_dgl_block(b, source) for b in batch.blocks])
