@@ -30,7 +30,6 @@ options. Scratch files (the export, partition maps, per-run logs) go to ``OUT/sc
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
 import subprocess
