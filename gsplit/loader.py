@@ -203,7 +203,10 @@ class DataLoader(RankLoader):
             ``srcdata``/``dstdata``, ``srcdata[dgl.NID]``/``dstdata[dgl.NID]`` (global vertex ids) and
             ``edata[dgl.EID]``, on which ``dgl.nn`` layers run unchanged.
         indices: target vertices (e.g. ``train_idx``), or a boolean mask (e.g. ``g.ndata["train_mask"]``).
-        sampler: a :class:`gsplit.NeighborSampler`.
+        sampler: a :class:`gsplit.NeighborSampler`, or DGL's ``NeighborSampler`` /
+            ``MultiLayerFullNeighborSampler``, replaced by a gsplit sampler with the same fanouts
+            (:func:`gsplit.interop.dgl.sampler_from_dgl`; its ``prefetch_node_feats`` /
+            ``prefetch_labels`` apply when the loader's are not given).
         partition: a :class:`gsplit.PartitionMap` with ``num_parts == world size`` (or an owner
             tensor); optional at world size 1.
         device: where blocks, features and labels are delivered.
@@ -291,6 +294,15 @@ class DataLoader(RankLoader):
                                  f"{self.device}; pass a CUDA device, or use_uva=False")
             if graph.device.type == "cpu":
                 graph = graph.pin_memory()
+        if dgl_interop.is_dgl_sampler(sampler):
+            converted = dgl_interop.sampler_from_dgl(sampler)
+            log.info("DataLoader: DGL's %s becomes gsplit.NeighborSampler(%s): same fanouts, gsplit's counter-based "
+                     "picks (split parallelism needs them)", type(sampler).__name__, converted.sampler.fanouts)
+            sampler = converted.sampler
+            if prefetch_node_feats is None and converted.node_feats:
+                prefetch_node_feats = converted.node_feats
+            if prefetch_labels is None and converted.labels:
+                prefetch_labels = converted.labels
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
         # a graph on the GPU, or pinned in host memory, is sampled on the GPU (ops.sampling_device)

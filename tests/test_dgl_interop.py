@@ -25,7 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import gsplit
-from gsplit.interop.dgl import block_of, from_dgl, graph_from_dgl, to_dgl_block
+from gsplit.interop.dgl import block_of, from_dgl, graph_from_dgl, sampler_from_dgl, to_dgl_block
 from gsplit.sampling.batches import epoch_permutation
 
 NUM_NODES = 150
@@ -208,6 +208,22 @@ def test_dgl_keywords():
         gsplit.DataLoader(g, train, sampler, gpu_cache={"node": {"feat": 100}})
 
 
+def test_dgl_sampler_is_converted():
+    g = make_graph()
+    g.ndata["x2"] = torch.ones(NUM_NODES, 1)
+    dgl_sampler = dgl.dataloading.NeighborSampler([4, 2], prefetch_node_feats=["x2"], prefetch_labels=["label"])
+    loader = gsplit.DataLoader(g, g.ndata["train_mask"], dgl_sampler, batch_size=4)
+    assert isinstance(loader.sampler, gsplit.NeighborSampler) and loader.sampler.fanouts == [4, 2]
+    _, _, blocks = next(iter(loader))
+    assert set(blocks[0].srcdata) == {"x2", dgl.NID} and set(blocks[-1].dstdata) == {"label", dgl.NID}
+    full = sampler_from_dgl(dgl.dataloading.MultiLayerFullNeighborSampler(2))
+    assert full.sampler.fanouts == [-1, -1]
+    with pytest.raises(ValueError, match="edge_dir='out'"):
+        gsplit.DataLoader(g, g.ndata["train_mask"], dgl.dataloading.NeighborSampler([2], edge_dir="out"))
+    with pytest.raises(TypeError, match="ShaDowKHopSampler"):
+        sampler_from_dgl(dgl.dataloading.ShaDowKHopSampler([2]))
+
+
 def test_split_parallel_refuses_dgl_blocks_it_cannot_plan():
     g = make_graph()
     blocks = [dgl.to_block(g, torch.tensor([0, 1]))] * 3   # DGL's own block: no gsplit shuffle plan
@@ -221,9 +237,11 @@ def train_case(model_name, world_size, rank):
     torch.manual_seed(RANK0_SEED + rank)
     module = build(model_name)
     before = {n: p.detach().clone() for n, p in module.named_parameters()}
-    loader = gsplit.DataLoader(g, g.ndata["train_mask"], gsplit.NeighborSampler(FANOUTS, seed=3),
-                               partition=owner_map(world_size), device="cpu", use_ddp=True, batch_size=BATCH,
-                               shuffle=True, drop_last=False, ddp_seed=DDP_SEED, num_workers=0)
+    # DGL's sampler and DataLoader arguments as in DGL's example, plus the partition map
+    sampler = dgl.dataloading.NeighborSampler(FANOUTS, prefetch_node_feats=["feat"], prefetch_labels=["label"])
+    loader = gsplit.DataLoader(g, g.ndata["train_mask"], sampler, device="cpu", batch_size=BATCH, shuffle=True,
+                               drop_last=False, num_workers=0, use_ddp=True, partition=owner_map(world_size),
+                               ddp_seed=DDP_SEED)
     model = gsplit.SplitParallel(module, loader)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     out = {"before": before, "losses": [], "grads": []}
@@ -257,7 +275,7 @@ def reference(model_name, world_size):
     torch.manual_seed(RANK0_SEED)
     model = build(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
-    sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
+    sampler = sampler_from_dgl(dgl.dataloading.NeighborSampler(FANOUTS)).sampler   # what the loader samples with
     order = epoch_permutation(g.ndata["train_mask"].nonzero().squeeze(1), DDP_SEED, 0, True)
     gb = BATCH * world_size
     losses, grads = [], []

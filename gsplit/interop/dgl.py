@@ -11,6 +11,10 @@ environment pins ``torch==2.2.*`` (``./dev dgl-env`` builds one); gsplit support
   from ``g.ndata`` and yields DGL blocks made by :func:`to_dgl_block` (``dgl.create_block`` with
   ``srcdata["feat"]``, ``dstdata["label"]``, ``srcdata[dgl.NID]`` / ``dstdata[dgl.NID]`` global vertex
   ids and ``edata[dgl.EID]`` DGL edge ids), so ``dgl.nn`` layers run on them unchanged.
+* DGL's ``NeighborSampler([10, 10, 10], prefetch_node_feats=["feat"], prefetch_labels=["label"])`` may
+  be passed to the loader as it is: :func:`sampler_from_dgl` turns it into a
+  :class:`gsplit.NeighborSampler` with the same fanouts (gsplit's counter-based sampling, which split
+  parallelism needs: the picks differ from DGL's) and the loader takes its ``prefetch_*`` names.
 * Split training: each DGL block made here is mapped (weakly) to the gsplit :class:`~gsplit.Block` it
   was made from, which holds the block's shuffle plan; :func:`block_of` looks it up, and
   :class:`gsplit.SplitParallel` uses it to shuffle before every layer above the first. A copy of a DGL
@@ -25,16 +29,17 @@ from __future__ import annotations
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
 from gsplit.datasets.base import Dataset
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.sampling.block import Block, MiniBatch
+from gsplit.sampling.neighbor import NeighborSampler
 
 __all__ = ["GraphFromDGL", "graph_from_dgl", "from_dgl", "to_dgl_block", "to_dgl_batch", "block_of",
-           "is_dgl_graph", "is_dgl_block"]
+           "is_dgl_graph", "is_dgl_block", "is_dgl_sampler", "SamplerFromDGL", "sampler_from_dgl"]
 
 # DGL block -> the gsplit Block it was made from (its shuffle plan, global ids). Weak keys: an entry
 # lives exactly as long as the DGL block; the value holds no reference back to the key.
@@ -229,3 +234,62 @@ def to_dgl_batch(batch: MiniBatch, source: Optional[GraphFromDGL] = None) -> Min
         ([True, True], [0, 2])
     """
     return MiniBatch(batch.input_nodes, batch.output_nodes, [to_dgl_block(b, source) for b in batch.blocks])
+
+
+def is_dgl_sampler(x) -> bool:
+    """True for a DGL block sampler (``dgl.dataloading.BlockSampler``). Never imports dgl.
+
+    Example:
+        >>> is_dgl_sampler(NeighborSampler([2]))
+        False
+    """
+    dgl = sys.modules.get("dgl")
+    return dgl is not None and isinstance(x, dgl.dataloading.BlockSampler)
+
+
+@dataclass(frozen=True)
+class SamplerFromDGL:
+    """What a DGL ``NeighborSampler`` means for :class:`gsplit.DataLoader`."""
+
+    sampler: NeighborSampler
+    """gsplit's sampler with DGL's fanouts (input layer first, as in DGL) and ``replace``."""
+    node_feats: List[str]
+    """DGL's ``prefetch_node_feats``: ``ndata`` keys for ``blocks[0].srcdata``."""
+    labels: List[str]
+    """DGL's ``prefetch_labels``: ``ndata`` keys for ``blocks[-1].dstdata``."""
+
+
+def sampler_from_dgl(sampler, seed: int = 0) -> SamplerFromDGL:
+    """gsplit's equivalent of a DGL ``NeighborSampler`` / ``MultiLayerFullNeighborSampler`` (same fanouts).
+
+    gsplit samples with its own counter-based sampler (a vertex's picks depend only on the seed, the
+    epoch, the iteration, the layer and the vertex, which is what lets ranks split a mini-batch), so the
+    neighbours picked differ from DGL's; the fanouts, ``replace`` and the ``prefetch_*`` names carry
+    over. Options gsplit does not have (``edge_dir="out"``, ``prob``/``mask``, ``prefetch_edge_feats``,
+    per-edge-type fanouts) raise ``ValueError``.
+
+    Example:
+        >>> import pytest; dgl = pytest.importorskip("dgl")   # (the test suite skips without DGL)
+        >>> conv = sampler_from_dgl(dgl.dataloading.NeighborSampler([10, 5], prefetch_node_feats=["feat"]))
+        >>> conv.sampler.fanouts, conv.node_feats, conv.labels
+        ([10, 5], ['feat'], [])
+    """
+    dgl = _dgl()
+    if not isinstance(sampler, dgl.dataloading.NeighborSampler):
+        raise TypeError(f"gsplit converts DGL's NeighborSampler and MultiLayerFullNeighborSampler, got "
+                        f"{type(sampler).__name__}; pass a gsplit.NeighborSampler(fanouts) instead")
+    unsupported = []
+    if sampler.edge_dir != "in":
+        unsupported.append(f"edge_dir={sampler.edge_dir!r}")
+    if sampler.prob is not None:
+        unsupported.append(f"prob/mask={sampler.prob!r}")
+    if sampler.prefetch_edge_feats:
+        unsupported.append(f"prefetch_edge_feats={list(sampler.prefetch_edge_feats)}")
+    if any(isinstance(f, dict) for f in sampler.fanouts):
+        unsupported.append("per-edge-type fanouts")
+    if unsupported:
+        raise ValueError(f"the DGL sampler uses {', '.join(unsupported)}, which gsplit's sampler does not have; "
+                         "use uniform in-edge sampling (gsplit.NeighborSampler(fanouts)) on a homogeneous graph")
+    return SamplerFromDGL(sampler=NeighborSampler(list(sampler.fanouts), replace=sampler.replace, seed=seed),
+                          node_feats=[str(k) for k in sampler.prefetch_node_feats],
+                          labels=[str(k) for k in sampler.prefetch_labels])
