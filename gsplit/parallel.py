@@ -15,7 +15,9 @@ global mini-batch:
 2. **Shuffles**: a forward pre-hook on every submodule called as ``layer(block, h)`` replaces ``h``
    (this rank's rows: one per vertex it owns) with ``gsplit.shuffle(h, block)`` (one row per source of
    the block, the *mixed frontier*) for every block above the first. Modules marked
-   ``split_aware = True`` (gsplit's own models, which shuffle themselves) get no hooks.
+   ``split_aware = True`` (gsplit's own models, which shuffle themselves) get no hooks. The DGL blocks
+   of a ``gsplit.DataLoader`` over a ``DGLGraph`` work the same: their plans are looked up in
+   :mod:`gsplit.interop.dgl`.
 3. **Loss scale**: each rank's mean loss covers only its local targets. The gradient of the wrapper's
    output is scaled by ``local targets / global targets``, so the ranks' gradients add up to the
    gradient of the global mini-batch's mean loss.
