@@ -29,7 +29,7 @@ from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
 from gsplit.graph import Graph, as_vertex_ids
-from gsplit.interop import dgl as dgl_interop  # imports no dgl: only used when a DGLGraph comes in
+from gsplit.interop import dgl as dgl_interop  # imports no dgl: DGL inputs and DGL's keywords
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.prefetch import PREFETCH_DEPTH, Producer
 from gsplit.sampling.batches import BatchSchedule
@@ -100,55 +100,6 @@ def _group_like(comm: Communicator):
     group = comm.group
     ranks = dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
     return dist.new_group(ranks=ranks, backend=dist.get_backend(group), use_local_synchronization=group is not None)
-
-
-def _prefetch_flag(prefetch: Optional[bool], use_prefetch_thread: Optional[bool], num_workers: int) -> bool:
-    """Whether a loader prefetches: ``prefetch`` or DGL's ``use_prefetch_thread``, else ``num_workers > 0``."""
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
-    if prefetch is not None and use_prefetch_thread is not None and bool(prefetch) != bool(use_prefetch_thread):
-        raise ValueError(f"prefetch={prefetch} and use_prefetch_thread={use_prefetch_thread} disagree; they mean the "
-                         "same (sample the next mini-batch in a background thread): pass one of them")
-    for flag in (prefetch, use_prefetch_thread):
-        if flag is not None:
-            return bool(flag)
-    if num_workers > 0:
-        log.info("num_workers=%d: sampling runs in this rank's process (it exchanges ids with the other ranks); "
-                 "prefetching the next mini-batch in a background thread instead", num_workers)
-    return num_workers > 0
-
-
-def _named_data(dgl_graph, keys: Optional[Sequence[str]], arg: str, default_key: str,
-                given, given_arg: str) -> Dict[str, object]:
-    """``key -> per-vertex tensor`` for one side of the blocks (``prefetch_node_feats`` or ``prefetch_labels``).
-
-    With a DGLGraph the keys name ``ndata`` entries (``given`` replaces the first one's tensor); with a
-    gsplit Graph there is one tensor, ``given``, and at most one key, where it lands.
-    """
-    if isinstance(keys, str):
-        raise TypeError(f"{arg} is a list of names, got the string {keys!r}; pass [{keys!r}]")
-    explicit = keys is not None
-    keys = [default_key] if keys is None else list(keys)
-    if not keys:
-        if given is not None:
-            raise ValueError(f"{arg}=[] loads nothing but {given_arg}= was given; name its key in {arg} or leave "
-                             f"{given_arg} out")
-        return {}
-    if dgl_graph is None:
-        if len(keys) > 1:
-            raise ValueError(f"{arg}={keys} names {len(keys)} tensors but with a gsplit.Graph the loader has one "
-                             f"({given_arg}=); name one key, or pass a DGLGraph whose ndata holds them all")
-        return {} if given is None else {keys[0]: given}
-    out = {}
-    for i, key in enumerate(keys):
-        if i == 0 and given is not None:
-            out[key] = given
-        elif key in dgl_graph.ndata:
-            out[key] = dgl_graph.ndata[key]
-        elif explicit:
-            raise ValueError(f"{arg} names {key!r} but the DGLGraph's ndata holds {sorted(dgl_graph.ndata.keys())}; "
-                             f"name existing keys (or pass {given_arg}=)")
-    return out  # ndata tensors have one row per vertex (DGL checks); the given ones are checked by the loader
 
 
 class RankLoader:
@@ -294,23 +245,16 @@ class DataLoader(RankLoader):
                                  f"{self.device}; pass a CUDA device, or use_uva=False")
             if graph.device.type == "cpu":
                 graph = graph.pin_memory()
-        if dgl_interop.is_dgl_sampler(sampler):
-            converted = dgl_interop.sampler_from_dgl(sampler)
-            log.info("DataLoader: DGL's %s becomes gsplit.NeighborSampler(%s): same fanouts, gsplit's counter-based "
-                     "picks (split parallelism needs them)", type(sampler).__name__, converted.sampler.fanouts)
-            sampler = converted.sampler
-            if prefetch_node_feats is None and converted.node_feats:
-                prefetch_node_feats = converted.node_feats
-            if prefetch_labels is None and converted.labels:
-                prefetch_labels = converted.labels
+        sampler, prefetch_node_feats, prefetch_labels = dgl_interop.loader_sampler(sampler, prefetch_node_feats,
+                                                                                   prefetch_labels)
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
         # a graph on the GPU, or pinned in host memory, is sampled on the GPU (ops.sampling_device)
         self.sample_device = ops.sampling_device(graph, self.device)
         self.owner = owner_tensor(partition, graph, self.comm.world_size).to(self.sample_device)
-        node_feats = _named_data(dgl_graph, prefetch_node_feats, "prefetch_node_feats", "feat",
+        node_feats = dgl_interop.named_node_data(dgl_graph, prefetch_node_feats, "prefetch_node_feats", "feat",
                                  features, "features")
-        label_data = _named_data(dgl_graph, prefetch_labels, "prefetch_labels", "label",
+        label_data = dgl_interop.named_node_data(dgl_graph, prefetch_labels, "prefetch_labels", "label",
                                  labels, "labels")
         # the first input tensor goes through the feature store (cache, counters); others are gathered as is
         self.feat_key = next(iter(node_feats), "feat")
@@ -324,7 +268,7 @@ class DataLoader(RankLoader):
         if self.labels is not None and self.labels.shape[0] != graph.num_nodes:
             raise ValueError(f"labels has {self.labels.shape[0]} rows but the graph has {graph.num_nodes} vertices; "
                              f"pass one row per vertex")
-        self.prefetch = _prefetch_flag(prefetch, use_prefetch_thread, num_workers)
+        self.prefetch = dgl_interop.prefetch_flag(prefetch, use_prefetch_thread, num_workers)
         self.sampling_comm = self.comm
         if self.prefetch and self.comm.world_size > 1:
             self.sampling_comm = Communicator(_group_like(self.comm))

@@ -26,10 +26,11 @@ dgl is imported only inside the functions that need it, so this module (and gspl
 
 from __future__ import annotations
 
+import logging
 import sys
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -38,8 +39,11 @@ from gsplit.graph import Graph, as_vertex_ids
 from gsplit.sampling.block import Block, MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
 
+log = logging.getLogger(__name__)
+
 __all__ = ["GraphFromDGL", "graph_from_dgl", "from_dgl", "to_dgl_block", "to_dgl_batch", "block_of",
-           "is_dgl_graph", "is_dgl_block", "is_dgl_sampler", "SamplerFromDGL", "sampler_from_dgl"]
+           "is_dgl_graph", "is_dgl_block", "is_dgl_sampler", "SamplerFromDGL", "sampler_from_dgl", "prefetch_flag", "named_node_data",
+           "loader_sampler"]
 
 # DGL block -> the gsplit Block it was made from (its shuffle plan, global ids). Weak keys: an entry
 # lives exactly as long as the DGL block; the value holds no reference back to the key.
@@ -293,3 +297,85 @@ def sampler_from_dgl(sampler, seed: int = 0) -> SamplerFromDGL:
     return SamplerFromDGL(sampler=NeighborSampler(list(sampler.fanouts), replace=sampler.replace, seed=seed),
                           node_feats=[str(k) for k in sampler.prefetch_node_feats],
                           labels=[str(k) for k in sampler.prefetch_labels])
+
+
+# ---------------------------------------------------------------- DGL DataLoader keywords (gsplit.DataLoader)
+def prefetch_flag(prefetch: Optional[bool], use_prefetch_thread: Optional[bool], num_workers: int) -> bool:
+    """Whether a :class:`gsplit.DataLoader` prefetches: ``prefetch`` or DGL's ``use_prefetch_thread``, else ``num_workers > 0``.
+
+    Example:
+        >>> prefetch_flag(None, None, num_workers=4), prefetch_flag(False, None, num_workers=4)
+        (True, False)
+    """
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
+    if prefetch is not None and use_prefetch_thread is not None and bool(prefetch) != bool(use_prefetch_thread):
+        raise ValueError(f"prefetch={prefetch} and use_prefetch_thread={use_prefetch_thread} disagree; they mean the "
+                         "same (sample the next mini-batch in a background thread): pass one of them")
+    for flag in (prefetch, use_prefetch_thread):
+        if flag is not None:
+            return bool(flag)
+    if num_workers > 0:
+        log.info("num_workers=%d: sampling runs in this rank's process (it exchanges ids with the other ranks); "
+                 "prefetching the next mini-batch in a background thread instead", num_workers)
+    return num_workers > 0
+
+
+def named_node_data(dgl_graph, keys: Optional[Sequence[str]], arg: str, default_key: str,
+                    given, given_arg: str) -> Dict[str, object]:
+    """``key -> per-vertex tensor`` for one side of a loader's blocks (DGL's ``prefetch_node_feats`` or
+    ``prefetch_labels``, ``arg`` names which).
+
+    With a DGLGraph the keys name ``ndata`` entries (``given`` replaces the first one's tensor; a default
+    key missing from ``ndata`` loads nothing); with a gsplit Graph (``dgl_graph=None``) there is one
+    tensor, ``given``, and at most one key: where it lands.
+
+    Example:
+        >>> named_node_data(None, ["h"], "prefetch_node_feats", "feat", torch.zeros(3, 2), "features")["h"].shape
+        torch.Size([3, 2])
+    """
+    if isinstance(keys, str):
+        raise TypeError(f"{arg} is a list of names, got the string {keys!r}; pass [{keys!r}]")
+    explicit = keys is not None
+    keys = [default_key] if keys is None else list(keys)
+    if not keys:
+        if given is not None:
+            raise ValueError(f"{arg}=[] loads nothing but {given_arg}= was given; name its key in {arg} or leave "
+                             f"{given_arg} out")
+        return {}
+    if dgl_graph is None:
+        if len(keys) > 1:
+            raise ValueError(f"{arg}={keys} names {len(keys)} tensors but with a gsplit.Graph the loader has one "
+                             f"({given_arg}=); name one key, or pass a DGLGraph whose ndata holds them all")
+        return {} if given is None else {keys[0]: given}
+    out = {}
+    for i, key in enumerate(keys):
+        if i == 0 and given is not None:
+            out[key] = given
+        elif key in dgl_graph.ndata:
+            out[key] = dgl_graph.ndata[key]
+        elif explicit:
+            raise ValueError(f"{arg} names {key!r} but the DGLGraph's ndata holds {sorted(dgl_graph.ndata.keys())}; "
+                             f"name existing keys (or pass {given_arg}=)")
+    return out  # ndata tensors have one row per vertex (DGL checks); the given ones are checked by the loader
+
+
+def loader_sampler(sampler, prefetch_node_feats: Optional[Sequence[str]], prefetch_labels: Optional[Sequence[str]]):
+    """``(sampler, prefetch_node_feats, prefetch_labels)`` for :class:`gsplit.DataLoader`: a DGL sampler becomes
+    gsplit's (:func:`sampler_from_dgl`) and its ``prefetch_*`` names fill in those the loader was not given.
+
+    Example:
+        >>> s = NeighborSampler([2])
+        >>> loader_sampler(s, None, ["y"])[0] is s            # a gsplit sampler passes through
+        True
+    """
+    if not is_dgl_sampler(sampler):
+        return sampler, prefetch_node_feats, prefetch_labels
+    converted = sampler_from_dgl(sampler)
+    log.info("DataLoader: DGL's %s becomes gsplit.NeighborSampler(%s): the same fanouts, gsplit's counter-based "
+             "picks (split parallelism needs them)", type(sampler).__name__, converted.sampler.fanouts)
+    if prefetch_node_feats is None and converted.node_feats:
+        prefetch_node_feats = converted.node_feats
+    if prefetch_labels is None and converted.labels:
+        prefetch_labels = converted.labels
+    return converted.sampler, prefetch_node_feats, prefetch_labels
