@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
+from gsplit.comm.hosts import replica_layout
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
 from gsplit.graph import Graph, as_vertex_ids
@@ -123,14 +124,18 @@ class RankLoader:
     schedule: BatchSchedule
 
     def _init_rank(self, graph: Graph, indices, group, use_ddp: bool, batch_size: int, ddp_seed: int,
-                   shuffle: bool, drop_last: bool) -> None:
+                   shuffle: bool, drop_last: bool, replica_group=None) -> None:
         self.comm = Communicator(group)
         if self.comm.world_size > 1 and not use_ddp:
             raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
                              "pass use_ddp=True so the ranks share one global order of the targets")
         self.graph = graph
+        # several hosts: this loader's group is one replica (host) of replica_group (every rank of the job)
+        self.num_replicas, self.replica_rank = (1, 0) if replica_group is None else \
+            replica_layout(group, replica_group)
         indices = as_vertex_ids(indices, graph.num_nodes, "indices", unique=True)
-        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
+        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last,
+                                      num_replicas=self.num_replicas)
 
     @property
     def world_size(self) -> int:
@@ -175,7 +180,18 @@ class DataLoader(RankLoader):
             ``blocks[0].srcdata["feat"]`` and labels in ``blocks[-1].dstdata["label"]``. ``features``
             may also be a :class:`~gsplit.feature_store.FeatureStore` (e.g. ``other_loader.feature_store``)
             to share one cache between loaders; ``cache_size`` and ``cache_weights`` must then be left out.
-        group: the ``torch.distributed`` process group (default: the default group if initialised).
+        group: the ``torch.distributed`` process group (default: the default group if initialised); with
+            several hosts, this host's split group (see ``replica_group``).
+        replica_group: several hosts (data parallelism across hosts, split parallelism within each): the
+            group of every rank of the job, e.g. from :func:`gsplit.host_groups`; ``group`` is then this
+            host's split group, one of ``num_replicas`` equal, disjoint groups. An iteration's global
+            mini-batch holds ``batch_size * G * num_replicas`` targets (``G`` ranks per host), each host
+            splits its consecutive slice, and ``blocks[-1].global_num_dst`` is the size of the whole
+            global mini-batch (the union of the hosts' slices), so that summing
+            :func:`gsplit.split_cross_entropy` and the gradients over ``replica_group``
+            (``gsplit.allreduce_gradients(model, replica_group)``) is single-process training on the
+            union. The partition map has ``G`` parts and is the same on every host. Default ``None``:
+            one host.
         cache_size: bytes of device memory for this rank's feature cache (int or e.g. ``"10G"``); it holds
             the hottest vertices this rank owns. ``0``: every feature row is read from host memory.
         cache_weights: hotness of every vertex for the cache, e.g. ``PresampleWeights.vertex_weights``
@@ -208,8 +224,9 @@ class DataLoader(RankLoader):
                  device: Union[str, torch.device, None] = None, use_ddp: bool = False, ddp_seed: int = 0,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  features: Union[torch.Tensor, FeatureStore, None] = None, labels: Optional[torch.Tensor] = None,
-                 group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: bool = False):
-        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
+                 group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: bool = False,
+                 replica_group=None):
+        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last, replica_group)
         self.sampler = sampler
         self.owner = _owner_tensor(partition, graph, self.comm.world_size).to(graph.device)
         self.device = torch.device(device) if device is not None else graph.device
@@ -269,8 +286,10 @@ class DataLoader(RankLoader):
         own_group = comm is not self.comm
         before = comm.traffic.snapshot() if own_group else None
         t0 = time.perf_counter()
-        batch = sp_sample(self.graph, seeds.to(self.graph.device), self.owner, self.sampler, comm,
-                          epoch=epoch, iteration=it)
+        # seeds: the whole global mini-batch (the union over replicas); this host splits its slice
+        mine = self.schedule.replica_slice(seeds, self.replica_rank) if self.num_replicas > 1 else seeds
+        batch = sp_sample(self.graph, mine.to(self.graph.device), self.owner, self.sampler, comm,
+                          epoch=epoch, iteration=it, num_global_targets=seeds.numel())
         if self.device != self.graph.device:
             batch = batch.to(self.device)
         t1 = time.perf_counter()

@@ -1,0 +1,135 @@
+"""Many hosts: data parallelism across hosts, split parallelism within each, equals single-process training
+on the union of the hosts' mini-batches.
+
+One launch of 4 ranks plays 2 "hosts" of 2 ranks (split groups [0, 1] and [2, 3], built by
+``gsplit.host_groups(ranks_per_host=2)``); every rank trains whole epochs whose last iteration is
+uneven: the second host gets a short slice in one case and nothing at all in the other.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+import gsplit
+from gsplit.launch import launch
+from gsplit.nn import build_model
+from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
+from gsplit.sampling.batches import epoch_permutation
+
+NUM_NODES = 240
+FEAT_DIM = 6
+NUM_CLASSES = 3
+BATCH = 12               # per rank
+RANKS_PER_HOST = 2
+HOSTS = 2
+FANOUTS = [3, -1, 2]
+DROPOUT = 0.4
+# targets -> last iteration: 130 = 2 * 48 + 34 (host 0 gets 24, host 1 gets 10); 150 = 3 * 48 + 6 (host 1: none)
+CASES = {"short last slice": 130, "empty host": 150}
+MODELS = ("sage", "gat")
+
+
+def make_problem():
+    g = torch.Generator().manual_seed(7)
+    n_connected = NUM_NODES - 20
+    src = torch.randint(0, n_connected, (900,), generator=g)
+    dst = torch.randint(0, n_connected, (900,), generator=g)
+    graph = gsplit.Graph.from_edges(src, dst, NUM_NODES, symmetric=True, remove_self_loops=True)
+    feats = torch.randn(NUM_NODES, FEAT_DIM, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    order = torch.randperm(NUM_NODES, generator=g)
+    owner = torch.randint(0, RANKS_PER_HOST, (NUM_NODES,), generator=torch.Generator().manual_seed(1))
+    return graph, feats, labels, order, owner
+
+
+def new_model(name):
+    torch.manual_seed(0)
+    return build_model(name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2, dropout=DROPOUT).double()
+
+
+def hybrid_epoch(name, num_targets, host, world):
+    graph, feats, labels, order, owner = make_problem()
+    model = new_model(name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
+    loader = gsplit.DataLoader(graph, order[:num_targets], sampler, partition=owner, use_ddp=True, batch_size=BATCH,
+                               shuffle=True, ddp_seed=11, features=feats, labels=labels, group=host,
+                               replica_group=world)
+    out = {"losses": [], "grads": [], "targets": [], "replica": loader.replica_rank,
+           "num_replicas": loader.num_replicas, "len": len(loader)}
+    for _, output_nodes, blocks in loader:
+        opt.zero_grad()
+        logits = model(blocks, blocks[0].srcdata["feat"])
+        loss = split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1])
+        loss.backward()
+        allreduce_gradients(model, world)
+        out["losses"].append(global_sum(loss, world))
+        out["grads"].append({n: p.grad.clone() for n, p in model.named_parameters()})
+        out["targets"].append(output_nodes.tolist())
+        opt.step()
+    out["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return out
+
+
+def worker(rank, *args):
+    del args  # the world size, with launch's fn(rank, world_size) convention
+    assert dist.get_world_size() == RANKS_PER_HOST * HOSTS
+    host, world = gsplit.host_groups(ranks_per_host=RANKS_PER_HOST)
+    return {(case, name): hybrid_epoch(name, n, host, world) for case, n in CASES.items() for name in MODELS}
+
+
+def reference(name, num_targets):
+    """One process, no split machinery: the union mini-batch of every iteration."""
+    graph, feats, labels, order, _ = make_problem()
+    model = new_model(name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
+    perm = epoch_permutation(order[:num_targets], 11, 0, True)
+    gb = BATCH * RANKS_PER_HOST * HOSTS
+    out = {"losses": [], "grads": [], "batches": []}
+    for it in range((num_targets + gb - 1) // gb):
+        seeds = perm[it * gb:(it + 1) * gb]
+        blocks = sampler.sample_blocks(graph, seeds, epoch=0, iteration=it)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(blocks, feats[blocks[0].src_nodes]), labels[seeds])
+        loss.backward()
+        out["losses"].append(float(loss.detach()))
+        out["grads"].append({n: p.grad.clone() for n, p in model.named_parameters()})
+        out["batches"].append(seeds.tolist())
+        opt.step()
+    out["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return out
+
+
+def rel_err(a, b, floor=1e-4):
+    return float((a - b).norm() / b.norm().clamp_min(floor))
+
+
+def test_two_hosts_of_two_ranks_match_single_process_on_the_union():
+    per_rank = launch(worker, RANKS_PER_HOST * HOSTS)
+    for case, num_targets in CASES.items():
+        for name in MODELS:
+            ref = reference(name, num_targets)
+            what = f"{name}, {case}"
+            runs = [r[(case, name)] for r in per_rank]
+            assert [r["replica"] for r in runs] == [0, 0, 1, 1], what
+            assert all(r["num_replicas"] == HOSTS and r["len"] == len(ref["losses"]) for r in runs), what
+            for it, seeds in enumerate(ref["batches"]):
+                # the hosts' targets are disjoint and make up the union mini-batch
+                got = [v for r in runs for v in r["targets"][it]]
+                assert sorted(got) == sorted(seeds) and len(got) == len(set(got)), f"{what}: iteration {it}"
+                host1 = runs[2]["targets"][it] + runs[3]["targets"][it]
+                assert sorted(host1) == sorted(seeds[BATCH * RANKS_PER_HOST:]), f"{what}: host 1's slice"
+                for r, run in enumerate(runs):
+                    assert abs(run["losses"][it] - ref["losses"][it]) <= 1e-10 * abs(ref["losses"][it]), what
+                    for n, g_ref in ref["grads"][it].items():
+                        assert rel_err(run["grads"][it][n], g_ref) <= 1e-10, f"{what}: grad {n}, rank {r}, it {it}"
+            last = ref["batches"][-1]
+            assert len(last) < BATCH * RANKS_PER_HOST * HOSTS  # the uneven case really ran
+            for r, run in enumerate(runs):
+                for n, p_ref in ref["params"].items():
+                    assert rel_err(run["params"][n], p_ref) <= 1e-10, f"{what}: parameter {n} on rank {r}"
+    # the empty-host case: host 1 owned no target in the last iteration and still ran it
+    runs = [r[("empty host", "sage")] for r in per_rank]
+    assert runs[2]["targets"][-1] == [] and runs[3]["targets"][-1] == []
