@@ -133,6 +133,8 @@ class RankLoader:
         # several hosts: this loader's group is one replica (host) of replica_group (every rank of the job)
         self.num_replicas, self.replica_rank = (1, 0) if replica_group is None else \
             replica_layout(group, replica_group)
+        # the group gradients and logged losses are summed over (a Communicator, as comm is)
+        self.replica_comm = None if replica_group is None else Communicator(replica_group)
         indices = as_vertex_ids(indices, graph.num_nodes, "indices", unique=True)
         self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last,
                                       num_replicas=self.num_replicas)

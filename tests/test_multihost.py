@@ -28,6 +28,7 @@ DROPOUT = 0.4
 # targets -> last iteration: 130 = 2 * 48 + 34 (host 0 gets 24, host 1 gets 10); 150 = 3 * 48 + 6 (host 1: none)
 CASES = {"short last slice": 130, "empty host": 150}
 MODELS = ("sage", "gat")
+WRAPPED = "sage in SplitParallel"
 
 
 def make_problem():
@@ -48,23 +49,31 @@ def new_model(name):
     return build_model(name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2, dropout=DROPOUT).double()
 
 
-def hybrid_epoch(name, num_targets, host, world):
+def hybrid_epoch(name, num_targets, host, world, wrapper=False):
+    """One epoch of hybrid training: the explicit recipe (split_cross_entropy + allreduce_gradients over
+    every rank), or with ``wrapper`` the SplitParallel one (mean loss, DDP over every rank)."""
     graph, feats, labels, order, owner = make_problem()
     model = new_model(name)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
     loader = gsplit.DataLoader(graph, order[:num_targets], sampler, partition=owner, use_ddp=True, batch_size=BATCH,
                                shuffle=True, ddp_seed=11, features=feats, labels=labels, group=host,
                                replica_group=world)
+    net = gsplit.SplitParallel(model, loader) if wrapper else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
     out = {"losses": [], "grads": [], "targets": [], "replica": loader.replica_rank,
            "num_replicas": loader.num_replicas, "len": len(loader)}
     for _, output_nodes, blocks in loader:
         opt.zero_grad()
-        logits = model(blocks, blocks[0].srcdata["feat"])
-        loss = split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1])
-        loss.backward()
-        allreduce_gradients(model, world)
-        out["losses"].append(global_sum(loss, world))
+        logits = net(blocks, blocks[0].srcdata["feat"])
+        if wrapper:
+            loss = torch.nn.functional.cross_entropy(logits, blocks[-1].dstdata["label"])
+            loss.backward()
+            out["losses"].append(net.global_loss(loss))
+        else:
+            loss = split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1])
+            loss.backward()
+            allreduce_gradients(model, world)
+            out["losses"].append(global_sum(loss, world))
         out["grads"].append({n: p.grad.clone() for n, p in model.named_parameters()})
         out["targets"].append(output_nodes.tolist())
         opt.step()
@@ -76,7 +85,10 @@ def worker(rank, *args):
     del args  # the world size, with launch's fn(rank, world_size) convention
     assert dist.get_world_size() == RANKS_PER_HOST * HOSTS
     host, world = gsplit.host_groups(ranks_per_host=RANKS_PER_HOST)
-    return {(case, name): hybrid_epoch(name, n, host, world) for case, n in CASES.items() for name in MODELS}
+    results = {(case, name): hybrid_epoch(name, n, host, world) for case, n in CASES.items() for name in MODELS}
+    for case, n in CASES.items():
+        results[(case, WRAPPED)] = hybrid_epoch("sage", n, host, world, wrapper=True)
+    return results
 
 
 def reference(name, num_targets):
@@ -109,8 +121,8 @@ def rel_err(a, b, floor=1e-4):
 def test_two_hosts_of_two_ranks_match_single_process_on_the_union():
     per_rank = launch(worker, RANKS_PER_HOST * HOSTS)
     for case, num_targets in CASES.items():
-        for name in MODELS:
-            ref = reference(name, num_targets)
+        for name in MODELS + (WRAPPED,):
+            ref = reference(name.split()[0], num_targets)
             what = f"{name}, {case}"
             runs = [r[(case, name)] for r in per_rank]
             assert [r["replica"] for r in runs] == [0, 0, 1, 1], what
