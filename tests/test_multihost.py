@@ -8,15 +8,24 @@ uneven: the second host gets a short slice in one case and nothing at all in the
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 import torch.distributed as dist
 
 import gsplit
+from gsplit.cli import main
 from gsplit.launch import launch
 from gsplit.nn import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
 from gsplit.sampling.batches import epoch_permutation
 
+REPO = Path(__file__).resolve().parents[1]
 NUM_NODES = 240
 FEAT_DIM = 6
 NUM_CLASSES = 3
@@ -145,3 +154,42 @@ def test_two_hosts_of_two_ranks_match_single_process_on_the_union():
     # the empty-host case: host 1 owned no target in the last iteration and still ran it
     runs = [r[("empty host", "sage")] for r in per_rank]
     assert runs[2]["targets"][-1] == [] and runs[3]["targets"][-1] == []
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_torchrun_two_nodes_train_like_the_simulated_hosts(tmp_path):
+    """Two real torchrun invocations (``--nnodes 2``, 2 CPU ranks each) run ``gsplit train``; rank 0's log
+    equals the one of ``--num-ranks 4 --ranks-per-host 2`` started by gsplit.launch on the same map."""
+    tiny = ["--dataset", "synthetic", "-D", "num_nodes=1500", "-D", "avg_degree=8", "-D", "feature_dim=16"]
+    common = ["--fanouts", "5,3", "--batch-size", "32", "--epochs", "1", "--hidden", "16", "--device", "cpu",
+              "--partition", str(tmp_path / "parts")]
+    assert main(["prepare", *tiny, "--num-parts", "2", "--fanouts", "5,3", "--batch-size", "32",
+                 "--method", "random", "--out", str(tmp_path / "parts")]) == 0
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    port = str(_free_port())
+    nodes = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "2",
+                               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "gsplit", "train", *tiny,
+                               *common, "--log-file", str(tmp_path / "torchrun.json")],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)[-3000:]
+    assert "2 hosts x 2" in outputs[0]
+    assert main(["train", *tiny, *common, "--num-ranks", "4", "--ranks-per-host", "2",
+                 "--log", str(tmp_path / "launch.json")]) == 0
+    got, want = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("torchrun", "launch"))
+    assert (got["world_size"], got["hosts"], got["ranks_per_host"]) == (4, 2, 2)
+    e_got, e_want = got["epochs"][0], want["epochs"][0]
+    assert e_got["loss"] == pytest.approx(e_want["loss"], rel=1e-9)
+    assert e_got["traffic_bytes_by_tag"] == e_want["traffic_bytes_by_tag"]
+    assert e_got["split_group_bytes"] > 0 and e_got["gradient_bytes"] > 0
+    assert [r["rank"] for r in e_got["ranks"]] == [0, 1, 2, 3]
