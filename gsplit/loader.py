@@ -4,7 +4,8 @@ Every iteration all ranks agree on ONE global mini-batch (``batch_size * world_s
 global order on every rank, from ``ddp_seed`` and the epoch), sample their split of it with
 :func:`gsplit.split.sp_sample`, load features only for the vertices they own at the input level (from
 the rank's :class:`~gsplit.feature_store.FeatureStore`: its GPU cache, else host memory), and shuffle
-them into the first block's source rows.
+them into the first block's source rows. With several hosts (``replica_group=``) each host is one split
+group and splits its own consecutive slice of a global mini-batch ``num_replicas`` times larger.
 
 With ``prefetch=True`` a background thread samples and loads the next mini-batch while the current
 one trains. Sampling and loading do collectives (id exchanges, the feature shuffle) and so does training

@@ -38,6 +38,7 @@ DROPOUT = 0.4
 CASES = {"short last slice": 130, "empty host": 150}
 MODELS = ("sage", "gat")
 WRAPPED = "sage in SplitParallel"
+PREFETCHED = "sage with prefetch"
 
 
 def make_problem():
@@ -58,15 +59,16 @@ def new_model(name):
     return build_model(name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2, dropout=DROPOUT).double()
 
 
-def hybrid_epoch(name, num_targets, host, world, wrapper=False):
+def hybrid_epoch(name, num_targets, host, world, wrapper=False, prefetch=False):
     """One epoch of hybrid training: the explicit recipe (split_cross_entropy + allreduce_gradients over
-    every rank), or with ``wrapper`` the SplitParallel one (mean loss, DDP over every rank)."""
+    every rank), or with ``wrapper`` the SplitParallel one (mean loss, DDP over every rank); ``prefetch``
+    samples in a background thread on a group of the host's own."""
     graph, feats, labels, order, owner = make_problem()
     model = new_model(name)
     sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
     loader = gsplit.DataLoader(graph, order[:num_targets], sampler, partition=owner, use_ddp=True, batch_size=BATCH,
                                shuffle=True, ddp_seed=11, features=feats, labels=labels, group=host,
-                               replica_group=world)
+                               replica_group=world, prefetch=prefetch)
     net = gsplit.SplitParallel(model, loader) if wrapper else model
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     out = {"losses": [], "grads": [], "targets": [], "replica": loader.replica_rank,
@@ -97,6 +99,7 @@ def worker(rank, *args):
     results = {(case, name): hybrid_epoch(name, n, host, world) for case, n in CASES.items() for name in MODELS}
     for case, n in CASES.items():
         results[(case, WRAPPED)] = hybrid_epoch("sage", n, host, world, wrapper=True)
+        results[(case, PREFETCHED)] = hybrid_epoch("sage", n, host, world, prefetch=True)
     return results
 
 
@@ -130,7 +133,7 @@ def rel_err(a, b, floor=1e-4):
 def test_two_hosts_of_two_ranks_match_single_process_on_the_union():
     per_rank = launch(worker, RANKS_PER_HOST * HOSTS)
     for case, num_targets in CASES.items():
-        for name in MODELS + (WRAPPED,):
+        for name in MODELS + (WRAPPED, PREFETCHED):
             ref = reference(name.split()[0], num_targets)
             what = f"{name}, {case}"
             runs = [r[(case, name)] for r in per_rank]
@@ -193,3 +196,16 @@ def test_torchrun_two_nodes_train_like_the_simulated_hosts(tmp_path):
     assert e_got["traffic_bytes_by_tag"] == e_want["traffic_bytes_by_tag"]
     assert e_got["split_group_bytes"] > 0 and e_got["gradient_bytes"] > 0
     assert [r["rank"] for r in e_got["ranks"]] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--num-ranks", "4", "--ranks-per-host", "3"], "does not divide the 4 ranks"),
+    (["--launcher", "torchrun"], "start the ranks with torchrun"),
+])
+def test_cli_refuses_bad_host_layouts(argv, msg, capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    tiny = ["--dataset", "synthetic", "-D", "num_nodes=300", "-D", "feature_dim=4"]
+    assert main(["train", *tiny, "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gsplit: error:") and msg in err, err
