@@ -5,7 +5,7 @@ all-to-all shuffle per layer. See README.md for a quick start and DESIGN.md for 
 """
 
 from gsplit import datasets
-from gsplit.comm import Communicator, allreduce_gradients, global_sum, shuffle
+from gsplit.comm import Communicator, allreduce_gradients, global_sum, host_groups, shuffle
 from gsplit.feature_store import FeatureStore
 from gsplit.graph import Graph
 from gsplit.inference import InferenceResult, layerwise_inference
@@ -23,7 +23,7 @@ __all__ = [
     "Graph", "Block", "MiniBatch", "NeighborSampler", "SplitParallel", "datasets",
     "presample", "PresampleWeights", "partition", "PartitionMap", "split_stats", "prepare_partition",
     "Communicator", "shuffle", "ShuffleIndex", "sp_sample", "sp_forward",
-    "split_cross_entropy", "allreduce_gradients", "global_sum", "DataLoader", "FeatureStore", "launch", "LaunchError", "current_device",
+    "split_cross_entropy", "allreduce_gradients", "global_sum", "host_groups", "DataLoader", "FeatureStore", "launch", "LaunchError", "current_device",
     "layerwise_inference", "InferenceResult",
     "__version__",
 ]

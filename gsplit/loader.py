@@ -4,7 +4,8 @@ Every iteration all ranks agree on ONE global mini-batch (``batch_size * world_s
 global order on every rank, from ``ddp_seed`` and the epoch), sample their split of it with
 :func:`gsplit.split.sp_sample`, load features only for the vertices they own at the input level (from
 the rank's :class:`~gsplit.feature_store.FeatureStore`: its GPU cache, else host memory), and shuffle
-them into the first block's source rows.
+them into the first block's source rows. With several hosts (``replica_group=``) each host is one split
+group and splits its own consecutive slice of a global mini-batch ``num_replicas`` times larger.
 
 With ``prefetch=True`` a background thread samples and loads the next mini-batch while the current
 one trains. Sampling and loading do collectives (id exchanges, the feature shuffle) and so does training
@@ -26,6 +27,7 @@ import torch.distributed as dist
 
 from gsplit import ops
 from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
+from gsplit.comm.hosts import replica_layout
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
 from gsplit.graph import Graph, as_vertex_ids
@@ -109,14 +111,20 @@ class RankLoader:
     schedule: BatchSchedule
 
     def _init_rank(self, graph: Graph, indices, group, use_ddp: bool, batch_size: int, ddp_seed: int,
-                   shuffle: bool, drop_last: bool) -> None:
+                   shuffle: bool, drop_last: bool, replica_group=None) -> None:
         self.comm = Communicator(group)
         if self.comm.world_size > 1 and not use_ddp:
             raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
                              "pass use_ddp=True so the ranks share one global order of the targets")
         self.graph = graph
+        # several hosts: this loader's group is one replica (host) of replica_group (every rank of the job)
+        self.num_replicas, self.replica_rank = (1, 0) if replica_group is None else \
+            replica_layout(group, replica_group)
+        # the group gradients and logged losses are summed over (a Communicator, as comm is)
+        self.replica_comm = None if replica_group is None else Communicator(replica_group)
         indices = as_vertex_ids(indices, graph.num_nodes, "indices", unique=True)
-        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
+        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last,
+                                      num_replicas=self.num_replicas)
 
     @property
     def world_size(self) -> int:
@@ -170,7 +178,18 @@ class DataLoader(RankLoader):
             first name of ``prefetch_node_feats`` / ``prefetch_labels``). ``features``
             may also be a :class:`~gsplit.feature_store.FeatureStore` (e.g. ``other_loader.feature_store``)
             to share one cache between loaders; ``cache_size`` and ``cache_weights`` must then be left out.
-        group: the ``torch.distributed`` process group (default: the default group if initialised).
+        group: the ``torch.distributed`` process group (default: the default group if initialised); with
+            several hosts, this host's split group (see ``replica_group``).
+        replica_group: several hosts (data parallelism across hosts, split parallelism within each): the
+            group of every rank of the job, e.g. from :func:`gsplit.host_groups`; ``group`` is then this
+            host's split group, one of ``num_replicas`` equal, disjoint groups. An iteration's global
+            mini-batch holds ``batch_size * G * num_replicas`` targets (``G`` ranks per host), each host
+            splits its consecutive slice, and ``blocks[-1].global_num_dst`` is the size of the whole
+            global mini-batch (the union of the hosts' slices), so that summing
+            :func:`gsplit.split_cross_entropy` and the gradients over ``replica_group``
+            (``gsplit.allreduce_gradients(model, replica_group)``) is single-process training on the
+            union. The partition map has ``G`` parts and is the same on every host. Default ``None``:
+            one host.
         cache_size: bytes of device memory for this rank's feature cache (int or e.g. ``"10G"``); it holds
             the hottest vertices this rank owns. ``0``: every feature row is read from host memory.
         cache_weights: hotness of every vertex for the cache, e.g. ``PresampleWeights.vertex_weights``
@@ -230,7 +249,8 @@ class DataLoader(RankLoader):
                  features: Union[torch.Tensor, FeatureStore, None] = None, labels: Optional[torch.Tensor] = None,
                  group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: Optional[bool] = None,
                  num_workers: int = 0, use_uva: bool = False, use_prefetch_thread: Optional[bool] = None,
-                 prefetch_node_feats: Optional[Sequence[str]] = None, prefetch_labels: Optional[Sequence[str]] = None):
+                 prefetch_node_feats: Optional[Sequence[str]] = None, prefetch_labels: Optional[Sequence[str]] = None,
+                 replica_group=None):
         dgl_graph = graph if dgl_interop.is_dgl_graph(graph) else None
         self.dgl_source = None if dgl_graph is None else dgl_interop.graph_from_dgl(dgl_graph)
         """The DGLGraph's conversion when one was given (the loader then yields DGL blocks), else None."""
@@ -247,7 +267,7 @@ class DataLoader(RankLoader):
                 graph = graph.pin_memory()
         sampler, prefetch_node_feats, prefetch_labels = dgl_interop.loader_sampler(sampler, prefetch_node_feats,
                                                                                    prefetch_labels)
-        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
+        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last, replica_group)
         self.sampler = sampler
         # a graph on the GPU, or pinned in host memory, is sampled on the GPU (ops.sampling_device)
         self.sample_device = ops.sampling_device(graph, self.device)
@@ -323,8 +343,10 @@ class DataLoader(RankLoader):
         own_group = comm is not self.comm
         before = comm.traffic.snapshot() if own_group else None
         t0 = time.perf_counter()
-        batch = sp_sample(self.graph, seeds.to(self.sample_device), self.owner, self.sampler, comm,
-                          epoch=epoch, iteration=it)
+        # seeds: the whole global mini-batch (the union over replicas); this host splits its slice
+        mine = self.schedule.replica_slice(seeds, self.replica_rank) if self.num_replicas > 1 else seeds
+        batch = sp_sample(self.graph, mine.to(self.sample_device), self.owner, self.sampler, comm,
+                          epoch=epoch, iteration=it, num_global_targets=seeds.numel())
         if self.device != self.sample_device:
             batch = batch.to(self.device)
         t1 = time.perf_counter()

@@ -24,6 +24,10 @@ global mini-batch:
 4. **Gradient sum**: parameter gradients are all-reduced in buckets overlapped with backward by a
    ``torch.nn.parallel.DistributedDataParallel`` on a process group of its own (its all-reduces never
    interleave with the shuffles' all-to-alls); DDP's averaging is folded into the scale of step 3.
+
+With several hosts (a loader built with ``replica_group=``, or ``replica_group=`` given here) the
+split group is the host's and DDP's group spans every rank of the job; the scale of step 3 uses the
+size of the union of the hosts' mini-batches.
 """
 
 from __future__ import annotations
@@ -123,6 +127,9 @@ class SplitParallel(nn.Module):
         loader: the rank's ``gsplit.DataLoader``; its ``comm`` is the split group (the shuffles' group).
         group: the split group when no loader is given: a ``torch.distributed`` process group or a
             :class:`gsplit.Communicator`; default: the default group if initialised, else world size 1.
+        replica_group: several hosts, when no loader is given: every rank of the job (e.g. the second
+            value of :func:`gsplit.host_groups`); gradients are summed over it. With a loader, the
+            loader's ``replica_group`` is used.
         device_ids, output_device: accepted so that a DDP call site ports by changing only the class
             name; each must be ``None`` or name the module's device (the loader already delivers
             blocks and features there).
@@ -173,28 +180,35 @@ class SplitParallel(nn.Module):
     """The wrapper shuffles for its module: a model holding a wrapped submodule adds no hooks inside it."""
 
     def __init__(self, module: nn.Module, loader=None, group: Union[None, "dist.ProcessGroup", Communicator] = None,
-                 *, device_ids: Optional[Sequence] = None, output_device=None, **ddp_kwargs):
+                 *, replica_group: Union[None, "dist.ProcessGroup", Communicator] = None,
+                 device_ids: Optional[Sequence] = None, output_device=None, **ddp_kwargs):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"SplitParallel wraps a torch.nn.Module, got {type(module).__name__}")
         if isinstance(module, (SplitParallel, torch.nn.parallel.DistributedDataParallel)):
             raise ValueError(f"the module is already a {type(module).__name__}; wrap the model itself once "
                              f"(SplitParallel also does what DistributedDataParallel does)")
-        if loader is not None and group is not None:
-            raise ValueError("pass either loader (its comm is the split group) or group, not both")
+        if loader is not None and (group is not None or replica_group is not None):
+            raise ValueError("pass either loader (its comm is the split group, its replica_comm every rank) or "
+                             "group / replica_group, not both")
         self.module = module
         self.group = loader.comm if loader is not None else group
         """The split group as given (a process group, a Communicator, or None for the default one)."""
         self.comm = self.group if isinstance(self.group, Communicator) else Communicator(self.group)
-        """This rank's communicator on the split group (rank, world size, all-reduce for logging)."""
+        """This rank's communicator on the split group (rank, world size)."""
+        if loader is not None:
+            replica_group = getattr(loader, "replica_comm", None)
+        self.replica_comm = self.comm if replica_group is None else (
+            replica_group if isinstance(replica_group, Communicator) else Communicator(replica_group))
+        """Every rank whose gradients are summed (the split group, or every host's ranks); logs the loss."""
         self._check_device_args(device_ids, output_device)
         self._state: Optional[_ForwardState] = None
         self._last_rows: Optional[int] = None
         self._hooks = []
         self._hooked = self._install_hooks(module)
         self._ddp = None
-        if self.comm.world_size > 1:
-            ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=_ddp_group(self.comm),
+        if self.replica_comm.world_size > 1:
+            ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=_ddp_group(self.replica_comm),
                                                             **ddp_kwargs)
             # Not registered as a submodule: the parameters and state_dict keys stay ``module.*`` only.
             object.__setattr__(self, "_ddp", ddp)
@@ -330,10 +344,11 @@ class SplitParallel(nn.Module):
         self._last_rows = rows
         if not out.requires_grad:
             return out
-        # The rank's mean loss is sum / rows; the global mean is sum / global rows. DDP then divides the
-        # summed gradients by the world size, which the factor world_size undoes.
+        # The rank's mean loss is sum / rows; the global mean is sum / global rows (global: the union of
+        # every host's mini-batch). DDP then divides the summed gradients by its group's size, which the
+        # factor ddp_size undoes.
         total = top.global_num_dst if split and top.global_num_dst is not None else rows
-        scale = (self.world_size * rows / total if split else 1.0) if total else 0.0
+        scale = (self.replica_comm.world_size * rows / total if split else 1.0) if total else 0.0
         if scale != 1.0:
             out.register_hook(lambda grad: grad * scale)
         return out
@@ -354,8 +369,8 @@ class SplitParallel(nn.Module):
         rows = self._last_rows
         value = loss.detach().reshape(()).to("cpu", torch.float64) * rows if rows else torch.zeros((), dtype=torch.float64)
         t = torch.stack([value, torch.tensor(float(rows), dtype=torch.float64)])
-        if self.world_size > 1:
-            self.comm.all_reduce_(t)
+        if self.replica_comm.world_size > 1:
+            self.replica_comm.all_reduce_(t)
         return float(t[0] / t[1]) if t[1] > 0 else float("nan")
 
     @contextlib.contextmanager
