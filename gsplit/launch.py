@@ -14,13 +14,15 @@ guard the call with ``if __name__ == "__main__":``.
 
 from __future__ import annotations
 
-import datetime
 import contextlib
+import ctypes
+import datetime
 import logging
 import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ import torch.multiprocessing as tmp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["launch", "LaunchError", "RankFailure", "current_device"]
+__all__ = ["launch", "LaunchError", "LaunchInterrupted", "RankFailure", "current_device"]
 
 # After the first failure, how long to keep listening for the other ranks' reports before killing them
 # (lets a simultaneous, earlier root cause win over its follow-up communication errors).
@@ -44,6 +46,11 @@ _KILL_GRACE_S = 3.0
 _EXIT_GRACE_S = 30.0
 
 _ENV_DEVICE = "GSPLIT_DEVICE"
+# How often a rank's watchdog thread checks that the launching process is still there.
+_WATCHDOG_INTERVAL_S = 0.5
+# Signals that stop a launch cleanly (what `kill`, `timeout`, Slurm and a closing terminal send); SIGINT
+# needs no handler: it reaches every rank of the foreground process group and Python raises KeyboardInterrupt.
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,26 @@ class LaunchError(RuntimeError):
         return self.failures[0].traceback
 
 
+class LaunchInterrupted(SystemExit):
+    """The launching process received SIGTERM or SIGHUP during :func:`launch`; every rank was stopped.
+
+    A ``SystemExit`` with code ``128 + signum`` (the shell's convention for "killed by a signal"), so a
+    script that does not catch it exits quietly with 143 for SIGTERM and 129 for SIGHUP, and
+    ``except Exception`` blocks do not swallow it.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(128 + int(signum))
+        self.signum = int(signum)
+        """The signal received."""
+
+    def __reduce__(self):
+        return (LaunchInterrupted, (self.signum,))
+
+    def __str__(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name}; all ranks were stopped"
+
+
 def current_device() -> torch.device:
     """The device :func:`launch` assigned to the calling rank (``cpu`` outside a launched rank).
 
@@ -134,9 +161,39 @@ def _is_communication_error(exc: BaseException) -> bool:
                             "Socket Timeout", "Timed out", "gloo"))
 
 
+def _die_with_parent(parent_pid: int) -> None:
+    """Make sure this rank ends when the launching process does, however that one ends.
+
+    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill this process when its parent dies,
+    also by SIGKILL, which no handler in the parent can catch. Elsewhere (and as a second line on Linux)
+    a daemon thread polls the parent pid: once the process is re-parented, the launcher is gone.
+    """
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
+                log.debug("prctl(PR_SET_PDEATHSIG) failed with errno %d", ctypes.get_errno())
+        except (OSError, AttributeError) as e:  # no libc symbol: the watchdog thread below still works
+            log.debug("prctl unavailable (%s); relying on the watchdog thread", e)
+    # The parent may have died before prctl took effect: then nobody would ever send the signal.
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(_WATCHDOG_INTERVAL_S)
+        sys.stderr.write(f"gsplit rank (pid {os.getpid()}): the launching process {parent_pid} is gone; exiting\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="gsplit-watchdog", daemon=True).start()
+
+
 def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: str, backend: str,
-                port: int, timeout: float, conn) -> None:
+                port: int, timeout: float, conn, parent_pid: int) -> None:
     """Entry point of a rank's process: set up, run ``fn``, send back ``("ok", result)`` or an error."""
+    _die_with_parent(parent_pid)
     try:
         os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
                            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), _ENV_DEVICE: device})
@@ -217,9 +274,56 @@ def _stop(procs, grace: float) -> None:
             p.join(grace)
 
 
+def _join_finished(procs) -> None:
+    """Wait for ranks that delivered their results to exit; terminate those that do not."""
+    deadline = time.monotonic() + _EXIT_GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    stuck = [r for r, p in enumerate(procs) if p.is_alive()]
+    if stuck:
+        log.warning("ranks %s delivered results but did not exit within %.0f s; terminating them",
+                    stuck, _EXIT_GRACE_S)
+        _stop(procs, _KILL_GRACE_S)
+    for r, p in enumerate(procs):
+        if p.exitcode not in (0, None) and r not in stuck:
+            log.warning("rank %d delivered its result but exited with code %s", r, p.exitcode)
+
+
 def _pick_root_cause(failures: List[RankFailure]) -> List[RankFailure]:
     # Backend errors are usually echoes of another rank's death; prefer the first failure that is not one.
     return sorted(failures, key=lambda f: (f.communication, f.when))
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """Turn SIGTERM/SIGHUP into :class:`LaunchInterrupted` while ranks run, so ``launch``'s cleanup stops them.
+
+    Only the main thread can install handlers; elsewhere the signals keep their default action (the
+    process dies and the ranks follow it through their parent-death watch). A second signal during the
+    cleanup is ignored so the cleanup itself is not cut short.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: List[int] = []
+
+    def handler(signum, frame):
+        if not received:
+            received.append(signum)
+            raise LaunchInterrupted(signum)
+        log.warning("received %s again while stopping the ranks; still stopping", signal.Signals(signum).name)
+
+    previous = {}
+    for s in _STOP_SIGNALS:
+        try:
+            previous[s] = signal.signal(s, handler)
+        except (ValueError, OSError):  # e.g. an embedded interpreter that forbids it
+            pass
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 @contextlib.contextmanager
@@ -308,13 +412,15 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     failures: List[RankFailure] = []
     results: List[Any] = [None] * nprocs
     done = [False] * nprocs          # result or failure received
+    stack = contextlib.ExitStack()
     try:
+        stack.enter_context(_stop_on_signals())
         with _child_environment(cpu_ranks=all(d.type == "cpu" for d in devs)):
             for rank in range(nprocs):
                 reader, writer = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_child_main, name=f"gsplit-rank{rank}",
                                 args=(rank, nprocs, fn, tuple(args), str(devs[rank]), backend, port, float(timeout),
-                                      writer))
+                                      writer, os.getpid()))
                 p.start()
                 writer.close()  # the child holds the only write end: EOF on reader means the child is gone
                 procs.append(p)
@@ -359,23 +465,19 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
             if drain_until is not None and time.monotonic() >= drain_until:
                 break
     finally:
-        if failures or not all(done):
-            _stop(procs, _KILL_GRACE_S)
-        else:
-            deadline = time.monotonic() + _EXIT_GRACE_S
-            for p in procs:
-                p.join(max(0.0, deadline - time.monotonic()))
-            stuck = [r for r, p in enumerate(procs) if p.is_alive()]
-            if stuck:
-                log.warning("ranks %s delivered results but did not exit within %.0f s; terminating them",
-                            stuck, _EXIT_GRACE_S)
+        try:
+            if failures or not all(done):
                 _stop(procs, _KILL_GRACE_S)
-            for r, p in enumerate(procs):
-                if p.exitcode not in (0, None) and r not in stuck:
-                    log.warning("rank %d delivered its result but exited with code %s", r, p.exitcode)
-        for c in conns:
-            c.close()
-        del store
+            else:
+                _join_finished(procs)
+        except LaunchInterrupted:  # the signal came while the ranks were exiting: stop them, then report it
+            _stop(procs, _KILL_GRACE_S)
+            raise
+        finally:
+            for c in conns:
+                c.close()
+            del store
+            stack.close()
 
     if failures:
         exitcodes = {r: p.exitcode for r, p in enumerate(procs)}

@@ -1,0 +1,138 @@
+"""Faults: whatever ends the launching process, no rank outlives it, and nothing is left behind.
+
+A parent process (a small script) launches CPU ranks that loop in collectives forever and record their
+pids and the rendezvous port; the test then ends the parent (SIGTERM, SIGHUP, SIGKILL, an exception)
+and checks within 5 s that every rank is gone and the port is free. Workers are top-level functions of
+this module so that spawned ranks can import them (pytest puts tests/ on sys.path).
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+# ---------------------------------------------------------------- workers (run inside the ranks)
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def forever_worker(rank, world_size, outdir):
+    out = Path(outdir)
+    _write_atomic(out / f"rank{rank}.pid", str(os.getpid()))
+    if rank == 0:
+        _write_atomic(out / "port", os.environ["MASTER_PORT"])
+    t = torch.zeros(1)
+    while True:  # hold the gloo connections, as a training loop does
+        dist.all_reduce(t)
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- helpers
+PARENT = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from pathlib import Path
+    sys.path[:0] = [{root!r}, {tests!r}]  # this worktree's gsplit, and the workers below
+    from test_faults import forever_worker
+    from gsplit.launch import launch
+
+    if __name__ == "__main__":
+        out, mode = Path(sys.argv[1]), sys.argv[2]
+        if mode == "exception":
+            def boom(signum, frame):
+                raise RuntimeError("parent failed")
+            signal.signal(signal.SIGUSR1, boom)
+        launch(forever_worker, 2, args=(str(out),), devices="cpu", timeout=120)
+""")
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for a reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            state = next(line for line in f if line.startswith("State:"))
+    except (FileNotFoundError, ProcessLookupError, StopIteration):
+        return False
+    return "Z" not in state.split()[1]
+
+
+def _listening(port: int) -> bool:
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                    return True
+    return False
+
+
+def _start_parent(tmp_path: Path, mode: str):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT.format(root=str(ROOT), tests=str(ROOT / "tests")))
+    err = open(tmp_path / "parent.err", "w")
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), mode], cwd=ROOT, stderr=err,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid", tmp_path / "port"]
+    while not all(f.exists() for f in files):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"parent did not start its ranks (rc {proc.poll()}): {(tmp_path / 'parent.err').read_text()}")
+        time.sleep(0.1)
+    pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]
+    return proc, pids, int((tmp_path / "port").read_text())
+
+
+def _cleanup(proc, pids):
+    for pid in [proc.pid, *pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(10)
+
+
+@pytest.mark.parametrize("how,expect_rc", [("SIGTERM", 128 + signal.SIGTERM), ("SIGHUP", 128 + signal.SIGHUP),
+                                           ("SIGKILL", -signal.SIGKILL), ("exception", 1)])
+def test_no_rank_outlives_its_parent(tmp_path, how, expect_rc):
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    proc, pids, port = _start_parent(tmp_path, "exception" if how == "exception" else "plain")
+    try:
+        assert all(_alive(p) for p in pids) and _listening(port)
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGUSR1 if how == "exception" else getattr(signal, how))
+        while (any(_alive(p) for p in pids) or _listening(port)) and time.monotonic() - t0 < 5:
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        assert not any(_alive(p) for p in pids), f"ranks {pids} still alive {took:.1f}s after {how} to the parent"
+        assert not _listening(port), f"rendezvous port {port} still listening {took:.1f}s after {how}"
+        rc = proc.wait(10)
+        assert rc == expect_rc, (rc, (tmp_path / "parent.err").read_text())
+    finally:
+        _cleanup(proc, pids)
+    err = (tmp_path / "parent.err").read_text()
+    assert "leaked" not in err, err  # the resource tracker reports leaked semaphores / shared memory
+    if how == "exception":
+        assert "parent failed" in err
+    ours = [e for e in set(os.listdir("/dev/shm")) - shm_before if any(str(p) in e for p in [proc.pid, *pids])] \
+        if shm_before or os.path.isdir("/dev/shm") else []
+    assert not ours, f"/dev/shm entries left behind: {ours}"
+    with socket.socket() as s:  # the port can be listened on again
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
