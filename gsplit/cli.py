@@ -17,6 +17,8 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from gsplit.launch import LaunchInterrupted
+
 log = logging.getLogger("gsplit.cli")
 
 
@@ -205,7 +207,7 @@ def cmd_train(args) -> int:
     else:
         backend = None if args.device != "cpu" else "gloo"
         result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch, True, cache_weights),
-                               backend=backend)[0]
+                               backend=backend, timeout=args.timeout, progress_timeout=args.progress_timeout)[0]
     result["dataset"] = ds.name
     result["wall_s"] = time.perf_counter() - t
     if args.log:
@@ -266,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
     p.add_argument("--log", help="write every number as JSON here")
+    p.add_argument("--timeout", type=float, default=1800,
+                   help="seconds a collective may wait before the job fails (default 1800, as DDP)")
+    p.add_argument("--progress-timeout", type=float, default=600,
+                   help="stop the job when a rank made no training progress for this many seconds and name it "
+                        "(default 600; 0 disables)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("stats", help="cross-split edges and load imbalance of a partition map")
@@ -304,6 +311,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("gsplit: interrupted", file=sys.stderr)
         return 130
+    except LaunchInterrupted as e:  # SIGTERM / SIGHUP: the ranks are already stopped
+        print(f"gsplit: {e}", file=sys.stderr)
+        return e.code
     except RuntimeError as e:  # LaunchError and friends: the message already names the failing rank
         print(f"gsplit: error: {e}", file=sys.stderr)
         return 1

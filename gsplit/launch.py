@@ -21,6 +21,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -35,7 +36,7 @@ import torch.multiprocessing as tmp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["launch", "LaunchError", "LaunchInterrupted", "RankFailure", "current_device"]
+__all__ = ["launch", "LaunchError", "LaunchInterrupted", "RankFailure", "current_device", "report_progress"]
 
 # After the first failure, how long to keep listening for the other ranks' reports before killing them
 # (lets a simultaneous, earlier root cause win over its follow-up communication errors).
@@ -48,6 +49,14 @@ _EXIT_GRACE_S = 30.0
 _ENV_DEVICE = "GSPLIT_DEVICE"
 # How often a rank's watchdog thread checks that the launching process is still there.
 _WATCHDOG_INTERVAL_S = 0.5
+# How often the launcher checks the ranks' heartbeats and progress.
+_POLL_S = 0.5
+# Per-rank slots of the shared watch array: heartbeat time, last progress time, progress count, and
+# whether the rank's main thread sat in a torch.distributed call at the last heartbeat.
+_HEARTBEAT, _PROGRESS_T, _PROGRESS_N, _IN_COLLECTIVE = range(4)
+_SLOTS = 4
+_DIST_DIR = os.path.join("torch", "distributed") + os.sep
+
 # Signals that stop a launch cleanly (what `kill`, `timeout`, Slurm and a closing terminal send); SIGINT
 # needs no handler: it reaches every rank of the foreground process group and Python raises KeyboardInterrupt.
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -119,6 +128,46 @@ class LaunchInterrupted(SystemExit):
         return f"stopped by {signal.Signals(self.signum).name}; all ranks were stopped"
 
 
+@dataclass
+class _RankWatch:
+    """What a launched rank writes for the launcher's watchdog: its slots of the shared array."""
+
+    slots: Any
+    """The launch's shared ``double`` array (``multiprocessing`` RawArray), ``_SLOTS`` entries per rank."""
+    rank: int
+    """This process's rank."""
+
+    def set(self, slot: int, value: float) -> None:
+        self.slots[self.rank * _SLOTS + slot] = value
+
+    def get(self, slot: int) -> float:
+        return self.slots[self.rank * _SLOTS + slot]
+
+
+# Set once in each rank's process by _child_main (None elsewhere): report_progress() is called from
+# deep inside training loops that should not have to carry the launcher's shared memory around.
+_WATCH: Optional[_RankWatch] = None
+
+
+def report_progress(iteration: Optional[int] = None) -> None:
+    """Tell the launcher that this rank made progress; call it once per training iteration.
+
+    The launcher's progress watchdog (``launch(progress_timeout=...)``) stops a job whose ranks stopped
+    making progress and names the rank whose last report is oldest (the one that hung, while the others
+    wait for it in a collective). ``iteration`` is the number to show in that message (default: the
+    count of reports so far). Costs two stores to shared memory; a no-op outside a launched rank, so
+    library code can call it unconditionally.
+
+    Example:
+        >>> report_progress()  # in the launching process itself: nothing to report to
+    """
+    watch = _WATCH
+    if watch is None:
+        return
+    watch.set(_PROGRESS_N, watch.get(_PROGRESS_N) + 1 if iteration is None else float(iteration))
+    watch.set(_PROGRESS_T, time.monotonic())
+
+
 def current_device() -> torch.device:
     """The device :func:`launch` assigned to the calling rank (``cpu`` outside a launched rank).
 
@@ -161,7 +210,13 @@ def _is_communication_error(exc: BaseException) -> bool:
                             "Socket Timeout", "Timed out", "gloo"))
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _in_collective(thread_id: int) -> bool:
+    """Whether thread ``thread_id`` currently runs a ``torch.distributed`` call (waits in a collective)."""
+    frame = sys._current_frames().get(thread_id)
+    return frame is not None and _DIST_DIR in frame.f_code.co_filename
+
+
+def _die_with_parent(parent_pid: int, watch: Optional[_RankWatch]) -> None:
     """Make sure this rank ends when the launching process does, however that one ends.
 
     Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill this process when its parent dies,
@@ -180,22 +235,31 @@ def _die_with_parent(parent_pid: int) -> None:
     if os.getppid() != parent_pid:
         os._exit(1)
 
-    def watch() -> None:
+    main_id = threading.main_thread().ident
+
+    def watch_parent() -> None:
+        # Also the rank's heartbeat: a live thread proves the process runs and gets the GIL, and it notes
+        # whether the main thread waits in a collective (tells a rank that hangs from ranks waiting for it).
         while os.getppid() == parent_pid:
+            if watch is not None:
+                watch.set(_IN_COLLECTIVE, float(_in_collective(main_id)))
+                watch.set(_HEARTBEAT, time.monotonic())
             time.sleep(_WATCHDOG_INTERVAL_S)
         sys.stderr.write(f"gsplit rank (pid {os.getpid()}): the launching process {parent_pid} is gone; exiting\n")
         sys.stderr.flush()
         os._exit(1)
 
-    threading.Thread(target=watch, name="gsplit-watchdog", daemon=True).start()
+    threading.Thread(target=watch_parent, name="gsplit-watchdog", daemon=True).start()
 
 
 def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: str, backend: str,
-                port: int, timeout: float, conn, parent_pid: int) -> None:
+                master_addr: str, port: int, timeout: float, conn, parent_pid: int, slots) -> None:
     """Entry point of a rank's process: set up, run ``fn``, send back ``("ok", result)`` or an error."""
-    _die_with_parent(parent_pid)
+    global _WATCH
+    _WATCH = _RankWatch(slots, rank)
+    _die_with_parent(parent_pid, _WATCH)
     try:
-        os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+        os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "RANK": str(rank),
                            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), _ENV_DEVICE: device})
         dev = torch.device(device)
         if dev.type == "cuda":
@@ -205,7 +269,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             torch.set_num_threads(max(1, cores // world_size))
         # The parent hosts the rendezvous store, so the port cannot be taken between choosing and listening.
-        store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+        store = dist.TCPStore(master_addr, port, world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
@@ -264,6 +328,9 @@ def _stop(procs, grace: float) -> None:
     alive = [p for p in procs if p.is_alive()]
     for p in alive:
         p.terminate()
+        if hasattr(signal, "SIGCONT"):  # a stopped (frozen) rank handles SIGTERM only once continued
+            with contextlib.suppress(OSError):
+                os.kill(p.pid, signal.SIGCONT)
     deadline = time.monotonic() + grace
     for p in alive:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -344,17 +411,120 @@ def _child_environment(cpu_ranks: bool):
             os.environ.pop("OMP_WAIT_POLICY", None)
 
 
+def _check_number(name: str, value, minimum: float, allow_zero: bool) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}") from None
+    if not (v > minimum or (allow_zero and v == 0)) or v != v or v == float("inf"):
+        what = "positive" + (" (0 disables it)" if allow_zero else "")
+        raise ValueError(f"{name} must be {what} and finite, got {value!r}")
+    return v
+
+
+class _Watchdog:
+    """The launcher's view of the ranks' heartbeats and progress reports (the shared watch array)."""
+
+    def __init__(self, slots, nprocs: int, heartbeat_timeout: float, progress_timeout: float):
+        self.slots, self.nprocs = slots, nprocs
+        self.heartbeat_timeout, self.progress_timeout = heartbeat_timeout, progress_timeout
+        self.start = time.monotonic()
+
+    def get(self, rank: int, slot: int) -> float:
+        return self.slots[rank * _SLOTS + slot]
+
+    def progress(self, rank: int):
+        """``(reports, seconds since the last one, waiting in a collective)``; the launch start counts as a report."""
+        n, t = self.get(rank, _PROGRESS_N), self.get(rank, _PROGRESS_T)
+        return int(n), time.monotonic() - (t or self.start), bool(self.get(rank, _IN_COLLECTIVE))
+
+    def suspect(self, ranks: Sequence[int]) -> int:
+        """The rank most likely to hold the others up: not in a collective, fewest reports, oldest report."""
+        def key(r):
+            n, age, waiting = self.progress(r)
+            return (waiting, n, -age)
+        return min(ranks, key=key)
+
+    def describe_progress(self, rank: int) -> str:
+        n, age, _ = self.progress(rank)
+        return f"last at iteration {n}" if n else "none reported yet"
+
+    def check(self, running: Sequence[int]) -> Optional[RankFailure]:
+        """A failure for a frozen rank or a job that stopped making progress, else None."""
+        now = time.monotonic()
+        if self.heartbeat_timeout:
+            for r in running:
+                beat = self.get(r, _HEARTBEAT)
+                if beat and now - beat > self.heartbeat_timeout:  # 0: still starting up
+                    return RankFailure(r, None, None, f"stopped responding: no heartbeat for {now - beat:.0f} s "
+                                       f"(the process is frozen: stopped, swapping, or in native code that holds "
+                                       f"the GIL)", "", time.time(), False)
+        armed = any(self.get(r, _PROGRESS_N) for r in range(self.nprocs))  # fn reports progress at all
+        if not (self.progress_timeout and armed and running):
+            return None
+        r = self.suspect(running)
+        n, age, waiting = self.progress(r)
+        if age <= self.progress_timeout:
+            return None
+        others = [o for o in running if o != r]
+        waiting_others = [o for o in others if self.progress(o)[2]]
+        text = (f"made no progress for {age:.0f} s ({self.describe_progress(r)}; progress_timeout "
+                f"{self.progress_timeout:g} s)")
+        if waiting_others:
+            text += (f"; rank{'s' if len(waiting_others) > 1 else ''} {', '.join(map(str, waiting_others))} "
+                     f"{'are' if len(waiting_others) > 1 else 'is'} waiting in a collective ("
+                     + ", ".join(f"rank {o} {self.describe_progress(o)}" for o in waiting_others) + ")")
+        if waiting:
+            text += "; it waits in a collective itself, so the job may just be slow: raise progress_timeout"
+        return RankFailure(r, None, None, text, "", time.time(), False)
+
+    def blame_hang(self, failures: List[RankFailure], running: Sequence[int]) -> Optional[RankFailure]:
+        """When ranks only timed out in collectives, the still-running rank they waited for is the root cause."""
+        if not failures or not running or not all(f.communication for f in failures):
+            return None
+        r = self.suspect(running)
+        n, age, waiting = self.progress(r)
+        failed = ", ".join(str(f.rank) for f in failures)
+        return RankFailure(r, None, None,
+                           f"hung: rank{'s' if len(failures) > 1 else ''} {failed} failed in a collective "
+                           f"waiting for it while it was still running ({'in a collective too' if waiting else 'not in a collective'}"
+                           f"; progress {self.describe_progress(r)}, {age:.0f} s ago)", "", time.time(), False)
+
+
+def _listen_socket(addr: str, port: int) -> socket.socket:
+    """A listening TCP socket bound to ``addr`` only (torch's TCPStore would bind every interface)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if os.name == "posix":  # as servers do (and TCPStore does): connections in TIME_WAIT must not block a rebind
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((addr, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optional[str] = None,
-           devices: Union[None, str, Sequence[Union[str, torch.device]]] = None, timeout: float = 60,
-           master_port: Optional[int] = None, spawn: bool = True) -> List[Any]:
+           devices: Union[None, str, Sequence[Union[str, torch.device]]] = None, timeout: float = 1800,
+           master_port: Optional[int] = None, spawn: bool = True, progress_timeout: float = 600,
+           heartbeat_timeout: float = 120, master_addr: str = "127.0.0.1") -> List[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``nprocs`` ranks and return their results in rank order.
 
     Each rank is a spawned process in which ``torch.distributed`` is initialised (rendezvous through a
-    TCP store that this process hosts on 127.0.0.1 at ``master_port``, by default a port the OS picks;
-    env ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` are set as torchrun
-    sets them), the rank's GPU is made current, ``fn`` runs, its return value is pickled back, and the
-    process group is destroyed. CPU ranks get ``torch.set_num_threads(cores // nprocs)`` unless
-    ``OMP_NUM_THREADS`` is set.
+    TCP store that this process hosts on ``master_addr`` (127.0.0.1) at ``master_port``, by default a
+    port the OS picks; env ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``
+    are set as torchrun sets them), the rank's GPU is made current, ``fn`` runs, its return value is
+    pickled back, and the process group is destroyed. CPU ranks get ``torch.set_num_threads(cores //
+    nprocs)`` unless ``OMP_NUM_THREADS`` is set.
+
+    Faults: a rank that raises or dies stops the job at once (:class:`LaunchError` names it). A rank
+    whose process freezes is found by its heartbeat (``heartbeat_timeout``); a job whose ranks stopped
+    calling :func:`report_progress` is stopped after ``progress_timeout`` and the error names the rank
+    that hung, not the ones waiting for it; ``timeout`` is the backend's last resort for a collective.
+    SIGTERM/SIGHUP to this process stop every rank and raise :class:`LaunchInterrupted`; Ctrl-C raises
+    KeyboardInterrupt after stopping them; if this process is killed outright, the ranks die with it.
 
     Args:
         fn: top-level (picklable) function called as ``fn(rank, world_size, *args)``; its return value
@@ -364,14 +534,22 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
         backend: ``"nccl"``, ``"gloo"`` or ``None``: NCCL when the ranks run on GPUs, else gloo.
         devices: ``None`` (one GPU per rank when CUDA GPUs exist and backend is not gloo, else CPU),
             ``"cpu"``, ``"cuda"``, or one device per rank. :func:`current_device` returns it in the rank.
-        timeout: seconds a collective (and the rendezvous) may wait before the backend gives up.
+        timeout: seconds a collective (and the rendezvous) may wait before the backend gives up; the
+            default, 30 min as DDP's, lets long GPU epochs and evaluations pass.
         master_port: rendezvous port; ``None`` lets the OS pick a free one.
         spawn: ``False`` runs ``fn(0, 1, *args)`` in the calling process, without processes or a
             process group, so a debugger and exceptions work as usual; only for ``nprocs == 1``.
+        progress_timeout: stop the job when the oldest :func:`report_progress` of a running rank is this
+            many seconds old (0 disables; armed only once some rank has reported progress, so a ``fn``
+            that never reports is never stopped by it).
+        heartbeat_timeout: stop the job when a rank's watchdog thread has not run for this many seconds
+            (a frozen process; 0 disables). A rank busy in a long step or collective still beats.
+        master_addr: the address the rendezvous store listens on; only local ranks connect to it.
 
     Raises:
-        LaunchError: a rank raised or died; the message names the rank and holds its traceback.
-            The other ranks are terminated, also when they are stuck in a collective.
+        LaunchError: a rank raised, died, froze or hung; the message names that rank and holds its
+            traceback. The other ranks are terminated, also when they are stuck in a collective.
+        LaunchInterrupted: this process received SIGTERM or SIGHUP (a ``SystemExit`` with code 128 + signum).
 
     Example:
         >>> def work(rank, world_size, x):          # in an importable module
@@ -382,6 +560,9 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     nprocs = int(nprocs)
     if nprocs < 1:
         raise ValueError(f"nprocs={nprocs}; launch needs at least one rank")
+    timeout = _check_number("timeout", timeout, 0, allow_zero=False)
+    progress_timeout = _check_number("progress_timeout", progress_timeout, 0, allow_zero=True)
+    heartbeat_timeout = _check_number("heartbeat_timeout", heartbeat_timeout, 0, allow_zero=True)
     if not spawn:
         if nprocs != 1:
             raise ValueError(f"spawn=False runs in-process and supports only nprocs=1, got nprocs={nprocs}")
@@ -400,14 +581,27 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     try:
         # Hosting the store here on port 0 (the OS picks a free one and we keep it) avoids the race of
         # "find a free port, release it, hope rank 0 gets it" when several launches start at once.
-        store = dist.TCPStore("127.0.0.1", int(master_port or 0), nprocs, is_master=True,
-                              timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False)
+        # TCPStore binds every interface when it opens the port itself; a socket bound to master_addr
+        # and handed over (the store owns the descriptor from then on) keeps it local.
+        sock = _listen_socket(master_addr, int(master_port or 0))
+        port = sock.getsockname()[1]
+        try:
+            store = dist.TCPStore(master_addr, port, nprocs, is_master=True,
+                                  timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+                                  master_listen_fd=sock.fileno())
+        except BaseException:
+            sock.close()
+            raise
+        sock.detach()
     except Exception as e:
-        raise RuntimeError(f"cannot host the rendezvous store on 127.0.0.1:{master_port or 0} ({e}); "
+        raise RuntimeError(f"cannot host the rendezvous store on {master_addr}:{master_port or 0} ({e}); "
                            f"pass another master_port or leave it None to let the OS choose") from e
-    port = store.port
 
     ctx = tmp.get_context("spawn")
+    # Written by the ranks (heartbeat thread, report_progress), read by the watchdog below; lock-free:
+    # each slot has one writer, and a torn read of a timestamp cannot happen for aligned doubles.
+    slots = ctx.RawArray("d", nprocs * _SLOTS)
+    watchdog = _Watchdog(slots, nprocs, heartbeat_timeout, progress_timeout)
     procs, conns = [], []
     failures: List[RankFailure] = []
     results: List[Any] = [None] * nprocs
@@ -419,8 +613,8 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
             for rank in range(nprocs):
                 reader, writer = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=_child_main, name=f"gsplit-rank{rank}",
-                                args=(rank, nprocs, fn, tuple(args), str(devs[rank]), backend, port, float(timeout),
-                                      writer, os.getpid()))
+                                args=(rank, nprocs, fn, tuple(args), str(devs[rank]), backend, master_addr, port,
+                                      float(timeout), writer, os.getpid(), slots))
                 p.start()
                 writer.close()  # the child holds the only write end: EOF on reader means the child is gone
                 procs.append(p)
@@ -436,7 +630,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
                 if not done[r]:
                     waiting[conns[r]] = r
                     waiting[procs[r].sentinel] = r
-            wait_s = None if drain_until is None else max(0.0, drain_until - time.monotonic())
+            wait_s = _POLL_S if drain_until is None else max(0.0, min(_POLL_S, drain_until - time.monotonic()))
             ready_ranks = sorted({waiting[x] for x in mp_wait(list(waiting), timeout=wait_s)})
             for r in ready_ranks:
                 c = conns[r]
@@ -460,9 +654,18 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
                 else:
                     _, exc_type, text, tb, when, comm = msg
                     failures.append(RankFailure(r, None, exc_type, text, tb, when, comm))
+            if drain_until is None:
+                stalled = watchdog.check([r for r in range(nprocs) if not done[r]])
+                if stalled is not None:
+                    log.error("rank %d %s; stopping the job", stalled.rank, stalled.message)
+                    done[stalled.rank] = True
+                    failures.append(stalled)
             if failures and drain_until is None:
                 drain_until = time.monotonic() + _DRAIN_S
             if drain_until is not None and time.monotonic() >= drain_until:
+                hung = watchdog.blame_hang(failures, [r for r in range(nprocs) if not done[r]])
+                if hung is not None:
+                    failures.append(hung)
                 break
     finally:
         try:

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.feature_store import parse_size
+from gsplit.launch import report_progress
 from gsplit.loader import DataLoader
 from gsplit.nn.models import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
@@ -241,6 +242,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                     "dst_vertices": list(stats.dst_vertices), "targets": stats.targets,
                     "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"]})
             local_loss += loss.detach().to(torch.float64)
+            report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
         epoch_s = time.perf_counter() - t_epoch

@@ -19,6 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from gsplit.launch import LaunchError, launch, report_progress
+
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -40,6 +42,28 @@ def forever_worker(rank, world_size, outdir):
     while True:  # hold the gloo connections, as a training loop does
         dist.all_reduce(t)
         time.sleep(0.05)
+
+
+def hang_worker(rank, world_size, hang_rank, at, seconds):
+    """Iterations of an all-reduce; ``hang_rank`` sleeps ``seconds`` inside iteration ``at`` (not in a collective)."""
+    t = torch.zeros(1)
+    for it in range(8):
+        if rank == hang_rank and it == at:
+            time.sleep(seconds)
+        dist.all_reduce(t)
+        report_progress()
+    return rank
+
+
+def freeze_worker(rank, world_size):
+    t = torch.zeros(1)
+    for it in range(1000):
+        if rank == 1 and it == 3:
+            os.kill(os.getpid(), signal.SIGSTOP)  # a frozen process: nothing of it runs any more
+        dist.all_reduce(t)
+        report_progress()
+        time.sleep(0.01)
+    return rank
 
 
 # ---------------------------------------------------------------- helpers
@@ -136,3 +160,51 @@ def test_no_rank_outlives_its_parent(tmp_path, how, expect_rc):
     with socket.socket() as s:  # the port can be listened on again
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
+
+
+# ---------------------------------------------------------------- hangs
+def test_a_hung_rank_is_named_by_the_progress_watchdog():
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(hang_worker, 2, args=(1, 3, 300), devices="cpu", timeout=60, progress_timeout=3)
+    took = time.monotonic() - start
+    assert took < 40, f"the hang was found after {took:.0f}s"
+    err = info.value
+    assert err.rank == 1, str(err)
+    msg = str(err)
+    assert "rank 1 made no progress for" in msg and "last at iteration 3" in msg, msg
+    assert "rank 0 is waiting in a collective" in msg, msg
+
+
+def test_a_legitimately_slow_step_is_not_killed():
+    # 4 s inside one step on rank 0: its heartbeat keeps beating (1 s limit) and progress stalls < 10 s
+    assert launch(hang_worker, 2, args=(0, 2, 4), devices="cpu", timeout=60, progress_timeout=10,
+                  heartbeat_timeout=1) == [0, 1]
+
+
+def test_a_collective_timeout_blames_the_rank_that_hung_not_the_one_waiting():
+    # no progress watchdog: gloo's own timeout fires on rank 0, which waited for rank 1
+    with pytest.raises(LaunchError) as info:
+        launch(hang_worker, 2, args=(1, 2, 300), devices="cpu", timeout=3, progress_timeout=0)
+    err = info.value
+    assert err.rank == 1, str(err)
+    assert "while it was still running (not in a collective; progress last at iteration 2" in str(err), str(err)
+    assert err.failures[0].rank == 1 and "hung: rank 0 failed in a collective" in err.failures[0].message
+    assert any(f.rank == 0 and f.communication for f in err.failures[1:])
+
+
+def test_a_frozen_rank_is_found_by_its_heartbeat():
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(freeze_worker, 2, devices="cpu", timeout=120, progress_timeout=0, heartbeat_timeout=2)
+    assert time.monotonic() - start < 40
+    assert info.value.rank == 1 and "stopped responding: no heartbeat" in str(info.value)
+
+
+def test_timeouts_are_validated():
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        launch(hang_worker, 2, timeout=0)
+    with pytest.raises(ValueError, match="progress_timeout must be positive"):
+        launch(hang_worker, 2, progress_timeout=-1)
+    with pytest.raises(ValueError, match="heartbeat_timeout"):
+        launch(hang_worker, 2, heartbeat_timeout=float("nan"))
