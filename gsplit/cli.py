@@ -17,6 +17,7 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
+from gsplit.io import atomic_write_json
 from gsplit.launch import LaunchInterrupted
 
 log = logging.getLogger("gsplit.cli")
@@ -107,12 +108,11 @@ def prepare_partition(ds, num_parts: int, fanouts: List[int], batch_size: int, m
     report = {"dataset": ds.name, "num_parts": num_parts, "method": method, "fanouts": fanouts,
               "batch_size": batch_size, "presample_epochs": presample_epochs if weights is not None else 0,
               "presample_s": t1 - t0, "partition_s": t2 - t1, "stats": stats.to_dict()}
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:  # every file atomic; each folder's metadata lands last
         pmap.save(out)
         if weights is not None:  # the GPU feature cache orders vertices by these frequencies
-            np.save(out / "vertex_weights.npy", weights.vertex_weights.numpy())
-        (out / "prepare.json").write_text(json.dumps(report, indent=1))
+            weights.save(out)
+        atomic_write_json(out / "prepare.json", report)
     return pmap, weights, report
 
 
@@ -165,6 +165,21 @@ def default_num_ranks() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
+def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
+    """The pre-sampling vertex weights saved next to a partition map (checked), or None if there are none."""
+    from gsplit.io import load_npy
+    from gsplit.partition.presample import PresampleWeights
+
+    if (pdir / "presample.json").exists():
+        weights = PresampleWeights.load(pdir)
+        weights.check_graph(graph)
+        return weights.vertex_weights
+    if (pdir / "vertex_weights.npy").exists():  # older gsplit wrote this array alone
+        return torch.from_numpy(load_npy(pdir / "vertex_weights.npy", "run `gsplit prepare` again", kind="f",
+                                         length=graph.num_nodes).astype(np.float32))
+    return None
+
+
 def cmd_train(args) -> int:
     import gsplit
     from gsplit.feature_store import parse_size
@@ -192,9 +207,8 @@ def cmd_train(args) -> int:
             if weights is not None:
                 cache_weights = weights.vertex_weights
         owner = pmap.assignment
-        weights_file = pdir / "vertex_weights.npy" if pdir is not None else None
-        if cache_weights is None and weights_file is not None and weights_file.exists():
-            cache_weights = torch.from_numpy(np.load(weights_file))
+        if cache_weights is None and pdir is not None:
+            cache_weights = _saved_vertex_weights(pdir, ds.graph)
         if parse_size(cfg.cache_size):
             print("feature cache ordered by " + ("pre-sampling frequency" if cache_weights is not None
                                                 else "in-degree (no pre-sampling weights for this map)"))

@@ -208,3 +208,133 @@ def test_timeouts_are_validated():
         launch(hang_worker, 2, progress_timeout=-1)
     with pytest.raises(ValueError, match="heartbeat_timeout"):
         launch(hang_worker, 2, heartbeat_timeout=float("nan"))
+
+
+# ---------------------------------------------------------------- atomic, verified files
+def _small_map(num_parts=2, n=40):
+    from gsplit.partition.partition_map import PartitionMap
+    return PartitionMap.from_tensor(torch.arange(n) % num_parts, num_parts=num_parts)
+
+
+def test_atomic_write_keeps_the_old_file_when_the_writer_fails(tmp_path, monkeypatch):
+    import numpy as np
+    from gsplit import io
+    target = tmp_path / "a.npy"
+    io.atomic_save_npy(target, np.arange(5))
+
+    def dying_fsync(fd):
+        raise OSError("disk gone")
+    monkeypatch.setattr(io.os, "fsync", dying_fsync)
+    with pytest.raises(OSError, match="disk gone"):
+        io.atomic_save_npy(target, np.arange(100))
+    monkeypatch.undo()
+    assert np.load(target).tolist() == list(range(5))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.npy"]  # no temporary file left
+
+
+def test_an_interrupted_map_write_is_detected_not_loaded_as_another_map(tmp_path, monkeypatch):
+    from gsplit import io
+    from gsplit.partition.partition_map import PartitionMap
+    folder = tmp_path / "map"
+    _small_map(2).save(folder)
+
+    def die(*a, **k):
+        raise KeyboardInterrupt  # the writer dies between assignment.npy and meta.json
+    monkeypatch.setattr(io, "atomic_write_json", die)
+    with pytest.raises(KeyboardInterrupt):
+        _small_map(4).save(folder)
+    monkeypatch.undo()
+    with pytest.raises(ValueError) as info:
+        PartitionMap.load(folder)
+    msg = str(info.value)
+    assert "incomplete partition map" in msg and "meta.json" in msg and "gsplit prepare" in msg
+    assert "\n" not in msg
+
+
+def test_map_files_are_checked_on_load(tmp_path):
+    import json
+    from gsplit.partition.partition_map import PartitionMap
+    folder = tmp_path / "map"
+    _small_map(2).save(folder)
+    meta = json.loads((folder / "meta.json").read_text())
+
+    del meta["num_parts"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"meta.json lacks the required key 'num_parts'; make the map again"):
+        PartitionMap.load(folder)
+
+    _small_map(2).save(folder)
+    (folder / "assignment.npy").write_bytes(os.urandom(300))
+    with pytest.raises(ValueError) as info:
+        PartitionMap.load(folder)
+    msg = str(info.value)
+    assert str(folder / "assignment.npy") in msg and "not a valid .npy file" in msg and "pickle" not in msg
+
+    _small_map(2).save(folder)
+    data = (folder / "assignment.npy").read_bytes()
+    (folder / "assignment.npy").write_bytes(data[: len(data) - 10])
+    with pytest.raises(ValueError, match="assignment.npy"):
+        PartitionMap.load(folder)
+
+    _small_map(4).save(tmp_path / "four")  # a part id beyond the metadata's num_parts
+    (folder / "assignment.npy").write_bytes((tmp_path / "four" / "assignment.npy").read_bytes())
+    with pytest.raises(ValueError, match="holds part id 3 but .* says num_parts=2"):
+        PartitionMap.load(folder)
+
+
+def test_cli_reports_a_broken_map_in_one_line(tmp_path, capsys):
+    import json
+    from gsplit.cli import main
+    folder = tmp_path / "map"
+    _small_map(2, n=300).save(folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["num_parts"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    rc = main(["stats", "--dataset", "synthetic", "-D", "num_nodes=300", "--partition", str(folder)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("gsplit: error:") and "num_parts" in err and len(err.strip().splitlines()) == 1
+
+
+def test_graph_load_rejects_bad_arrays(tmp_path):
+    import numpy as np
+    from gsplit.graph import Graph
+    folder = tmp_path / "g"
+    Graph.from_edges([0, 1, 2], [1, 2, 0]).save(folder)
+    good = np.load(folder / "indices.npy")
+
+    np.save(folder / "indices.npy", np.array([0, -1, 2]))
+    with pytest.raises(ValueError, match=r"is not a valid graph: indices holds vertex id -1"):
+        Graph.load(folder)
+    Graph.load(folder, validate=False)  # trusted-file mode skips the pass over the arrays
+
+    np.save(folder / "indices.npy", good)
+    np.save(folder / "indptr.npy", np.array([0, 2, 1, 3]))
+    with pytest.raises(ValueError, match="non-decreasing"):
+        Graph.load(folder, mmap=False)
+
+    np.save(folder / "indptr.npy", np.array([0.0, 1.0, 2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"indptr.npy holds dtype float64, expected signed integers"):
+        Graph.load(folder)
+
+    (folder / "meta.json").unlink()
+    with pytest.raises(ValueError, match="incomplete graph"):
+        Graph.load(folder)
+
+
+def test_presample_weights_round_trip_and_checks(tmp_path):
+    import numpy as np
+    from gsplit.graph import Graph
+    from gsplit.partition.presample import PresampleWeights, presample
+    from gsplit.sampling.neighbor import NeighborSampler
+    g = Graph.from_edges(torch.randint(0, 30, (200,)), torch.randint(0, 30, (200,)), 30)
+    w = presample(g, torch.arange(10), NeighborSampler([3, 2]), batch_size=5, epochs=1)
+    w.save(tmp_path / "w")
+    back = PresampleWeights.load(tmp_path / "w")
+    for name in ("vertex_weights", "edge_weights", "level_vertex_weights", "layer_edge_load"):
+        assert torch.equal(getattr(back, name), getattr(w, name)), name
+    assert (back.num_batches, back.fanouts) == (w.num_batches, w.fanouts)
+    bad = w.vertex_weights.numpy().copy()
+    bad[3] = np.nan
+    np.save(tmp_path / "w" / "vertex_weights.npy", bad)
+    with pytest.raises(ValueError, match="vertex_weights.npy holds negative or non-finite weights"):
+        PresampleWeights.load(tmp_path / "w")
