@@ -7,17 +7,17 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
 import torch
 
-from gsplit.io import atomic_write_json
+from gsplit.io import append_jsonl, atomic_write_json, check_writable
 from gsplit.launch import LaunchInterrupted
 
 log = logging.getLogger("gsplit.cli")
@@ -138,6 +138,8 @@ def cmd_prepare(args) -> int:
 def cmd_stats(args) -> int:
     import gsplit
 
+    if args.json:
+        check_writable(args.json, "--json file")
     ds = _load_dataset(args)
     pmap = gsplit.PartitionMap.load(args.partition)
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else list(pmap.fanouts or [15, 10, 5])
@@ -148,7 +150,7 @@ def cmd_stats(args) -> int:
     print(f"{pmap!r}")
     _print_stats(stats.to_dict())
     if args.json:
-        Path(args.json).write_text(json.dumps(stats.to_dict(), indent=1))
+        atomic_write_json(args.json, stats.to_dict())
     return 0
 
 
@@ -159,6 +161,23 @@ def print_epoch(record: dict) -> None:
     print(f"epoch {record['epoch']:>3}  loss {record['loss']:.4f}  time {record['epoch_s']:.2f}s "
           f"(sample {record['sample_s']:.2f} / load {record['load_s']:.2f} / fwd-bwd {record['train_s']:.2f})  "
           f"{acc}", flush=True)
+
+
+class EpochReport:
+    """Rank 0's per-epoch callback: print the epoch line and, with a log file, append the record to it.
+
+    Picklable (it crosses into the rank processes). Appending as epochs finish keeps the epochs done
+    when a later one crashes.
+    """
+
+    def __init__(self, log_path: Optional[str] = None):
+        self.log_path = log_path
+        """JSON Lines file to append ``{"type": "epoch", ...}`` records to; None: print only."""
+
+    def __call__(self, record: dict) -> None:
+        print_epoch(record)
+        if self.log_path:
+            append_jsonl(self.log_path, {"type": "epoch", **record})
 
 
 def default_num_ranks() -> int:
@@ -185,6 +204,8 @@ def cmd_train(args) -> int:
     from gsplit.feature_store import parse_size
     from gsplit.trainer import TrainConfig, train_rank
 
+    if args.log:  # before any work: a bad path must not surface after the whole run
+        check_writable(args.log, "--log file")
     ds = _load_dataset(args)
     fanouts = parse_fanouts(args.fanouts)
     ranks = args.num_ranks or default_num_ranks()
@@ -215,19 +236,21 @@ def cmd_train(args) -> int:
     print(f"training {args.model} with {args.system} on {ranks} rank(s) "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
+    if args.log:
+        append_jsonl(args.log, {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg)})
+    report = EpochReport(args.log)
     t = time.perf_counter()
     if ranks == 1:
-        result = train_rank(0, 1, cfg, ds, owner, print_epoch, True, cache_weights)
+        result = train_rank(0, 1, cfg, ds, owner, report, True, cache_weights)
     else:
         backend = None if args.device != "cpu" else "gloo"
-        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch, True, cache_weights),
+        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, report, True, cache_weights),
                                backend=backend, timeout=args.timeout, progress_timeout=args.progress_timeout)[0]
     result["dataset"] = ds.name
     result["wall_s"] = time.perf_counter() - t
-    if args.log:
-        Path(args.log).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.log).write_text(json.dumps(result, indent=1))
-        print(f"log written to {args.log}")
+    if args.log:  # the epochs are in the log already; the summary record marks the run complete
+        append_jsonl(args.log, {"type": "summary", **{k: v for k, v in result.items() if k != "epochs"}})
+        print(f"log written to {args.log} (JSON Lines; read it with gsplit.io.read_run_log)")
     return 0
 
 
@@ -281,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0: no cache); ordered by the partition folder's vertex_weights.npy, else in-degree")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
-    p.add_argument("--log", help="write every number as JSON here")
+    p.add_argument("--log", help="append every number here as JSON Lines, one record per epoch as it finishes "
+                                 "(read with gsplit.io.read_run_log)")
     p.add_argument("--timeout", type=float, default=1800,
                    help="seconds a collective may wait before the job fails (default 1800, as DDP)")
     p.add_argument("--progress-timeout", type=float, default=600,

@@ -338,3 +338,44 @@ def test_presample_weights_round_trip_and_checks(tmp_path):
     np.save(tmp_path / "w" / "vertex_weights.npy", bad)
     with pytest.raises(ValueError, match="vertex_weights.npy holds negative or non-finite weights"):
         PresampleWeights.load(tmp_path / "w")
+
+
+# ---------------------------------------------------------------- the run log
+CLI_TINY = ["--dataset", "synthetic", "-D", "num_nodes=600", "-D", "avg_degree=6", "-D", "feature_dim=8",
+            "--num-ranks", "1", "--fanouts", "4,3", "--batch-size", "128", "--hidden", "8", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("where", ["a directory", "an unwritable place"])
+def test_a_bad_log_path_fails_before_any_work(tmp_path, capsys, where):
+    from gsplit.cli import main
+    path = tmp_path if where == "a directory" else Path("/proc/gsplit-cannot-write-here/run.jsonl")
+    rc = main(["train", *CLI_TINY, "--log", str(path)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.startswith("gsplit: error:") and "--log file" in err and len(err.strip().splitlines()) == 1
+    assert "loading dataset" not in out  # refused before the dataset was even loaded
+
+
+def test_the_log_keeps_the_epochs_done_when_a_run_crashes(tmp_path, monkeypatch, capsys):
+    import gsplit.trainer
+    from gsplit.cli import main
+    from gsplit.io import read_run_log
+    calls = []
+    real = gsplit.trainer.evaluate
+
+    def failing_evaluate(*a, **k):
+        calls.append(1)
+        if len(calls) > 2:  # val and test of epoch 0 pass; epoch 1 crashes
+            raise RuntimeError("simulated crash in epoch 1")
+        return real(*a, **k)
+    monkeypatch.setattr(gsplit.trainer, "evaluate", failing_evaluate)
+    log = tmp_path / "run.jsonl"
+    assert main(["train", *CLI_TINY, "--epochs", "3", "--log", str(log)]) == 1
+    assert "simulated crash" in capsys.readouterr().err
+    run = read_run_log(log)
+    assert run["complete"] is False and [e["epoch"] for e in run["epochs"]] == [0]
+    assert run["world_size"] == 1 and run["config"]["epochs"] == 3 and "val_acc" in run["epochs"][0]
+    monkeypatch.undo()
+    assert main(["train", *CLI_TINY, "--epochs", "2", "--log", str(log)]) == 0  # rewritten, not appended to
+    run = read_run_log(log)
+    assert run["complete"] is True and [e["epoch"] for e in run["epochs"]] == [0, 1] and run["wall_s"] > 0
+    assert len(log.read_text().splitlines()) == 4  # run, 2 epochs, summary
