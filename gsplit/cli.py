@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 from dataclasses import asdict
@@ -35,6 +36,9 @@ def parse_fanouts(text: str) -> List[int]:
         raise CliError(f"--fanouts {text!r} is not a comma-separated list of integers; e.g. --fanouts 15,10,5")
     if not fanouts:
         raise CliError("--fanouts is empty; pass one fanout per layer, e.g. --fanouts 15,10,5")
+    bad = [f for f in fanouts if f < 1 and f != -1]
+    if bad:
+        raise CliError(f"--fanouts {text!r} holds {bad[0]}; each fanout must be >= 1 (or -1: all neighbours)")
     return fanouts
 
 
@@ -269,8 +273,64 @@ def cmd_bench(args) -> int:
 
 
 # ---------------------------------------------------------------------------- entry point
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is a :class:`CliError` (one line, exit 2) like every other user mistake."""
+
+    def error(self, message):
+        raise CliError(message)
+
+
+def _positive(v) -> bool:
+    return v >= 1
+
+
+def _non_negative(v) -> bool:
+    return v >= 0
+
+
+def _finite_positive(v) -> bool:
+    return math.isfinite(v) and v > 0
+
+
+def _finite_non_negative(v) -> bool:
+    return math.isfinite(v) and v >= 0
+
+
+# Every numeric option, checked in this process before any data is loaded or any rank starts.
+_NUMBER_RULES = {
+    "batch_size": (_positive, "must be positive"),
+    "num_parts": (_positive, "must be positive"),
+    "presample_epochs": (_positive, "must be positive"),
+    "hidden": (_positive, "must be positive"),
+    "heads": (_positive, "must be positive"),
+    "num_batches": (_positive, "must be positive"),
+    "batches": (_positive, "must be positive"),
+    "epochs": (_non_negative, "must be >= 0"),
+    "num_ranks": (_non_negative, "must be >= 0 (0: all GPUs, else 2 CPU ranks)"),
+    "max_iters": (_non_negative, "must be >= 0 (0: whole epochs)"),
+    "seed": (_non_negative, "must be >= 0"),
+    "lr": (_finite_positive, "must be a positive finite number"),
+    "dropout": (lambda v: 0 <= v < 1, "must be in [0, 1) (a probability of dropping; 1 would drop everything)"),
+    "timeout": (_finite_positive, "must be a positive finite number of seconds"),
+    "progress_timeout": (_finite_non_negative, "must be a finite number of seconds >= 0 (0 disables it)"),
+}
+
+
+def check_numbers(args) -> None:
+    """Raise :class:`CliError` for the first numeric option outside its range (NaN included)."""
+    for name, (ok, rule) in _NUMBER_RULES.items():
+        value = getattr(args, name, None)
+        if value is not None and not ok(value):
+            raise CliError(f"--{name.replace('_', '-')} {rule}, got {value}")
+    if isinstance(getattr(args, "fanouts", None), str):
+        parse_fanouts(args.fanouts)
+    if getattr(args, "cache_size", None) is not None:
+        from gsplit.feature_store import parse_size
+        parse_size(args.cache_size)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gsplit", description="split-parallel GNN training")
+    parser = _Parser(prog="gsplit", description="split-parallel GNN training")
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -333,15 +393,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except CliError as e:
+        print(f"gsplit: error: {e} (see gsplit --help)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    for name in ("batch_size", "num_parts", "epochs", "num_ranks", "presample_epochs"):
-        value = getattr(args, name, None)
-        if value is not None and value < (0 if name in ("num_ranks", "epochs") else 1):
-            print(f"gsplit: error: --{name.replace('_', '-')} must be positive, got {value}", file=sys.stderr)
-            return 2
     try:
+        check_numbers(args)
         return args.func(args)
     except (CliError, ValueError, TypeError, FileNotFoundError, ImportError) as e:
         print(f"gsplit: error: {e}", file=sys.stderr)

@@ -379,3 +379,50 @@ def test_the_log_keeps_the_epochs_done_when_a_run_crashes(tmp_path, monkeypatch,
     run = read_run_log(log)
     assert run["complete"] is True and [e["epoch"] for e in run["epochs"]] == [0, 1] and run["wall_s"] > 0
     assert len(log.read_text().splitlines()) == 4  # run, 2 epochs, summary
+
+
+# ---------------------------------------------------------------- no silent coercion in the CLI
+@pytest.mark.parametrize("argv,msg", [
+    (["train", "--lr", "nan"], "--lr must be a positive finite number, got nan"),
+    (["train", "--lr", "-0.1"], "--lr must be"),
+    (["train", "--dropout", "1.0"], "--dropout must be in [0, 1)"),
+    (["train", "--dropout", "-0.5"], "--dropout must be in [0, 1)"),
+    (["train", "--batch-size", "2.5"], "argument --batch-size: invalid int value: '2.5'"),
+    (["train", "--batch-size", "-3"], "--batch-size must be positive"),
+    (["train", "--hidden", "0"], "--hidden must be positive"),
+    (["train", "--heads", "0"], "--heads must be positive"),
+    (["train", "--epochs", "-1"], "--epochs must be >= 0"),
+    (["train", "--max-iters", "-1"], "--max-iters must be >= 0"),
+    (["train", "--seed", "-1"], "--seed must be >= 0"),
+    (["train", "--timeout", "0"], "--timeout must be a positive finite number"),
+    (["train", "--timeout", "inf"], "--timeout must be a positive finite number"),
+    (["train", "--progress-timeout", "-5"], "--progress-timeout must be"),
+    (["train", "--fanouts", "5,0"], "each fanout must be >= 1"),
+    (["train", "--cache-size", "lots"], "not a size"),
+    (["prepare", "--num-parts", "0", "--out", "x"], "--num-parts must be positive"),
+    (["prepare", "--num-parts", "2", "--presample-epochs", "0", "--out", "x"], "--presample-epochs must be positive"),
+    (["stats", "--partition", "x", "--num-batches", "0"], "--num-batches must be positive"),
+    (["bench", "--batches", "0"], "--batches must be positive"),
+    (["train", "--no-such-option"], "unrecognized arguments"),
+])
+def test_numeric_options_are_checked_before_any_work(argv, msg, capsys):
+    from gsplit.cli import main
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.startswith("gsplit: error:") and msg in err, err
+    assert len(err.strip().splitlines()) == 1 and "loading dataset" not in out
+
+
+def test_broken_data_files_give_one_line_naming_the_file(tmp_path, capsys):
+    import numpy as np
+    from gsplit.cli import main
+    npz = tmp_path / "g.npz"
+    np.savez(npz, adj_data=np.ones(4), adj_indices=np.arange(4), adj_indptr=np.arange(5), adj_shape=np.array([4, 4]))
+    npz.write_bytes(npz.read_bytes()[:200])  # truncated download
+    edges = tmp_path / "edges.txt"
+    edges.write_bytes(b"0 1\n1 2\n\xff\xfe\x00\x81\x9f binary\n")
+    for dataset, path in ((f"npz:{npz}", npz), (f"edgelist:{edges}", edges)):
+        rc = main(["stats", "--dataset", dataset, "--partition", str(tmp_path / "nomap")])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("gsplit: error:") and str(path) in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
