@@ -32,7 +32,7 @@ import gsplit
 from gsplit.datasets import random_split, synthetic_graph
 from gsplit.sampling.bench import time_sampler
 from gsplit.sampling.block import Block
-from gsplit.sampling.neighbor import relabel
+from gsplit.ops import relabel
 
 DGL_REFERENCE_MS = 77.0
 """The issue's figure for DGL on a 1M-vertex / 20M-edge uniform random graph, 2 cores (not measured here)."""

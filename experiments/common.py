@@ -117,23 +117,17 @@ def describe_dataset(ds) -> dict:
 # ---------------------------------------------------------------------------------------- partition maps
 def make_map(ds, world: int, method: str, fanouts: Sequence[int], batch_size: int, seed: int = 0,
              presample_epochs: int = 10, weights=None) -> Tuple[gsplit.PartitionMap, dict, object]:
-    """Partition ``ds`` for ``world`` ranks with ``method``; returns the map, its timings and the weights.
-
-    ``gsplit`` and ``node`` pre-sample with the global mini-batch (``batch_size * world``), as training
-    would, unless ``weights`` from an earlier call (same world and sampler) are passed back in;
-    ``edge`` and ``random`` need no pre-sampling.
+    """Partition ``ds`` for ``world`` ranks with ``method`` (``batch_size`` per rank, as the loaders take it);
+    returns the map, its timings and the weights. A thin wrapper of :func:`gsplit.prepare_partition`, the
+    same code ``gsplit prepare`` runs; ``weights`` from an earlier call (same world and sampler) skip
+    pre-sampling.
     """
-    sampler = gsplit.NeighborSampler(fanouts, seed=seed)
-    t0 = time.perf_counter()
-    if method in ("gsplit", "node") and weights is None:
-        weights = gsplit.presample(ds.graph, ds.train_idx, sampler, batch_size=batch_size * world,
-                                   epochs=presample_epochs, seed=seed)
-    t1 = time.perf_counter()
-    pmap = gsplit.partition(ds.graph, world, method=method, weights=weights if method in ("gsplit", "node") else None,
-                            train_idx=ds.train_idx, seed=seed, sampler=sampler, batch_size=batch_size)
-    t2 = time.perf_counter()
-    return pmap, {"method": method, "world": world, "presample_s": t1 - t0, "partition_s": t2 - t1,
-                  "presample_epochs": presample_epochs if method in ("gsplit", "node") else 0}, weights
+    prepared = gsplit.prepare_partition(ds, world, fanouts, batch_size, method, seed, presample_epochs,
+                                        stats_batches=0, weights=weights)
+    r = prepared.report
+    return prepared.pmap, {"method": method, "world": world, "presample_s": r["presample_s"],
+                           "partition_s": r["partition_s"], "presample_epochs": r["presample_epochs"]}, \
+        (prepared.weights if prepared.weights is not None else weights)
 
 
 # ---------------------------------------------------------------------------------------- training runs

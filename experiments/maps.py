@@ -19,7 +19,7 @@ import time
 
 import common
 import gsplit
-from gsplit.partition import METHODS
+from gsplit.partitioning import METHODS
 from gsplit.sampling.batches import num_iterations
 from gsplit.trainer import TrainConfig
 

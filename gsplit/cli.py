@@ -64,7 +64,7 @@ def parse_dataset_options(pairs: List[str]) -> Dict[str, object]:
 
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="synthetic",
-                   help="synthetic (default), npz:PATH, edgelist:PATH, ogbn-NAME, or a folder written by prepare")
+                   help="synthetic (default), npz:PATH, edgelist:PATH or ogbn-NAME")
     p.add_argument("-D", dest="dataset_opts", action="append", metavar="KEY=VALUE",
                    help="dataset option, repeatable (e.g. -D num_nodes=100000 -D avg_degree=20)")
 
@@ -79,6 +79,10 @@ def _load_dataset(args):
     from gsplit import datasets
 
     opts = parse_dataset_options(args.dataset_opts)
+    unknown = sorted(set(opts) - set(datasets.option_names(args.dataset)))
+    if unknown:
+        raise CliError(f"-D {', '.join(unknown)}: not an option of dataset {args.dataset!r}; "
+                       f"it accepts {', '.join(datasets.option_names(args.dataset))}")
     print(f"loading dataset {args.dataset} {opts if opts else ''}".rstrip(), flush=True)
     t = time.perf_counter()
     ds = datasets.load(args.dataset, **opts)
@@ -87,37 +91,8 @@ def _load_dataset(args):
 
 
 # ---------------------------------------------------------------------------- prepare
-def prepare_partition(ds, num_parts: int, fanouts: List[int], batch_size: int, method: str, seed: int,
-                      presample_epochs: int, out: Optional[Path], stats_batches: int = 20):
-    """Pre-sample, partition and measure; saves the map, weights and stats under ``out`` when given.
-
-    Returns ``(pmap, weights, report)``; ``weights`` is None for methods that do not pre-sample.
-    """
-    import gsplit
-
-    sampler = gsplit.NeighborSampler(fanouts, seed=seed)
-    weights = None
-    t0 = time.perf_counter()
-    if method in ("gsplit", "node"):
-        print(f"pre-sampling {presample_epochs} epochs (batch {batch_size * num_parts}, fanouts {fanouts})", flush=True)
-        weights = gsplit.presample(ds.graph, ds.train_idx, sampler, batch_size=batch_size * num_parts,
-                                   epochs=presample_epochs, seed=seed, progress=True)
-    t1 = time.perf_counter()
-    print(f"partitioning into {num_parts} parts with method {method}", flush=True)
-    pmap = gsplit.partition(ds.graph, num_parts, method=method, weights=weights, train_idx=ds.train_idx, seed=seed,
-                            sampler=sampler, batch_size=batch_size * num_parts)
-    t2 = time.perf_counter()
-    stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, batch_size * num_parts,
-                               num_batches=stats_batches, seed=seed)
-    report = {"dataset": ds.name, "num_parts": num_parts, "method": method, "fanouts": fanouts,
-              "batch_size": batch_size, "presample_epochs": presample_epochs if weights is not None else 0,
-              "presample_s": t1 - t0, "partition_s": t2 - t1, "stats": stats.to_dict()}
-    if out is not None:  # every file atomic; each folder's metadata lands last
-        pmap.save(out)
-        if weights is not None:  # the GPU feature cache orders vertices by these frequencies
-            weights.save(out)
-        atomic_write_json(out / "prepare.json", report)
-    return pmap, weights, report
+def _say(message: str) -> None:
+    print(message, flush=True)
 
 
 def _print_stats(stats: dict) -> None:
@@ -132,10 +107,12 @@ def cmd_prepare(args) -> int:
     ds = _load_dataset(args)
     fanouts = parse_fanouts(args.fanouts)
     out = Path(args.out)
-    _, _, report = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
-                                  args.presample_epochs, out)
-    print(f"presample {report['presample_s']:.1f}s, partition {report['partition_s']:.1f}s; map written to {out}")
-    _print_stats(report["stats"])
+    from gsplit.partitioning import prepare_partition
+
+    prepared = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
+                                 args.presample_epochs, out, progress=_say)
+    print(f"map written to {out}")
+    _print_stats(prepared.report["stats"])
     return 0
 
 
@@ -191,7 +168,7 @@ def default_num_ranks() -> int:
 def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
     """The pre-sampling vertex weights saved next to a partition map (checked), or None if there are none."""
     from gsplit.io import load_npy
-    from gsplit.partition.presample import PresampleWeights
+    from gsplit.partitioning.presample import PresampleWeights
 
     if (pdir / "presample.json").exists():
         weights = PresampleWeights.load(pdir)
@@ -226,11 +203,14 @@ def cmd_train(args) -> int:
             pmap.check_world_size(ranks)
             print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
         else:
-            pmap, weights, report = prepare_partition(ds, ranks, fanouts, args.batch_size, args.method, args.seed,
-                                                      args.presample_epochs, pdir)
-            _print_stats(report["stats"])
-            if weights is not None:
-                cache_weights = weights.vertex_weights
+            from gsplit.partitioning import prepare_partition
+
+            prepared = prepare_partition(ds, ranks, fanouts, args.batch_size, args.method, args.seed,
+                                         args.presample_epochs, pdir, progress=_say)
+            pmap = prepared.pmap
+            _print_stats(prepared.report["stats"])
+            if prepared.weights is not None:
+                cache_weights = prepared.weights.vertex_weights
         owner = pmap.assignment
         if cache_weights is None and pdir is not None:
             cache_weights = _saved_vertex_weights(pdir, ds.graph)
@@ -330,6 +310,11 @@ def check_numbers(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # the choices come from the library's own lists, so a new method, model or system appears here by itself
+    from gsplit.nn.models import MODELS
+    from gsplit.partitioning.metis import METHODS
+    from gsplit.trainer import SYSTEMS
+
     parser = _Parser(prog="gsplit", description="split-parallel GNN training")
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -338,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dataset_args(p)
     _add_sampling_args(p)
     p.add_argument("--num-parts", type=int, required=True, help="number of GPUs/ranks")
-    p.add_argument("--method", default="gsplit", choices=["gsplit", "node", "edge", "random"])
+    p.add_argument("--method", default="gsplit", choices=METHODS)
     p.add_argument("--presample-epochs", type=int, default=10)
     p.add_argument("--out", required=True, help="folder for the map, its metadata and stats")
     p.set_defaults(func=cmd_prepare)
@@ -346,16 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a GNN with split (or data) parallelism")
     _add_dataset_args(p)
     _add_sampling_args(p)
-    p.add_argument("--model", default="sage", choices=["sage", "gat", "gcn"])
+    p.add_argument("--model", default="sage", choices=sorted(MODELS))
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.003)
     p.add_argument("--num-ranks", type=int, default=0, help="ranks (default: all GPUs, else 2 CPU processes)")
-    p.add_argument("--system", default="split", choices=["split", "dp"])
+    p.add_argument("--system", default="split", choices=sorted(SYSTEMS))
     p.add_argument("--partition", help="partition folder; prepared on the fly (and saved here) when absent")
-    p.add_argument("--method", default="gsplit", choices=["gsplit", "node", "edge", "random"])
+    p.add_argument("--method", default="gsplit", choices=METHODS)
     p.add_argument("--presample-epochs", type=int, default=10)
     p.add_argument("--max-iters", type=int, default=0, help="stop each epoch after this many iterations")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -403,7 +388,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         check_numbers(args)
         return args.func(args)
-    except (CliError, ValueError, TypeError, FileNotFoundError, ImportError) as e:
+    except (CliError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"gsplit: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -32,7 +32,8 @@ from typing import Optional, Tuple, Union
 import numpy as np
 import torch
 
-from gsplit import gpu
+from gsplit import ops
+from gsplit.graph import id_range_error
 
 log = logging.getLogger(__name__)
 
@@ -93,60 +94,6 @@ class CacheCounts:
 def _log_once(level: int, message: str) -> None:
     """Log ``message`` the first time only (one line per process, not one per store or iteration)."""
     log.log(level, message)
-
-
-def _pin_in_place(t: torch.Tensor) -> bool:
-    """Page-lock ``t``'s memory where it is (``cudaHostRegister``), so GPU kernels can read it.
-
-    No copy: a copy would double host memory for features that may be most of it. The registration is
-    kept for the life of the process (other stores may share the tensor), so ``t`` must stay alive.
-    Needs CuPy, whose runtime wrapper also clears CUDA's last-error state when registration fails.
-    """
-    if t.is_pinned():
-        return True
-    import cupy
-
-    nbytes = t.numel() * t.element_size()
-    try:
-        cupy.cuda.runtime.hostRegister(t.data_ptr(), nbytes, 1)  # 1 = cudaHostRegisterPortable
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        if "AlreadyRegistered" in str(exc):  # registered by someone else: as good as pinned
-            return True
-        _log_once(logging.WARNING, f"cannot pin the {nbytes / 2**30:.1f} GiB host feature tensor in place "
-                  f"({exc}); cache misses are gathered by the CPU instead")
-        return False
-    return True
-
-
-def _word_size(row_bytes: int, *tensors: torch.Tensor) -> int:
-    """Widest word (16, 8, 4 or 1 bytes) that divides the row size and aligns every base address."""
-    for width in (16, 8, 4):
-        if row_bytes % width == 0 and all(t.numel() == 0 or t.data_ptr() % width == 0 for t in tensors):
-            return width
-    return 1
-
-
-def gather_rows_kernel(cache: torch.Tensor, host: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor,
-                       out: torch.Tensor) -> None:
-    """``out[i] = cache[slots[i]] if slots[i] >= 0 else host[ids[i]]`` with the ``kernels/gather.cu`` kernel.
-
-    ``cache`` and ``out`` are on one GPU, ``host`` is pinned host memory (or on that GPU), ``slots`` and
-    ``ids`` are int64 on the GPU; every tensor is contiguous with rows of the same shape and dtype, and
-    every ``ids[i]`` with ``slots[i] < 0`` is a valid row of ``host`` (the kernel does not check).
-    Runs on torch's current stream.
-    """
-    n = ids.numel()
-    if n == 0:
-        return
-    row_bytes = out.numel() // n * out.element_size()
-    if row_bytes == 0:
-        return
-    width = _word_size(row_bytes, cache, host, out)
-    words = row_bytes // width
-    with gpu._torch_stream(out.device):
-        gpu._launch("gather.cu", f"gsplit_gather_rows_{width}", n * words, (
-            gpu._ptr(cache), gpu._ptr(host), gpu._ptr(slots), gpu._ptr(ids), np.int64(n), np.int64(words),
-            gpu._ptr(out)))
 
 
 class FeatureStore:
@@ -232,14 +179,14 @@ class FeatureStore:
             self.mode = "cpu"
         elif self.device.type != "cuda":
             raise ValueError(f"device {self.device} is neither the CPU nor a CUDA GPU")
-        elif not gpu.cupy_available():
+        elif not ops.cuda.cupy_available():
             self.mode = "host-gather"
             _log_once(logging.INFO, "CuPy is not available: feature-cache misses are gathered by the CPU and "
                       "copied to the GPU (install cupy for the zero-copy gather kernel)")
         elif k == self.num_nodes or self.num_nodes == 0:
             self.mode = "uva"  # every row is cached: host memory is never read, so it needs no pinning
             self._host_for_kernel = self.cache[:0]
-        elif _pin_in_place(self.features):
+        elif ops.cuda.pin_in_place(self.features):
             self.mode = "uva"
             self._host_for_kernel = self.features
         else:
@@ -366,10 +313,9 @@ class FeatureStore:
         return rows, counts
 
     def _check_range(self, lo: int, hi: int) -> None:
+        # min and max come from one device sync with the hit count, so this cannot call check_id_range
         if lo < 0 or hi >= self.num_nodes:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"ids contain vertex id {bad} outside [0, {self.num_nodes}); pass ids of the graph "
-                             "the features belong to")
+            raise id_range_error("ids", lo if lo < 0 else hi, self.num_nodes)
 
     @staticmethod
     def _min_max(ids: torch.Tensor) -> Tuple[int, int]:
@@ -418,7 +364,7 @@ class FeatureStore:
     def _gather_uva(self, ids: torch.Tensor) -> Tuple[torch.Tensor, CacheCounts]:
         slots, hits = self._slots_and_checks(ids)
         out = self._empty(ids.numel())
-        gather_rows_kernel(self.cache, self._host_for_kernel, slots, ids, out)
+        ops.cuda.gather_rows(self.cache, self._host_for_kernel, slots, ids, out)
         return out, self._counts_for(ids.numel(), hits)
 
     def _gather_host(self, ids: torch.Tensor) -> Tuple[torch.Tensor, CacheCounts]:

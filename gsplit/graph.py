@@ -41,6 +41,73 @@ def _as_int64_tensor(x, name: str) -> torch.Tensor:
     return t.to(torch.int64).contiguous()
 
 
+def id_range_error(what: str, bad: int, num_nodes: int, holder: str = "the graph") -> ValueError:
+    """The one error for a vertex id outside ``[0, num_nodes)`` (every range check raises it)."""
+    return ValueError(f"{what} contain id {bad} but {holder} has {num_nodes} vertices: id {bad} is outside "
+                      f"[0, {num_nodes}) (outside {holder}); pass ids of {holder}")
+
+
+def check_id_range(ids: torch.Tensor, num_nodes: int, what: str = "vertex ids", holder: str = "the graph") -> None:
+    """Raise :func:`id_range_error` for the first bad extreme of ``ids`` (no-op for an empty tensor)."""
+    if ids.numel() == 0:
+        return
+    lo, hi = (int(x) for x in torch.aminmax(ids))
+    if lo < 0 or hi >= num_nodes:
+        raise id_range_error(what, lo if lo < 0 else hi, num_nodes, holder)
+
+
+def as_vertex_ids(ids, num_nodes: int, what: str = "vertex ids", *, unique: bool = False) -> torch.Tensor:
+    """``ids`` as a 1-D int64 tensor of valid vertex ids: the one check every entry point uses.
+
+    A boolean mask with one entry per vertex (e.g. PyG's ``train_mask``) becomes the ids it marks.
+    Non-integer values are an error, never truncated; ids must lie in ``[0, num_nodes)``; with
+    ``unique=True`` a repeated id is an error too.
+
+    Example:
+        >>> as_vertex_ids(torch.tensor([False, True, True]), 3, "train_idx").tolist()
+        [1, 2]
+        >>> as_vertex_ids([1.5, 2.7], 3, "train_idx")
+        Traceback (most recent call last):
+        ...
+        TypeError: train_idx must hold integer vertex ids (or be a boolean mask), got torch.float64 values such as 1.5
+    """
+    t = ids if isinstance(ids, torch.Tensor) else torch.as_tensor(np.asarray(ids))
+    if t.dtype == torch.bool:
+        if t.dim() != 1 or t.numel() != num_nodes:
+            raise ValueError(f"{what} is a boolean mask of shape {tuple(t.shape)} but the graph has {num_nodes} "
+                             "vertices; pass a mask with one entry per vertex or a tensor of ids")
+        return t.nonzero().squeeze(1).to(torch.int64)
+    if t.dtype.is_floating_point or t.is_complex():
+        example = t.flatten()[:1].tolist()
+        raise TypeError(f"{what} must hold integer vertex ids (or be a boolean mask), got {t.dtype} values"
+                        + (f" such as {example[0]}" if example else ""))
+    if t.dim() != 1:
+        raise ValueError(f"{what} must be one-dimensional, got shape {tuple(t.shape)}")
+    t = t.to(torch.int64)
+    check_id_range(t, num_nodes, what)
+    if unique and torch.unique(t).numel() != t.numel():
+        raise ValueError(f"{what} contain repeated vertex ids; pass each vertex once")
+    return t
+
+
+def _check_loaded_csc(folder: Path, g: "Graph", fix: str) -> None:
+    """What :meth:`Graph.validate` checks, with messages naming the file at fault (for :meth:`Graph.load`)."""
+    ptr, idx = folder / "indptr.npy", folder / "indices.npy"
+    first, last = int(g.indptr[0]), int(g.indptr[-1])
+    if first != 0 or last != g.indices.numel():
+        raise ValueError(f"{ptr} runs from {first} to {last} but must run from 0 to the {g.indices.numel()} entries "
+                         f"of {idx.name}; {fix}")
+    drops = (g.indptr[1:] < g.indptr[:-1]).nonzero()
+    if drops.numel():
+        v = int(drops[0, 0])
+        raise ValueError(f"{ptr} is not non-decreasing: entry {v + 1} ({int(g.indptr[v + 1])}) < entry {v} "
+                         f"({int(g.indptr[v])}); {fix}")
+    if g.indices.numel():
+        lo, hi = int(g.indices.min()), int(g.indices.max())
+        if lo < 0 or hi >= g.num_nodes:
+            raise ValueError(f"{idx} holds vertex id {lo if lo < 0 else hi} outside [0, {g.num_nodes}); {fix}")
+
+
 @dataclass(frozen=True)
 class Graph:
     """A directed graph in CSC form (in-edges grouped by destination).
@@ -205,22 +272,13 @@ class Graph:
             )
         if self.indptr.numel() > 1 and bool((self.indptr[1:] < self.indptr[:-1]).any()):
             raise ValueError("indptr must be non-decreasing")
-        if self.indices.numel():
-            lo, hi = int(self.indices.min()), int(self.indices.max())
-            if lo < 0 or hi >= self.num_nodes:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"indices holds vertex id {bad} outside [0, {self.num_nodes})")
+        check_id_range(self.indices, self.num_nodes, "indices")
 
     def check_ids(self, ids: torch.Tensor, what: str = "vertex ids") -> None:
         """Raise ``ValueError`` naming the first bad value if any id is outside ``[0, num_nodes)``."""
-        if ids.numel() == 0:
-            return
         if ids.dtype.is_floating_point or ids.dtype == torch.bool:
             raise TypeError(f"{what} must be an integer tensor, got {ids.dtype}")
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= self.num_nodes:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"{what} contain id {bad} but the graph has {self.num_nodes} vertices (ids 0..{self.num_nodes - 1})")
+        check_id_range(ids, self.num_nodes, what)
 
     # ------------------------------------------------------------------ identity
     def fingerprint(self) -> str:
@@ -301,10 +359,7 @@ class Graph:
         g = Graph(torch.from_numpy(indptr.astype(np.int64, copy=False)),
                   torch.from_numpy(indices.astype(np.int64, copy=False)))
         if validate:
-            try:
-                g.validate()
-            except ValueError as err:
-                raise ValueError(f"{p} is not a valid graph: {err}; {fix}, or fix the arrays") from None
+            _check_loaded_csc(p, g, fix)
         return g
 
     def __repr__(self) -> str:

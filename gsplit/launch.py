@@ -36,7 +36,8 @@ import torch.multiprocessing as tmp
 
 log = logging.getLogger(__name__)
 
-__all__ = ["launch", "LaunchError", "LaunchInterrupted", "RankFailure", "current_device", "report_progress"]
+__all__ = ["launch", "LaunchError", "LaunchInterrupted", "RankFailure", "current_device", "report_progress",
+           "resolve_device"]
 
 # After the first failure, how long to keep listening for the other ranks' reports before killing them
 # (lets a simultaneous, earlier root cause win over its follow-up communication errors).
@@ -176,6 +177,30 @@ def current_device() -> torch.device:
         device(type='cpu')
     """
     return torch.device(os.environ.get(_ENV_DEVICE, "cpu"))
+
+
+def resolve_device(name: Union[str, torch.device] = "auto") -> torch.device:
+    """The device a rank computes on, from a user's choice (the one rule; the trainer and CLI use it).
+
+    ``"auto"``: in a rank started by :func:`launch`, the device it assigned (:func:`current_device`);
+    elsewhere the first GPU when there is one, else the CPU. ``"cuda"``: this rank's GPU (an error
+    without CUDA). Anything else is taken as a torch device name.
+
+    Example:
+        >>> resolve_device("cpu")
+        device(type='cpu')
+    """
+    name = str(name)
+    if name == "auto":
+        if _ENV_DEVICE in os.environ:
+            return current_device()
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but CUDA is not available; use device='cpu' or 'auto'")
+        dev = current_device()
+        return dev if dev.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+    return torch.device(name)
 
 
 def _resolve_devices(nprocs: int, backend: Optional[str], devices) -> List[torch.device]:

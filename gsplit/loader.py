@@ -18,21 +18,22 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
-from typing import Dict, Iterator, List, Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional, Union
 
 import torch
 import torch.distributed as dist
 
-from gsplit.comm.communicator import Communicator, TrafficCounter
+from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
 from gsplit.comm.shuffle import shuffle_rows
-from gsplit.feature_store import FeatureStore, parse_size
-from gsplit.graph import Graph
-from gsplit.prefetch import PREFETCH_DEPTH, Producer, batch_tensors
+from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
+from gsplit.graph import Graph, as_vertex_ids
+from gsplit.partitioning.partition_map import PartitionMap
+from gsplit.prefetch import PREFETCH_DEPTH, Producer
 from gsplit.sampling.batches import BatchSchedule
-from gsplit.sampling.block import Block
+from gsplit.sampling.block import Block, MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
-from gsplit.split.sp_sample import sp_sample
+from gsplit.split.split_sampling import sp_sample
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +63,25 @@ class IterationStats:
     """Seconds the consumer waited for this mini-batch: ``sample_s + load_s`` without prefetch, the part
     that training did not hide with it."""
 
+    @classmethod
+    def of_batch(cls, batch: MiniBatch, sample_s: float, load_s: float,
+                 cache: Optional[CacheCounts] = None) -> "IterationStats":
+        """The counters of one prepared mini-batch (every loader builds its stats here)."""
+        cache = cache or CacheCounts()
+        return cls(sample_s=sample_s, load_s=load_s, input_rows=batch.input_nodes.numel(),
+                   edges=[b.num_edges() for b in batch.blocks], dst_vertices=[b.num_dst_nodes() for b in batch.blocks],
+                   targets=batch.output_nodes.numel(), cache_hits=cache.hits, cache_misses=cache.misses,
+                   host_bytes=cache.host_bytes)
+
 
 @dataclass
 class PreparedBatch:
     """One mini-batch ready to hand over, with what it cost."""
 
-    input_nodes: torch.Tensor
-    output_nodes: torch.Tensor
-    blocks: List[Block]
+    batch: MiniBatch
+    """The rank's split of the mini-batch, on the loader's device, features and labels attached."""
     stats: IterationStats
+    """What preparing it did and cost."""
     traffic: Optional[dict] = None
     """Traffic sent on the loader's own group for this batch (``{"rows": {tag: n}, "bytes": {...}}``)."""
     ready: Optional["torch.cuda.Event"] = None
@@ -78,26 +89,19 @@ class PreparedBatch:
 
 
 def _owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
+    """The owner of every vertex, from a :class:`PartitionMap` or an owner tensor, checked against the
+    graph and the world size by the map's own checks (one rule: one part per rank)."""
     if partition is None:
         if world_size > 1:
             raise ValueError(f"world size is {world_size} but no partition map was given; pass "
                              "partition=gsplit.partition(graph, num_parts=world_size, ...) or a saved PartitionMap")
         return torch.zeros(graph.num_nodes, dtype=torch.int64)
     if isinstance(partition, torch.Tensor):
-        owner = partition
-        num_parts = int(owner.max()) + 1 if owner.numel() else 1
-        if owner.numel() != graph.num_nodes:
-            raise ValueError(f"the partition tensor has {owner.numel()} entries but the graph has "
-                             f"{graph.num_nodes} vertices; pass one owner per vertex")
-        if owner.numel() and int(owner.min()) < 0:
-            raise ValueError("the partition tensor holds negative ranks; owners must be in [0, world_size)")
-    else:
-        partition.check_graph(graph)
-        owner, num_parts = partition.assignment, partition.num_parts
-    if num_parts > world_size or (not isinstance(partition, torch.Tensor) and num_parts != world_size):
-        raise ValueError(f"the partition map has {num_parts} parts but the world has {world_size} ranks; "
-                         f"prepare a map with num_parts={world_size}")
-    return owner.to(torch.int64)
+        # A bare tensor may leave the last ranks empty (a "starved" map), so it gets world_size parts.
+        partition = PartitionMap.from_tensor(partition, num_parts=world_size, graph=graph)
+    partition.check_graph(graph)
+    partition.check_world_size(world_size)
+    return partition.assignment.to(torch.int64)
 
 
 def _group_like(comm: Communicator):
@@ -125,10 +129,8 @@ class RankLoader:
             raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
                              "pass use_ddp=True so the ranks share one global order of the targets")
         self.graph = graph
+        indices = as_vertex_ids(indices, graph.num_nodes, "indices", unique=True)
         self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
-        graph.check_ids(self.schedule.indices, "indices")
-        if torch.unique(self.schedule.indices).numel() != self.schedule.indices.numel():
-            raise ValueError("indices contain repeated vertex ids; pass each target vertex once")
 
     @property
     def world_size(self) -> int:
@@ -141,6 +143,15 @@ class RankLoader:
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch of the next pass (else every pass advances the epoch by one)."""
         self.schedule.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[MiniBatch]:
+        for batch in self._batches(self.schedule.next_epoch()):
+            # the batch's shuffles (group=None) run on this loader's group: the one place they meet
+            bind_group(batch.blocks, self.comm)
+            yield batch
+
+    def _batches(self, epoch: int) -> Iterator[MiniBatch]:
+        raise NotImplementedError
 
     def __len__(self) -> int:
         return len(self.schedule)
@@ -175,7 +186,8 @@ class DataLoader(RankLoader):
             its prefetching loaders in the same order. Only one pass over a prefetching loader can run at
             a time: starting a new one first finishes the previous one.
 
-    Yields ``(input_nodes, output_nodes, blocks)``: ``input_nodes`` are the vertices whose features
+    Yields :class:`~gsplit.MiniBatch` records that unpack as DGL's ``(input_nodes, output_nodes, blocks)``:
+    ``input_nodes`` are the vertices whose features
     this rank loaded (its bottom local frontier; disjoint across ranks), ``output_nodes`` its targets.
 
     Communication counters: ``loader.comm.traffic`` counts everything this rank sent for the batches
@@ -244,8 +256,7 @@ class DataLoader(RankLoader):
         return FeatureStore(features, device=device, cache_size=cache_size, weights=cache_weights,
                             graph=self.graph, owner=owner, rank=self.comm.rank)
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, List[Block]]]:
-        epoch = self.schedule.next_epoch()
+    def _batches(self, epoch: int) -> Iterator[MiniBatch]:
         if self.prefetch:
             yield from self._iter_prefetch(epoch)
         else:
@@ -254,43 +265,33 @@ class DataLoader(RankLoader):
     # ------------------------------------------------------------------ producing one batch
     def _prepare(self, epoch: int, it: int, seeds: torch.Tensor) -> PreparedBatch:
         """Sample and load one mini-batch with the loader's communicator (any thread)."""
-        stats = IterationStats()
         comm = self.sampling_comm
         own_group = comm is not self.comm
         before = comm.traffic.snapshot() if own_group else None
         t0 = time.perf_counter()
         batch = sp_sample(self.graph, seeds.to(self.graph.device), self.owner, self.sampler, comm,
                           epoch=epoch, iteration=it)
-        blocks = [b.to(self.device) for b in batch.blocks] if self.device != self.graph.device else batch.blocks
+        if self.device != self.graph.device:
+            batch = batch.to(self.device)
         t1 = time.perf_counter()
+        counts = None
         if self.feature_store is not None:
             local, counts = self.feature_store.gather_with_counts(batch.input_nodes)
             local = local.to(self.device, non_blocking=True)
-            blocks[0].srcdata["feat"] = shuffle_rows(local, blocks[0].shuffle_index)
-            stats.cache_hits, stats.cache_misses, stats.host_bytes = counts.hits, counts.misses, counts.host_bytes
+            batch.blocks[0].srcdata["feat"] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
         if self.labels is not None:
-            blocks[-1].dstdata["label"] = self.labels[batch.output_nodes.to(self.labels.device)].to(self.device)
+            batch.blocks[-1].dstdata["label"] = self.labels[batch.output_nodes.to(self.labels.device)].to(self.device)
         t2 = time.perf_counter()
-        traffic = None
-        if own_group:
-            # Training shuffles run on the training communicator: only the loader's thread may use its own.
-            for b in blocks:
-                if b.shuffle_index is not None:
-                    b.shuffle_index = replace(b.shuffle_index, comm=self.comm)
-            traffic = TrafficCounter.delta(comm.traffic.snapshot(), before)
-        stats.sample_s, stats.load_s = t1 - t0, t2 - t1
-        stats.input_rows = batch.input_nodes.numel()
-        stats.edges = [b.num_edges() for b in blocks]
-        stats.dst_vertices = [b.num_dst_nodes() for b in blocks]
-        stats.targets = batch.output_nodes.numel()
-        return PreparedBatch(batch.input_nodes.to(self.device), batch.output_nodes.to(self.device), blocks, stats, traffic)
+        stats = IterationStats.of_batch(batch, t1 - t0, t2 - t1, counts)
+        traffic = TrafficCounter.delta(comm.traffic.snapshot(), before) if own_group else None
+        return PreparedBatch(batch, stats, traffic)
 
-    def _deliver(self, item: PreparedBatch) -> Tuple[torch.Tensor, torch.Tensor, List[Block]]:
+    def _deliver(self, item: PreparedBatch) -> MiniBatch:
         """Hand a prepared batch to the consumer (its thread): stream order, counters, ``last_stats``."""
         if item.ready is not None:
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(item.ready)
-            for t in batch_tensors(item.input_nodes, item.output_nodes, item.blocks):
+            for t in item.batch.tensors():
                 if t.is_cuda:
                     # allocated on the side stream: do not let the allocator reuse the memory there
                     # while this stream may still read it
@@ -299,7 +300,7 @@ class DataLoader(RankLoader):
             for tag, rows in item.traffic["rows"].items():
                 self.comm.traffic.add(tag, rows, item.traffic["bytes"].get(tag, 0))
         self.last_stats = item.stats
-        return item.input_nodes, item.output_nodes, item.blocks
+        return item.batch
 
     def _iter_inline(self, epoch: int):
         for it, seeds in enumerate(self.schedule.global_batches(epoch)):

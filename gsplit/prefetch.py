@@ -14,11 +14,10 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, List
+from typing import Any, Callable, Iterable
 
 import torch
 
-from gsplit.sampling.block import Block
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +33,6 @@ class _Failure:
 
 
 _END = object()
-
-
-def batch_tensors(input_nodes: torch.Tensor, output_nodes: torch.Tensor, blocks: List[Block]) -> Iterator[torch.Tensor]:
-    """Every tensor of one mini-batch (to mark them as used on the consumer's CUDA stream)."""
-    yield input_nodes
-    yield output_nodes
-    for b in blocks:
-        yield from (b.src_nodes, b.edge_src, b.edge_dst, b.edge_ids)
-        yield from b.srcdata.values()
-        yield from b.dstdata.values()
-        if b.shuffle_index is not None:
-            yield from (b.shuffle_index.send_idx, b.shuffle_index.recv_pos)
 
 
 class Producer:

@@ -18,16 +18,75 @@ from tqdm.auto import tqdm
 
 from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator, TrafficCounter
+from gsplit.comm.gradients import allreduce_gradients, global_sum
 from gsplit.feature_store import parse_size
-from gsplit.launch import report_progress
-from gsplit.loader import DataLoader
+from gsplit.inference import accuracy, layerwise_inference
+from gsplit.launch import report_progress, resolve_device
+from gsplit.loader import DataLoader, IterationStats
+from gsplit.nn.loss import split_cross_entropy
 from gsplit.nn.models import build_model
-from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
+from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
 
 log = logging.getLogger(__name__)
 
-SYSTEMS = ("split", "dp")
+
+class System:
+    """What a parallel training system decides: its loaders and its loss. The harness does the rest alike."""
+
+    name = ""
+
+    def make_loader(self, cfg: "TrainConfig", dataset, indices, owner, device, sampler, shuffle: bool, **options):
+        raise NotImplementedError
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, block: Block, world_size: int) -> torch.Tensor:
+        """This rank's loss; its gradients are summed over ranks by :func:`allreduce_gradients`."""
+        raise NotImplementedError
+
+    def inference_map(self, owner: Optional[torch.Tensor], num_nodes: int, world_size: int) -> torch.Tensor:
+        """Which rank computes each vertex in the final layer-wise evaluation (any map gives the same result)."""
+        return torch.arange(num_nodes) * world_size // num_nodes  # contiguous ranges of vertex ids
+
+
+class SplitSystem(System):
+    """Split parallelism: one global mini-batch split by the partition map (:class:`gsplit.DataLoader`)."""
+
+    name = "split"
+
+    def make_loader(self, cfg, dataset, indices, owner, device, sampler, shuffle, **options):
+        options.setdefault("features", dataset.features)
+        return DataLoader(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True,
+                          ddp_seed=cfg.seed, batch_size=cfg.batch_size, shuffle=shuffle, labels=dataset.labels,
+                          **options)
+
+    def loss(self, logits, labels, block, world_size):
+        return split_cross_entropy(logits, labels, block)  # sum / global mini-batch: ranks' losses add up
+
+    def inference_map(self, owner, num_nodes, world_size):
+        # the training map: each rank computes the vertices it owns, as in training
+        return owner if owner is not None else super().inference_map(owner, num_nodes, world_size)
+
+
+class DataParallelSystem(System):
+    """Data parallelism, DGL's ``use_ddp=True`` (:class:`gsplit.baselines.DataParallelLoader`)."""
+
+    name = "dp"
+
+    def make_loader(self, cfg, dataset, indices, owner, device, sampler, shuffle, **options):
+        del options  # feature cache and prefetch are split parallelism's
+        return DataParallelLoader(dataset.graph, indices, sampler, device=device, use_ddp=True, ddp_seed=cfg.seed,
+                                  batch_size=cfg.batch_size, shuffle=shuffle, features=dataset.features,
+                                  labels=dataset.labels)
+
+    def loss(self, logits, labels, block, world_size):
+        if labels.numel() == 0:  # a rank whose micro-batch is empty (end of epoch): the mean would be NaN
+            return logits.sum() * 0.0
+        # DDP semantics: mean over the micro-batch, gradients averaged (summed, then / world size)
+        return torch.nn.functional.cross_entropy(logits, labels) / world_size
+
+
+SYSTEMS = {s.name: s for s in (SplitSystem(), DataParallelSystem())}
+"""The systems ``TrainConfig.system`` names."""
 
 
 @dataclass
@@ -67,10 +126,14 @@ class TrainConfig:
     ``"512M"``, bytes; ``"0"``: none)."""
     prefetch: bool = False
     """Split only: sample and load the next mini-batch in a background thread while one trains."""
+    final_eval: bool = True
+    """After the last epoch, compute validation/test accuracy by layer-wise full-graph inference (all
+    in-edges, no sampling): ``final_val_acc`` / ``final_test_acc`` in the run log. Skipped when
+    ``eval_every`` is 0 (never evaluate)."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
-            raise ValueError(f"system={self.system!r}; choose one of {SYSTEMS}")
+            raise ValueError(f"system={self.system!r}; choose one of {sorted(SYSTEMS)}")
         if self.batch_size < 1 or self.epochs < 0 or self.hidden < 1:
             raise ValueError(f"batch_size, epochs and hidden must be positive, got {self.batch_size}, "
                              f"{self.epochs}, {self.hidden}")
@@ -109,7 +172,7 @@ class EpochCounters:
     """One record per iteration (when ``TrainConfig.log_iterations``): the loader's counters, ``train_s``
     and the traffic sent during that iteration (sampling id exchanges and shuffles, fwd and bwd)."""
 
-    def add_iteration(self, stats) -> None:
+    def add_iteration(self, stats: IterationStats) -> None:
         self.iterations += 1
         self.sample_s += stats.sample_s
         self.load_s += stats.load_s
@@ -132,27 +195,6 @@ def _sum_tags(dicts) -> Dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def resolve_device(name: str, rank: int) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device='cuda' but CUDA is not available; use device='cpu' or 'auto'")
-        return torch.device("cuda", rank % torch.cuda.device_count())
-    return torch.device(name)
-
-
-def _make_loader(cfg: TrainConfig, dataset, indices, owner, device, shuffle: bool, sampler, **split_options):
-    """The system's loader; ``split_options`` (cache, prefetch, a shared feature store) are for split only."""
-    if cfg.system != "split":
-        return DataParallelLoader(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True,
-                                  ddp_seed=cfg.seed, batch_size=cfg.batch_size, shuffle=shuffle,
-                                  features=dataset.features, labels=dataset.labels)
-    options = {"features": dataset.features, **split_options}
-    return DataLoader(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True, ddp_seed=cfg.seed,
-                      batch_size=cfg.batch_size, shuffle=shuffle, labels=dataset.labels, **options)
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -164,13 +206,34 @@ def evaluate(model, loader, comm: Communicator) -> float:
     model.eval()
     correct = torch.zeros(2, dtype=torch.float64)
     for _, _, blocks in loader:
-        logits = model(blocks, blocks[0].srcdata["feat"])
+        logits = model(blocks, blocks[0].srcdata["feat"], comm)
         labels = blocks[-1].dstdata["label"]
         correct[0] += float((logits.argmax(1) == labels).sum())
         correct[1] += labels.numel()
     model.train()
     comm.all_reduce_(correct)
     return float(correct[0] / correct[1].clamp_min(1))
+
+
+def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Tensor], comm: Communicator,
+                     device: torch.device) -> dict:
+    """Validation and test accuracy of the trained model by layer-wise full-graph inference, over all ranks.
+
+    ``split``: split-parallel over the training partition map (each rank computes the vertices it owns).
+    ``dp`` has no partition map; its ranks split the work the same way over contiguous ranges of vertex
+    ids. Both equal single-process inference, so the numbers do not depend on the system or the map,
+    only on the model. Every rank gets the same numbers.
+    """
+    t0 = time.perf_counter()
+    part = SYSTEMS[cfg.system].inference_map(owner, dataset.graph.num_nodes, comm.world_size)
+    # chunks of layerwise_inference's default 4096 owned vertices: no backward to keep, so larger
+    # chunks than the training batch mean fewer collectives for the same memory
+    result = layerwise_inference(model, dataset.graph, dataset.features, partition=part, group=comm, device=device)
+    record = {f"final_{name}_acc": accuracy(result, dataset.labels, idx, group=comm)
+              for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
+    record["final_eval_s"] = time.perf_counter() - t0
+    log.info("final layer-wise evaluation: %s", record)
+    return record
 
 
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
@@ -183,20 +246,19 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     ``cache_weights`` (e.g. pre-sampling vertex weights) choose what ``cfg.cache_size`` caches; default
     in-degree.
     """
-    device = resolve_device(cfg.device, rank)
+    device = resolve_device(cfg.device)
+    system = SYSTEMS[cfg.system]
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset.features.shape[1], cfg.hidden, dataset.num_classes,
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    split_train, split_eval = {}, {}
-    if cfg.system == "split":
-        split_train = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
-    train_loader = _make_loader(cfg, dataset, dataset.train_idx, owner, device, True, sampler, **split_train)
-    if cfg.system == "split":  # evaluation reads the same cache, and does not prefetch (no backward to hide behind)
-        split_eval = {"features": train_loader.feature_store}
+    split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
+    train_loader = system.make_loader(cfg, dataset, dataset.train_idx, owner, device, sampler, True, **split_options)
+    # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
+    eval_options = {"features": getattr(train_loader, "feature_store", dataset.features)}
     comm = train_loader.comm
-    eval_loaders = {name: _make_loader(cfg, dataset, idx, owner, device, False, sampler, **split_eval)
+    eval_loaders = {name: system.make_loader(cfg, dataset, idx, owner, device, sampler, False, **eval_options)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
     for epoch in range(cfg.epochs):
@@ -217,14 +279,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             counters.add_iteration(stats)
             t0 = time.perf_counter()
             opt.zero_grad()
-            logits = model(blocks, blocks[0].srcdata["feat"])
-            labels = blocks[-1].dstdata["label"]
-            if cfg.system == "split":
-                loss = split_cross_entropy(logits, labels, blocks[-1])
-            elif labels.numel() == 0:  # a rank whose micro-batch is empty (end of epoch): mean would be NaN
-                loss = logits.sum() * 0.0
-            else:  # DDP semantics: mean over the micro-batch, gradients averaged over ranks
-                loss = torch.nn.functional.cross_entropy(logits, labels) / world_size
+            logits = model(blocks, blocks[0].srcdata["feat"], comm)
+            loss = system.loss(logits, blocks[-1].dstdata["label"], blocks[-1], world_size)
             loss.backward()
             allreduce_gradients(model, comm)
             opt.step()
@@ -235,12 +291,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 traffic_now = comm.traffic.snapshot()
                 delta = TrafficCounter.delta(traffic_now, traffic_before)
                 traffic_before = traffic_now
-                counters.per_iteration.append({
-                    "iteration": it, "sample_s": stats.sample_s, "load_s": stats.load_s, "train_s": train_s,
-                    "wait_s": stats.wait_s, "cache_hits": stats.cache_hits, "cache_misses": stats.cache_misses,
-                    "input_rows": stats.input_rows, "edges": list(stats.edges),
-                    "dst_vertices": list(stats.dst_vertices), "targets": stats.targets,
-                    "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"]})
+                counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": train_s,
+                                               "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"]})
             local_loss += loss.detach().to(torch.float64)
             report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
             if cfg.max_iters and it + 1 >= cfg.max_iters:
@@ -269,4 +321,5 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         history.append(record)
         if rank == 0 and report is not None:
             report(record)
-    return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history}
+    final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval and cfg.eval_every else {}
+    return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history, **final}

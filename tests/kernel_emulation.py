@@ -3,7 +3,7 @@
 The kernels use only threadIdx/blockIdx/blockDim/gridDim (.x), plus atomics that a caller's shim
 provides, and no thread waits for another, so running every (block, thread) in turn is one legal
 schedule. The kernels are compiled with g++ against a tiny shim for the CUDA built-ins into a shared
-library; ``SerialKernel`` then stands in for a CuPy RawKernel under gsplit.gpu's own wrappers.
+library; ``SerialKernel`` then stands in for a CuPy RawKernel under gsplit.ops.cuda's own wrappers.
 
 Example::
 
@@ -23,7 +23,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 import pytest
 
-from gsplit import gpu
+from gsplit import ops
+from gsplit.ops import cuda as gpu
 
 KERNEL_DIR = Path(__file__).resolve().parents[1] / "kernels"
 
@@ -48,7 +49,7 @@ extern "C" void emu_set_thread(unsigned grid, unsigned block, unsigned b, unsign
 """Sets the built-in variables before each serial thread runs; ``SerialKernel`` calls it."""
 
 CTYPES = {np.uint64: ctypes.c_uint64, np.int64: ctypes.c_int64, np.int32: ctypes.c_int32}
-"""ctypes type for each numpy scalar type gsplit.gpu passes as a kernel argument."""
+"""ctypes type for each numpy scalar type gsplit.ops.cuda passes as a kernel argument."""
 
 
 def make_shim(cu_files: Sequence[str], extra: str = "") -> str:
@@ -102,10 +103,10 @@ def build_emulation_lib(tmp_dir: Path, shim_source: str, lib_name: str) -> ctype
 
 
 def patch_gpu_launches(monkeypatch, lib: ctypes.CDLL, launched: Optional[List[str]] = None) -> None:
-    """Replace gsplit.gpu's CuPy launches with serial CPU runs of the kernels in ``lib``.
+    """Replace gsplit.ops.cuda's CuPy launches with serial CPU runs of the kernels in ``lib``.
 
     Two blocks at most, so that every grid-stride loop goes round more than once. Pointers are host
-    addresses; an empty tensor passes 0, as gsplit.gpu._ptr does.
+    addresses; an empty tensor passes 0, as gsplit.ops.cuda._ptr does.
     """
     monkeypatch.setattr(gpu, "_function", lambda module, kernel: SerialKernel(lib, kernel, launched))
     monkeypatch.setattr(gpu, "_torch_stream", lambda device: contextlib.nullcontext())

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 import gsplit
-from gsplit import gpu
-from gsplit.feature_store import CacheCounts, FeatureStore, gather_rows_kernel, parse_size
+from gsplit import ops
+from gsplit.ops import cuda as gpu
+from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
+from gsplit.ops.cuda import gather_rows as gather_rows_kernel
 
 from kernel_emulation import build_emulation_lib, make_shim, patch_gpu_launches
 
@@ -207,7 +209,7 @@ def test_loader_batches_do_not_depend_on_the_cache_and_count_hits():
 
 
 # ------------------------------------------------------------------------------- the kernel, run on the CPU
-# gather.cu run serially on the CPU (see kernel_emulation); gsplit.gpu's launch path drives it.
+# gather.cu run serially on the CPU (see kernel_emulation); gsplit.ops.cuda's launch path drives it.
 @pytest.fixture(scope="module")
 def gather_lib(tmp_path_factory):
     return build_emulation_lib(tmp_path_factory.mktemp("gather_emu"), make_shim(["gather.cu"]), "libgather_emu.so")
@@ -215,7 +217,7 @@ def gather_lib(tmp_path_factory):
 
 @pytest.fixture
 def emulated(gather_lib, monkeypatch):
-    """gsplit.gpu's launches replaced by serial CPU runs of gather.cu; at most two blocks of 256 threads,
+    """gsplit.ops.cuda's launches replaced by serial CPU runs of gather.cu; at most two blocks of 256 threads,
     so the grid-stride loop goes round several times. Returns the names of the kernels launched."""
     launched = []
     patch_gpu_launches(monkeypatch, gather_lib, launched)
@@ -281,8 +283,8 @@ def test_gpu_uva_gather_equals_indexing(dtype, dim):
     ids = torch.randint(0, n, (20_000,))
     cache = torch.empty((0, dim), dtype=dtype, device="cuda")
     host = feats.clone()
-    assert gsplit.feature_store._pin_in_place(host)
-    assert gsplit.feature_store._pin_in_place(host)  # a second registration of the same memory is fine
+    assert gsplit.ops.cuda.pin_in_place(host)
+    assert gsplit.ops.cuda.pin_in_place(host)  # a second registration of the same memory is fine
     out = torch.empty((ids.numel(), dim), dtype=dtype, device="cuda")
     ids_d = ids.cuda()
     gather_rows_kernel(cache, host, torch.full_like(ids_d, -1), ids_d, out)

@@ -3,8 +3,8 @@
 Three levels, so that machines without a GPU still test the kernel source itself:
 - every .cu compiles with nvcc for sm_90 (when nvcc is on PATH);
 - the kernels run serially on the CPU (g++ with a tiny shim for the CUDA built-ins they use) under
-  the real wrappers of gsplit.gpu, and are compared with NeighborSampler / relabel;
-- on a GPU with CuPy (marked ``gpu``), the Python wrappers in gsplit.gpu are compared with the CPU.
+  the real wrappers of gsplit.ops.cuda, and are compared with NeighborSampler / relabel;
+- on a GPU with CuPy (marked ``gpu``), the Python wrappers in gsplit.ops.cuda are compared with the CPU.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from gsplit import gpu
+from gsplit import ops
+from gsplit.ops import cuda as gpu
 from gsplit.graph import Graph
-from gsplit.sampling import NeighborSampler, counter_rng, neighbor
-from gsplit.sampling.neighbor import relabel
+from gsplit.sampling import NeighborSampler, counter_rng
+from gsplit.ops.torch_ops import relabel
 
 from kernel_emulation import KERNEL_DIR, build_emulation_lib, make_shim, patch_gpu_launches
 
@@ -98,7 +99,7 @@ def test_kernel_dir_has_the_kernels_the_wrappers_launch():
 
 # ------------------------------------------------------------------------------- kernels on the CPU
 # The kernels run serially on the CPU (see kernel_emulation): built as a shared library, they replace
-# CuPy's launches under gsplit.gpu's own wrappers, which checks the wrappers' argument lists and
+# CuPy's launches under gsplit.ops.cuda's own wrappers, which checks the wrappers' argument lists and
 # orchestration as well as the kernels. Only sample.cu and relabel.cu need atomics; serial runs make
 # them plain read-modify-writes.
 _ATOMICS = r"""
@@ -123,7 +124,7 @@ def kernel_lib(tmp_path_factory):
 
 @pytest.fixture
 def emulated(kernel_lib, monkeypatch):
-    """gsplit.gpu with its CuPy launches replaced by serial CPU runs of the same kernels."""
+    """gsplit.ops.cuda with its CuPy launches replaced by serial CPU runs of the same kernels."""
     patch_gpu_launches(monkeypatch, kernel_lib)
     return gpu
 
@@ -191,17 +192,15 @@ def test_cupy_available_is_a_bool():
 
 def test_relabel_gpu_falls_back_on_cpu():
     dst, src = torch.tensor([5, 2]), torch.tensor([9, 2, 7, 9])
-    src_nodes, src_local = gpu.relabel_gpu(dst, src)
+    src_nodes, src_local = ops.relabel(dst, src)
     assert src_nodes.tolist() == [5, 2, 7, 9] and src_local.tolist() == [3, 1, 2, 3]
 
 
-@pytest.mark.skipif(not hasattr(neighbor, "sample_neighbors_torch"),
-                    reason="gsplit.sampling.neighbor.sample_neighbors_torch (key-level torch sampler) not there yet")
 @pytest.mark.parametrize("replace", [False, True])
 def test_sample_neighbors_gpu_falls_back_on_cpu(replace):
     g, nodes = _graph(), _nodes()
     key = counter_rng.stream_key(1, 2, 3, 0)
-    got = gpu.sample_neighbors_gpu(g, nodes, 10, replace, key)
+    got = ops.sample_neighbors(g, nodes, 10, replace, key)
     want = _reference(g, nodes, 10, replace, 1, 2, 3)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
@@ -209,9 +208,9 @@ def test_sample_neighbors_gpu_falls_back_on_cpu(replace):
 def test_sample_neighbors_gpu_rejects_bad_arguments():
     g = _graph()
     with pytest.raises(ValueError, match="fanout = 0"):
-        gpu.sample_neighbors_gpu(g, torch.tensor([0]), 0, False, 1)
+        ops.sample_neighbors(g, torch.tensor([0]), 0, False, 1)
     with pytest.raises(ValueError, match="unsigned 64-bit"):
-        gpu.sample_neighbors_gpu(g, torch.tensor([0]), 3, False, -1)
+        ops.sample_neighbors(g, torch.tensor([0]), 3, False, -1)
 
 
 # ------------------------------------------------------------------------------- on a GPU
@@ -250,7 +249,7 @@ def test_gpu_sampling_matches_cpu(big_case, fanout, replace, where):
     graph = g.to("cuda") if where == "device" else g.pin_memory()
     for seed, epoch, iteration, layer in [(0, 0, 0, 0), (3, 1, 42, 1)]:
         key = counter_rng.stream_key(seed, epoch, iteration, layer)
-        got = gpu.sample_neighbors_gpu(graph, nodes.cuda(), fanout, replace, key)
+        got = ops.sample_neighbors(graph, nodes.cuda(), fanout, replace, key)
         want = _reference(g, nodes, fanout, replace, seed, epoch, iteration, layer)
         for name, a, b in zip(("src", "dst_index", "edge_ids"), got, want):
             assert a.is_cuda
@@ -262,7 +261,7 @@ def test_gpu_sampling_matches_cpu(big_case, fanout, replace, where):
 def test_gpu_sampling_rejects_out_of_range_ids(big_case):
     g, _ = big_case
     with pytest.raises(ValueError, match="outside"):
-        gpu.sample_neighbors_gpu(g.to("cuda"), torch.tensor([0, g.num_nodes], device="cuda"), 5, False, 1)
+        ops.sample_neighbors(g.to("cuda"), torch.tensor([0, g.num_nodes], device="cuda"), 5, False, 1)
 
 
 @pytest.mark.gpu
@@ -275,7 +274,7 @@ def test_gpu_sampling_runs_on_torch_stream(big_case):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())  # the graph was copied on the default stream
     with torch.cuda.stream(stream):
-        got = gpu.sample_neighbors_gpu(graph, nodes.to("cuda", non_blocking=True), 10, False, key)
+        got = ops.sample_neighbors(graph, nodes.to("cuda", non_blocking=True), 10, False, key)
         got = [t.cpu() for t in got]
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
@@ -287,11 +286,11 @@ def test_gpu_relabel_matches_torch(big_case):
     dst = torch.unique(nodes)
     dst = dst[torch.randperm(dst.numel())]
     src = _reference(g, dst, 15, False, 0, 0, 0)[0]
-    got_nodes, got_local = gpu.relabel_gpu(dst.cuda(), src.cuda())
+    got_nodes, got_local = ops.relabel(dst.cuda(), src.cuda())
     want_nodes, want_local = relabel(dst, src)
     assert torch.equal(got_nodes.cpu(), want_nodes)
     assert torch.equal(got_local.cpu(), want_local)
-    empty_nodes, empty_local = gpu.relabel_gpu(dst.cuda(), src[:0].cuda())
+    empty_nodes, empty_local = ops.relabel(dst.cuda(), src[:0].cuda())
     assert torch.equal(empty_nodes.cpu(), dst) and empty_local.numel() == 0
 
 

@@ -87,7 +87,7 @@ def test_loader_errors():
     bad[7, 1] = float("nan")
     with pytest.raises(ValueError, match="row 7"):
         gsplit.DataLoader(graph, torch.tensor([1]), s, features=bad)
-    with pytest.raises(ValueError, match="2 parts but the world has 1"):
+    with pytest.raises(ValueError, match="2 parts but the world size is 1"):
         pmap = gsplit.PartitionMap.from_tensor(torch.arange(graph.num_nodes) % 2, 2, graph=graph)
         gsplit.DataLoader(graph, torch.tensor([1]), s, partition=pmap)
     other = gsplit.Graph.from_edges([0, 1], [1, 2], graph.num_nodes)
@@ -98,12 +98,12 @@ def test_loader_errors():
 
 def test_graphconv_symmetric_norm_refuses_split_blocks():
     from gsplit.nn import GraphConv
-    from gsplit.split.shuffle_index import ShuffleIndex
+    from gsplit.sampling import ShuffleIndex
 
     graph, feats, _ = small_problem()
     block = gsplit.NeighborSampler([2]).sample_blocks(graph, torch.tensor([0, 1]))[0]
     GraphConv(4, 2, norm="both")(block, feats[block.src_nodes])  # fine on an unsplit block
     block.shuffle_index = ShuffleIndex(torch.zeros(0, dtype=torch.int64), [0], torch.zeros(0, dtype=torch.int64),
-                                       [0], 0, block.num_src_nodes(), gsplit.Communicator())
+                                       [0], 0, block.num_src_nodes())
     with pytest.raises(ValueError, match="norm='right'"):
         GraphConv(4, 2, norm="both")(block, feats[block.src_nodes])

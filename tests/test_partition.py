@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from gsplit.graph import Graph
-from gsplit.partition import (PartitionMap, metis_part_kway, partition, presample, split_stats,
+from gsplit.partitioning import (PartitionMap, metis_part_kway, partition, presample, split_stats,
                               symmetrize, to_metis_weights)
-from gsplit.partition import metis as metis_mod
+from gsplit.partitioning import metis as metis_mod
 from gsplit.sampling import NeighborSampler
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -118,7 +118,7 @@ def test_presample_fast_path_equals_blocks_path(monkeypatch):
     train = random_train(g.num_nodes, 0.5, seed=3)
     fast = presample(g, train, NeighborSampler([6, 4, 2], seed=9), batch_size=40, epochs=2, seed=1)
     # counting in many small chunks (a flush every few batches) must give the same result
-    presample_mod = importlib.import_module("gsplit.partition.presample")  # the package attribute is the function
+    presample_mod = importlib.import_module("gsplit.partitioning.presample")  # the package attribute is the function
     monkeypatch.setattr(presample_mod, "_MIN_FLUSH_ENTRIES", 1)
     slow = presample(g, train, BlocksOnlySampler([6, 4, 2], seed=9), batch_size=40, epochs=2, seed=1)
     for name in ("vertex_weights", "edge_weights", "level_vertex_weights", "layer_edge_load"):
@@ -196,7 +196,7 @@ def test_ctypes_failure_falls_back_to_pymetis(monkeypatch, caplog):
 
     monkeypatch.setattr(metis_mod, "_load_metis", broken)
     g, block = sbm_graph(num_blocks=4, block_size=100)
-    with caplog.at_level(logging.WARNING, logger="gsplit.partition.metis"):
+    with caplog.at_level(logging.WARNING, logger="gsplit.partitioning.metis"):
         pm = partition(g, 4, method="edge", train_idx=torch.arange(0, 400, 3))
     assert "falling back to pymetis" in caplog.text
     assert pm.metadata["metis_backend"] == "pymetis"

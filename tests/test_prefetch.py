@@ -18,7 +18,8 @@ import gsplit
 from gsplit.launch import launch
 from gsplit.loader import DataLoader
 from gsplit.nn import build_model
-from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
+from gsplit.comm import allreduce_gradients, global_sum, group_of
+from gsplit.nn import split_cross_entropy
 import test_loader
 from test_split_parity import (BATCH, DROPOUT, FANOUTS, FEAT_DIM, ITERS, NUM_CLASSES, make_maps, make_problem,
                                reference, rel_err)
@@ -204,7 +205,7 @@ def batches_worker(rank, world_size):
             "traffic_plain": plain.comm.traffic.snapshot(), "traffic_pre": pre.comm.traffic.snapshot(),
             "traffic_pre_group": pre.sampling_comm.traffic.snapshot(),
             "separate_group": pre.sampling_comm is not pre.comm and pre.sampling_comm.group is not pre.comm.group,
-            "index_comm_is_training": all(b.shuffle_index.comm is pre.comm for b in next(iter(pre))[2]),
+            "index_comm_is_training": all(group_of(b.shuffle_index) is pre.comm for b in next(iter(pre))[2]),
             "cached": pre.feature_store.cached_ids, "threads": _prefetch_threads()}
 
 

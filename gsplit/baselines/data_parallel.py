@@ -11,13 +11,13 @@ neighbourhoods is the redundancy that split parallelism removes.
 from __future__ import annotations
 
 import time
-from typing import Iterator, List, Optional, Tuple, Union
+from typing import Iterator, Optional, Union
 
 import torch
 
 from gsplit.graph import Graph
 from gsplit.loader import IterationStats, RankLoader
-from gsplit.sampling.block import Block
+from gsplit.sampling.block import MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
 
 
@@ -42,27 +42,19 @@ class DataParallelLoader(RankLoader):
         self.features, self.labels = features, labels
         self.last_stats = IterationStats()
 
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, List[Block]]]:
-        epoch = self.schedule.next_epoch()
+    def _batches(self, epoch: int) -> Iterator[MiniBatch]:
         b = self.schedule.batch_size
         for it, global_batch in enumerate(self.schedule.global_batches(epoch)):
             seeds = global_batch[self.rank * b:(self.rank + 1) * b]  # this rank's micro-batch
-            stats = IterationStats()
             t0 = time.perf_counter()
-            blocks = self.sampler.sample_blocks(self.graph, seeds.to(self.graph.device), epoch=epoch, iteration=it)
+            batch = self.sampler.sample_layers(self.graph, seeds, epoch, it)
             if self.device != self.graph.device:
-                blocks = [blk.to(self.device) for blk in blocks]
+                batch = batch.to(self.device)
             t1 = time.perf_counter()
-            input_nodes = blocks[0].src_nodes
+            blocks = batch.blocks
             if self.features is not None:
-                blocks[0].srcdata["feat"] = self.features[input_nodes.to(self.features.device)].to(self.device)
+                blocks[0].srcdata["feat"] = self.features[batch.input_nodes.to(self.features.device)].to(self.device)
             if self.labels is not None:
                 blocks[-1].dstdata["label"] = self.labels[seeds.to(self.labels.device)].to(self.device)
-            t2 = time.perf_counter()
-            stats.sample_s, stats.load_s = t1 - t0, t2 - t1
-            stats.input_rows = input_nodes.numel()
-            stats.edges = [blk.num_edges() for blk in blocks]
-            stats.dst_vertices = [blk.num_dst_nodes() for blk in blocks]
-            stats.targets = seeds.numel()
-            self.last_stats = stats
-            yield input_nodes, blocks[-1].dst_nodes, blocks
+            self.last_stats = IterationStats.of_batch(batch, t1 - t0, time.perf_counter() - t1)
+            yield batch

@@ -1,6 +1,8 @@
-"""All-to-all over torch.distributed and the autograd shuffle."""
+"""Communication: all-to-all over torch.distributed, the autograd shuffle, gradient sums."""
 
-from gsplit.comm.communicator import Communicator, TrafficCounter
+from gsplit.comm.communicator import Communicator, TrafficCounter, as_communicator, bind_group, group_of
+from gsplit.comm.gradients import allreduce_gradients, global_sum
 from gsplit.comm.shuffle import shuffle, shuffle_rows
 
-__all__ = ["Communicator", "TrafficCounter", "shuffle", "shuffle_rows"]
+__all__ = ["Communicator", "TrafficCounter", "as_communicator", "bind_group", "group_of", "shuffle", "shuffle_rows",
+           "allreduce_gradients", "global_sum"]

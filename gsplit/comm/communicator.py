@@ -9,9 +9,10 @@ numbers in benchmark logs come from the code path itself.
 from __future__ import annotations
 
 import math
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -147,3 +148,42 @@ class Communicator:
         if backend == "nccl":
             return t.device if t.is_cuda else torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
+
+
+def as_communicator(group: Union["Communicator", dist.ProcessGroup, None] = None) -> Communicator:
+    """A collective's ``group=`` argument as a :class:`Communicator`: one is used as it is (its traffic
+    counters keep counting), a process group or ``None`` (the default group; world size 1 without one)
+    gets a fresh one.
+
+    Example:
+        >>> as_communicator().world_size
+        1
+    """
+    return group if isinstance(group, Communicator) else Communicator(group)
+
+
+# Which communicator each shuffle plan runs on. The plans stay pure data; this table, filled by the loader
+# that made them (bind_group) and read by gsplit.shuffle, is the one place a batch meets its group. Weak
+# keys: an entry lives exactly as long as its plan.
+_plan_groups: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def bind_group(blocks: Iterable, group) -> None:
+    """Record that the shuffles of ``blocks`` run on ``group`` unless a call names another.
+
+    :class:`gsplit.DataLoader` calls it for every batch it yields (with ``loader.comm``), so
+    ``model(blocks, x)`` shuffles on the loader's group, also a subgroup, without a group argument.
+
+    Example:
+        >>> bind_group([], None)       # blocks without shuffle plans: nothing to record
+    """
+    comm = as_communicator(group)
+    for block in blocks:
+        if block.shuffle_index is not None:
+            _plan_groups[block.shuffle_index] = comm
+
+
+def group_of(index) -> Communicator:
+    """The communicator :func:`bind_group` recorded for a shuffle plan, else the default group's."""
+    comm = _plan_groups.get(index)
+    return comm if comm is not None else Communicator()

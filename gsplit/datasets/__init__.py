@@ -24,6 +24,33 @@ NAMES = ("synthetic", "npz:PATH", "edgelist:PATH") + OGB_DATASETS
 """The accepted forms of ``load``'s ``name``."""
 
 
+def _loader(name: str):
+    """The loader function for ``name`` and the positional arguments the name itself supplies."""
+    if not isinstance(name, str):
+        raise TypeError(f"dataset name must be a string, got {type(name).__name__}; accepted: {', '.join(NAMES)}")
+    if name == "synthetic":
+        return make_synthetic, ()
+    if name.startswith(("npz:", "edgelist:")):
+        kind, _, path = name.partition(":")
+        if not path:
+            raise ValueError(f"dataset name {name!r} has no path after '{kind}:'; write e.g. '{kind}:data/graph.csv'")
+        return (load_npz if kind == "npz" else load_edgelist), (path,)
+    if name.startswith("ogbn-"):
+        return load_ogb, (name,)
+    raise ValueError(f"unknown dataset name {name!r}; accepted: {', '.join(NAMES)}")
+
+
+def option_names(name: str) -> list:
+    """The keyword options ``load(name, ...)`` accepts (the CLI checks ``-D`` options against them).
+
+    Example:
+        >>> "num_nodes" in option_names("synthetic")
+        True
+    """
+    fn, args = _loader(name)
+    return list(inspect.signature(fn).parameters)[len(args):]  # the name already supplied the leading ones
+
+
 def load(name: str, **kwargs) -> Dataset:
     """Load or generate a dataset by name; keyword arguments go to the loader.
 
@@ -36,29 +63,14 @@ def load(name: str, **kwargs) -> Dataset:
         >>> ds.name, ds.num_nodes
         ('synthetic', 5000)
     """
-    if not isinstance(name, str):
-        raise TypeError(f"dataset name must be a string, got {type(name).__name__}; accepted: {', '.join(NAMES)}")
-    args: tuple = ()
-    if name == "synthetic":
-        fn = make_synthetic
-    elif name.startswith(("npz:", "edgelist:")):
-        kind, _, path = name.partition(":")
-        if not path:
-            raise ValueError(f"dataset name {name!r} has no path after '{kind}:'; write e.g. '{kind}:data/graph.csv'")
-        fn, args = (load_npz if kind == "npz" else load_edgelist), (path,)
-    elif name.startswith("ogbn-"):
-        fn, args = load_ogb, (name,)
-    else:
-        raise ValueError(f"unknown dataset name {name!r}; accepted: {', '.join(NAMES)}")
-    params = list(inspect.signature(fn).parameters)
-    accepted = params[len(args):]  # the name already supplied the leading positional ones
-    unknown = sorted(set(kwargs) - set(accepted))
+    fn, args = _loader(name)
+    unknown = sorted(set(kwargs) - set(option_names(name)))
     if unknown:
-        raise TypeError(f"load({name!r}) got unexpected option(s) {unknown}; {fn.__name__} accepts {accepted}")
+        raise TypeError(f"load({name!r}) got unexpected option(s) {unknown}; {fn.__name__} accepts {option_names(name)}")
     return fn(*args, **kwargs)
 
 
 __all__ = [
-    "Dataset", "load", "NAMES", "make_synthetic", "synthetic_graph", "load_npz", "load_edgelist",
+    "Dataset", "load", "option_names", "NAMES", "make_synthetic", "synthetic_graph", "load_npz", "load_edgelist",
     "read_edgelist", "load_ogb", "OGB_DATASETS", "default_root", "planetoid_split", "random_split", "check_finite",
 ]

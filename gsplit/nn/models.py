@@ -14,7 +14,7 @@ from torch import nn
 
 from gsplit.nn.dropout import vertex_dropout
 from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
-from gsplit.nn.split import sp_forward
+from gsplit.nn.forward import sp_forward
 from gsplit.sampling.block import Block
 
 
@@ -25,6 +25,9 @@ class _Stack(nn.Module):
     layer and the training step (counted by this module), so split training with dropout still computes
     exactly what single-process training computes.
     """
+
+    split_aware = True
+    """Its forward shuffles itself (``sp_forward``): ``gsplit.SplitParallel`` must not add shuffles."""
 
     def __init__(self, layers: Sequence[nn.Module], dropout: float, seed: int = 0):
         super().__init__()
@@ -46,10 +49,16 @@ class _Stack(nn.Module):
             h = vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i)
         return h
 
-    def forward(self, blocks: List[Block], x: torch.Tensor) -> torch.Tensor:
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        """What follows the last layer (identity here); layer-wise inference calls it too."""
+        return h
+
+    def forward(self, blocks: List[Block], x: torch.Tensor, group=None) -> torch.Tensor:
+        """Logits of the top block's destinations; ``group`` is where split blocks shuffle (default: the
+        group the loader bound to the blocks)."""
         if self.training:
             self.step += 1
-        return sp_forward(self.layers, x, blocks, between=self.between)
+        return self.output(sp_forward(self.layers, x, blocks, between=self.between, group=group))
 
 
 class SAGE(_Stack):
@@ -97,8 +106,8 @@ class GAT(_Stack):
     def between(self, i: int, h: torch.Tensor, block: Block) -> torch.Tensor:
         return super().between(i, h.flatten(1), block)
 
-    def forward(self, blocks: List[Block], x: torch.Tensor) -> torch.Tensor:
-        return super().forward(blocks, x).mean(1)
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        return h.mean(1)  # average the output layer's heads
 
 
 MODELS = {"sage": SAGE, "gcn": GCN, "gat": GAT}

@@ -1,6 +1,7 @@
-"""Counter-based neighbour sampling and the ``Block`` type it produces."""
+"""Counter-based neighbour sampling and the types it produces (``Block``, ``ShuffleIndex``, ``MiniBatch``)."""
 
-from gsplit.sampling.block import Block
-from gsplit.sampling.neighbor import NeighborSampler, SampledEdges, relabel
+from gsplit.sampling.block import Block, MiniBatch, ShuffleIndex
+from gsplit.sampling.neighbor import Exchange, NeighborSampler, SampledEdges
+from gsplit.ops import relabel  # noqa: E402 - the block relabelling, part of sampling's public API
 
-__all__ = ["Block", "NeighborSampler", "SampledEdges", "relabel"]
+__all__ = ["Block", "MiniBatch", "ShuffleIndex", "NeighborSampler", "SampledEdges", "Exchange", "relabel"]

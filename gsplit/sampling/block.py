@@ -1,20 +1,55 @@
-"""``Block``: one sampled GNN layer with DGL block semantics.
+"""``Block``, ``ShuffleIndex`` and ``MiniBatch``: what a sampled mini-batch is made of.
 
 A block is a bipartite graph from ``src_nodes`` (the inputs of one GNN layer) to ``dst_nodes`` (its
 outputs). ``dst_nodes`` is a prefix of ``src_nodes`` so a layer can read a destination's own input row
 at the same local index. Edges are stored as local indices into those two tensors, grouped by
-destination in ``dst_nodes`` order.
+destination in ``dst_nodes`` order. On a rank of split-parallel training a block also carries its
+:class:`ShuffleIndex`: pure tensors and counts; the process group is given where the shuffle runs
+(:func:`gsplit.shuffle`), never stored here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Dict, Optional, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from gsplit.split.shuffle_index import ShuffleIndex
+
+@dataclass(eq=False)  # identity semantics: a plan is one batch's, and gsplit.comm.bind_group keys by it
+class ShuffleIndex:
+    """The plan of one shuffle: who sends which rows to whom before one layer of split-parallel training.
+
+    Before layer ``l`` a rank holds one row per vertex of its *local frontier* (vertices it owns at
+    that level). The layer needs one row per vertex of its block's ``src_nodes`` (the *mixed
+    frontier*), some owned by other ranks. Each mixed-frontier vertex is received from its owner
+    exactly once, so the forward shuffle is a permutation-with-copies and backward is its transpose.
+    The plan holds no process group: :func:`gsplit.shuffle` takes the group at the call.
+    """
+
+    send_idx: torch.Tensor
+    """int64 rows of the local frontier to send, grouped by destination rank (a row may repeat)."""
+    send_counts: List[int]
+    """Rows sent to each rank (``len == world_size``)."""
+    recv_pos: torch.Tensor
+    """int64 position in the block's ``src_nodes`` of each received row, grouped by source rank."""
+    recv_counts: List[int]
+    """Rows received from each rank."""
+    num_local: int
+    """Rows of the local frontier (input of the shuffle)."""
+    num_mixed: int
+    """Rows of the mixed frontier (output of the shuffle) = the block's ``num_src_nodes()``."""
+    tag: str = "shuffle"
+    """Traffic-counter tag for this shuffle (e.g. ``"shuffle/layer1"``)."""
+
+    def to(self, device, non_blocking: bool = False) -> "ShuffleIndex":
+        return replace(self, send_idx=self.send_idx.to(device, non_blocking=non_blocking),
+                       recv_pos=self.recv_pos.to(device, non_blocking=non_blocking))
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor of the plan (e.g. to mark them as used on a CUDA stream)."""
+        yield self.send_idx
+        yield self.recv_pos
 
 
 @dataclass
@@ -85,12 +120,54 @@ class Block:
             edge_src=mv(self.edge_src),
             edge_dst=mv(self.edge_dst),
             edge_ids=mv(self.edge_ids),
-            shuffle_index=None if self.shuffle_index is None else self.shuffle_index.to(device),
+            shuffle_index=None if self.shuffle_index is None else self.shuffle_index.to(device, non_blocking),
             srcdata={k: mv(v) for k, v in self.srcdata.items()},
             dstdata={k: mv(v) for k, v in self.dstdata.items()},
         )
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the block holds, its shuffle index's and data included (one list, kept here)."""
+        yield from (self.src_nodes, self.edge_src, self.edge_dst, self.edge_ids)
+        yield from self.srcdata.values()
+        yield from self.dstdata.values()
+        if self.shuffle_index is not None:
+            yield from self.shuffle_index.tensors()
 
     def __repr__(self) -> str:
         split = "" if self.shuffle_index is None else ", split"
         return (f"Block(layer={self.layer}, num_src_nodes={self.num_src_nodes()}, "
                 f"num_dst_nodes={self.num_dst}, num_edges={self.num_edges()}{split})")
+
+
+class MiniBatch(NamedTuple):
+    """A sampled mini-batch (or one rank's split of one): what every sampler and loader produces.
+
+    A named tuple, so it unpacks and indexes like DGL's ``(input_nodes, output_nodes, blocks)``.
+
+    Example:
+        >>> b = Block(src_nodes=torch.tensor([7, 3]), num_dst=1, edge_src=torch.tensor([1]),
+        ...           edge_dst=torch.tensor([0]), edge_ids=torch.tensor([5]))
+        >>> input_nodes, output_nodes, blocks = MiniBatch(b.src_nodes, b.dst_nodes, [b])
+        >>> input_nodes.tolist(), output_nodes.tolist(), len(blocks)
+        ([7, 3], [7], 1)
+    """
+
+    input_nodes: torch.Tensor
+    """int64 global ids whose input features this rank loads: ``blocks[0].src_nodes`` for a whole
+    mini-batch, the rank's bottom *local frontier* for a split (disjoint across ranks)."""
+    output_nodes: torch.Tensor
+    """int64 global ids of the targets (a split's: the rank's local targets), ``blocks[-1].dst_nodes``."""
+    blocks: List[Block]
+    """One block per layer, index 0 = the input layer."""
+
+    def to(self, device, non_blocking: bool = False) -> "MiniBatch":
+        return MiniBatch(self.input_nodes.to(device, non_blocking=non_blocking),
+                         self.output_nodes.to(device, non_blocking=non_blocking),
+                         [b.to(device, non_blocking) for b in self.blocks])
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor of the mini-batch."""
+        yield self.input_nodes
+        yield self.output_nodes
+        for b in self.blocks:
+            yield from b.tensors()

@@ -1,6 +1,5 @@
-"""Online splitting of a global mini-batch: split sampling and the shuffle index."""
+"""Online splitting of a global mini-batch: split sampling and its id exchange."""
 
-from gsplit.split.shuffle_index import ShuffleIndex
-from gsplit.split.sp_sample import SplitBatch, exchange_ids, sp_sample
+from gsplit.split.split_sampling import exchange_ids, sp_sample
 
-__all__ = ["ShuffleIndex", "SplitBatch", "sp_sample", "exchange_ids"]
+__all__ = ["sp_sample", "exchange_ids"]

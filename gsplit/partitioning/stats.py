@@ -9,8 +9,8 @@ from typing import Any, Dict, List
 import torch
 
 from gsplit.graph import Graph
-from gsplit.partition.partition_map import PartitionMap
-from gsplit.partition.presample import check_train_idx
+from gsplit.partitioning.partition_map import PartitionMap
+from gsplit.partitioning.presample import check_train_idx
 from gsplit.sampling.batches import global_batches
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from gsplit.graph import Graph
-from gsplit.partition.partition_map import PartitionMap
-from gsplit.partition.presample import PresampleWeights, check_train_idx, presample
+from gsplit.partitioning.partition_map import PartitionMap
+from gsplit.partitioning.presample import PresampleWeights, check_train_idx, presample
 
 log = logging.getLogger(__name__)
 
@@ -344,13 +344,7 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
             weights = presample(graph, train_idx, sampler, batch_size, epochs=epochs, seed=seed)
         if not isinstance(weights, PresampleWeights):
             raise TypeError(f"weights must be a PresampleWeights from presample(), got {type(weights).__name__}")
-        if weights.vertex_weights.numel() != n or weights.edge_weights.numel() != graph.num_edges:
-            raise ValueError(f"weights has {weights.vertex_weights.numel()} vertex and {weights.edge_weights.numel()} "
-                             f"edge weights but the graph has {n} vertices and {graph.num_edges} edges; "
-                             "run presample on this graph")
-        if weights.graph_fingerprint is not None and weights.graph_fingerprint != fingerprint:
-            raise ValueError(f"weights were pre-sampled on the graph with fingerprint {weights.graph_fingerprint}, this "
-                             f"graph has {fingerprint}; run presample on this graph")
+        weights.check_graph(graph)
         fanouts, bsize = weights.fanouts, weights.batch_size
         meta.update(presample_epochs=weights.epochs, presample_batches=weights.num_batches, balance=balance)
     else:

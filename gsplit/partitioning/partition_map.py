@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Union
 import numpy as np
 import torch
 
-from gsplit.graph import Graph
+from gsplit.graph import Graph, check_id_range
 from gsplit.io import load_npy, read_meta, write_array_dir
 
 log = logging.getLogger(__name__)
@@ -114,12 +114,8 @@ class PartitionMap:
         ids = torch.as_tensor(ids)
         if ids.dtype.is_floating_point or ids.dtype == torch.bool:
             raise TypeError(f"vertex ids must be an integer tensor, got {ids.dtype}")
-        if check and ids.numel():
-            lo, hi = int(ids.min()), int(ids.max())
-            if lo < 0 or hi >= self.num_nodes:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"vertex id {bad} is outside the partition map's {self.num_nodes} vertices "
-                                 f"(ids 0..{self.num_nodes - 1})")
+        if check:
+            check_id_range(ids, self.num_nodes, "vertex ids", holder="the partition map")
         a = self.assignment if self.assignment.device == ids.device else self.assignment.to(ids.device)
         return a[ids.to(torch.int64)].to(torch.int64)
 

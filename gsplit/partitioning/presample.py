@@ -16,10 +16,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from gsplit.graph import Graph
+from gsplit.graph import Graph, as_vertex_ids
 from gsplit.io import load_npy, read_meta, write_array_dir
 from gsplit.sampling.batches import global_batches
-from gsplit.sampling.neighbor import unique_ids
 
 log = logging.getLogger(__name__)
 
@@ -30,23 +29,12 @@ _MIN_FLUSH_ENTRIES = 1 << 22
 
 
 def check_train_idx(graph: Graph, train_idx, what: str = "train_idx") -> torch.Tensor:
-    """``train_idx`` as a non-empty int64 tensor of valid, distinct vertex ids (or a ``ValueError``)."""
+    """``train_idx`` (ids or a boolean mask) as a non-empty int64 tensor of valid, distinct vertex ids."""
     if train_idx is None:
         raise ValueError(f"{what} is None; pass the ids of the training vertices")
-    t = torch.as_tensor(train_idx)
-    if t.dtype == torch.bool:
-        if t.numel() != graph.num_nodes:
-            raise ValueError(f"{what} is a boolean mask of length {t.numel()} but the graph has {graph.num_nodes} "
-                             "vertices; pass a mask with one entry per vertex or a tensor of ids")
-        t = t.nonzero().squeeze(1)
-    if t.dim() != 1:
-        raise ValueError(f"{what} must be one-dimensional, got shape {tuple(t.shape)}")
+    t = as_vertex_ids(train_idx, graph.num_nodes, what, unique=True)
     if t.numel() == 0:
         raise ValueError(f"{what} is empty; pass at least one training vertex")
-    t = t.to(torch.int64)
-    graph.check_ids(t, what)
-    if torch.unique(t).numel() != t.numel():
-        raise ValueError(f"{what} contains repeated vertex ids; pass each training vertex once")
     return t.to(graph.device)
 
 
@@ -90,8 +78,8 @@ class PresampleWeights:
         """Raise ``ValueError`` if these weights were not computed on ``graph`` (sizes, then fingerprint)."""
         n, e = self.vertex_weights.numel(), self.edge_weights.numel()
         if n != graph.num_nodes or e != graph.num_edges:
-            raise ValueError(f"pre-sampling weights are for a graph with {n} vertices / {e} edges but this graph has "
-                             f"{graph.num_nodes} / {graph.num_edges}; run presample on this graph")
+            raise ValueError(f"the pre-sampling weights hold {n} vertex and {e} edge weights but the graph has "
+                             f"{graph.num_nodes} vertices and {graph.num_edges} edges; run presample on this graph")
         if self.graph_fingerprint is not None and self.graph_fingerprint != graph.fingerprint():
             raise ValueError(f"pre-sampling weights are for the graph with fingerprint {self.graph_fingerprint}, this "
                              f"graph has {graph.fingerprint()}; run presample on this graph")
@@ -175,40 +163,11 @@ class _Counter:
         return self.counts
 
 
-BatchUse = Tuple[List[torch.Tensor], List[Tuple[torch.Tensor, torch.Tensor]]]
-"""Per mini-batch: the vertices of each level (input level first), and per layer (dst global id, edge id) of every edge."""
-
-
-def _use_from_blocks(blocks) -> BatchUse:
+def _batch_use(blocks) -> Tuple[List[torch.Tensor], List[Tuple[torch.Tensor, torch.Tensor]]]:
+    """Per mini-batch: the vertices of each level (input level first), and per layer the (dst global id,
+    edge id) of every edge. ``blocks`` is what ``sample_blocks`` returns, input layer first."""
     levels = [blocks[0].src_nodes] + [b.dst_nodes for b in blocks]
     return levels, [(b.dst_nodes[b.edge_dst], b.edge_ids) for b in blocks]
-
-
-def _has_fast_path(sampler) -> bool:
-    """True for the counter-based :class:`NeighborSampler` (not a subclass that changes ``sample_blocks``)."""
-    from gsplit.sampling import NeighborSampler
-
-    return isinstance(sampler, NeighborSampler) and type(sampler).sample_blocks is NeighborSampler.sample_blocks
-
-
-def _use_fast(sampler, graph: Graph, seeds: torch.Tensor, epoch: int, it: int) -> BatchUse:
-    """What ``sampler.sample_blocks`` would sample, without building blocks.
-
-    The counter-based sampler picks the same edges for a vertex whatever frontier order it is given, so
-    the levels only need to be the right *sets*; skipping the blocks' local relabelling saves 10-20 % of
-    pre-sampling time (1M vertices / 20M edges, batches of 2048).
-    """
-    frontier = seeds.to(graph.device)
-    levels = [frontier]
-    layer_edges = []
-    for layer in reversed(range(sampler.num_layers)):
-        picked = sampler.sample_neighbors(graph, frontier, layer, epoch, it)
-        layer_edges.append((frontier[picked.dst_index], picked.edge_ids))
-        frontier = unique_ids(torch.cat([frontier, picked.src]), graph.num_nodes)
-        levels.append(frontier)
-    levels.reverse()
-    layer_edges.reverse()
-    return levels, layer_edges
 
 
 def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 10, seed: int = 0,
@@ -219,9 +178,8 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     (:func:`gsplit.sampling.batches.global_batches`) cut into mini-batches of ``batch_size`` targets (the last may be short); batch ``i`` of epoch ``e`` is sampled with
     ``sampler.sample_blocks(graph, seeds, e, i)``. For split-parallel training pass the *global*
     mini-batch size (per-rank ``batch_size * world_size``). See :class:`PresampleWeights` for what is
-    counted. For the built-in :class:`~gsplit.sampling.NeighborSampler` the same edges are drawn with
-    ``sample_neighbors`` level by level, without building blocks: identical counts, 10-20 % faster.
-    Any other object with ``sample_blocks`` works too.
+    counted. Any object with ``sample_blocks(graph, seeds, epoch, iteration)`` returning the blocks works,
+    e.g. :class:`~gsplit.sampling.NeighborSampler`.
 
     Example:
         >>> from gsplit import Graph, NeighborSampler
@@ -243,10 +201,6 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     levels: Optional[List[_Counter]] = None
     loads: Optional[List[_Counter]] = None
     edges = _Counter(graph.num_edges, dev)
-    if _has_fast_path(sampler):
-        batch_use = lambda seeds, e, i: _use_fast(sampler, graph, seeds, e, i)  # noqa: E731
-    else:
-        batch_use = lambda seeds, e, i: _use_from_blocks(sampler.sample_blocks(graph, seeds, e, i))  # noqa: E731
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -255,7 +209,7 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     num_batches = 0
     for epoch in range(epochs):
         for it, seeds in enumerate(global_batches(train_idx, batch_size, seed, epoch)):
-            level_nodes, layer_edges = batch_use(seeds, epoch, it)
+            level_nodes, layer_edges = _batch_use(sampler.sample_blocks(graph, seeds, epoch, it))
             if levels is None:
                 levels = [_Counter(n, dev) for _ in range(len(level_nodes))]
                 loads = [_Counter(n, dev) for _ in range(len(layer_edges))]

@@ -1,4 +1,4 @@
-"""GPU neighbour sampling and relabelling: the CUDA kernels in ``kernels/`` run through CuPy.
+"""The CUDA kernels in ``kernels/`` (sampling, relabelling, the feature gather), run through CuPy.
 
 The kernels pick exactly the edges the torch sampler picks (same counter-based arithmetic, see
 :mod:`gsplit.sampling.counter_rng`), so a rank may sample on its GPU and still reproduce the
@@ -6,7 +6,8 @@ single-process mini-batch. CuPy only compiles (NVRTC, once per process and devic
 them: every buffer is a torch tensor, handed over as a raw device pointer and used on torch's current
 stream, so nothing is copied and torch's caching allocator stays in charge of memory.
 
-Without CuPy, or with CPU tensors, the same functions run the torch implementation instead.
+Callers do not import this module: they call :mod:`gsplit.ops`, which decides per call whether these
+kernels apply (CUDA inputs, CuPy present) or the plain-torch versions in :mod:`gsplit.ops.torch_ops` run.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Iterator, Tuple
 import numpy as np
 import torch
 
-from gsplit.graph import Graph
+from gsplit.graph import Graph, id_range_error
 
 log = logging.getLogger(__name__)
 
@@ -49,29 +50,35 @@ def cupy_available() -> bool:
         return False
 
 
-def kernel_source(name: str) -> str:
-    """Text of the CUDA source ``name`` (e.g. ``"sample.cu"``) shipped with gsplit.
+def kernel_source_path(name: str) -> Path:
+    """Path of the kernel source ``name`` (e.g. ``"sample.cu"``) shipped with gsplit.
 
     Looks in the installed package data ``gsplit._kernels`` first, then in ``<repo>/kernels`` when
     running from a source tree.
+    """
+    try:
+        res = importlib.resources.files("gsplit._kernels").joinpath(name)
+        if res.is_file():
+            return Path(str(res))
+    except ModuleNotFoundError:
+        pass  # not installed as a package: try the source tree below
+    path = Path(__file__).resolve().parents[2] / "kernels" / name
+    if path.is_file():
+        return path
+    raise FileNotFoundError(
+        f"kernel source {name!r} is neither in the package gsplit._kernels nor at {path}; "
+        "reinstall gsplit (the kernel sources ship as package data) or run from a full source checkout"
+    )
+
+
+def kernel_source(name: str) -> str:
+    """Text of the CUDA source ``name`` (e.g. ``"sample.cu"``) shipped with gsplit.
 
     Example:
         >>> "gsplit_sample_fill" in kernel_source("sample.cu")
         True
     """
-    try:
-        res = importlib.resources.files("gsplit._kernels").joinpath(name)
-        if res.is_file():
-            return res.read_text(encoding="utf-8")
-    except ModuleNotFoundError:
-        pass  # not installed as a package: try the source tree below
-    path = Path(__file__).resolve().parents[1] / "kernels" / name
-    if path.is_file():
-        return path.read_text(encoding="utf-8")
-    raise FileNotFoundError(
-        f"CUDA source {name!r} is neither in the package gsplit._kernels nor at {path}; "
-        "reinstall gsplit (the .cu files ship as package data) or run from a full source checkout"
-    )
+    return kernel_source_path(name).read_text(encoding="utf-8")
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,7 +131,7 @@ def _ptr(t: torch.Tensor) -> np.uint64:
     return np.uint64(ptr)
 
 
-def _graph_on_gpu_path(graph: Graph, device: torch.device) -> bool:
+def graph_readable(graph: Graph, device: torch.device) -> bool:
     """Whether the kernels can read ``graph`` from ``device``: it is on that GPU, or pinned on the host."""
     arrays = (graph.indptr, graph.indices)
     if all(a.device == device for a in arrays):
@@ -133,15 +140,7 @@ def _graph_on_gpu_path(graph: Graph, device: torch.device) -> bool:
 
 
 # ---------------------------------------------------------------------------------------- sampling
-def _sample_torch(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int):
-    """The torch sampler, run where the graph is; results go back to ``nodes``' device."""
-    from gsplit.sampling.neighbor import sample_neighbors_torch
-
-    out = sample_neighbors_torch(graph, nodes.to(graph.device), fanout, replace, key)
-    return tuple(t.to(nodes.device) for t in (out.src, out.dst_index, out.edge_ids))
-
-
-def sample_neighbors_gpu(
+def sample_neighbors(
     graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pick in-edges of ``nodes`` with the CUDA kernel; same edges as the torch sampler.
@@ -158,27 +157,14 @@ def sample_neighbors_gpu(
         ``(src, dst_index, edge_ids)`` int64 on ``nodes``' device, grouped by destination in
         ``nodes`` order, each destination's edges in CSC order.
 
-    Falls back to the torch sampler (on the graph's device) when CuPy is missing, ``nodes`` is on the
-    CPU, or the graph is neither on ``nodes``' GPU nor pinned.
+    Needs CuPy, CUDA ``nodes`` and a graph that :func:`graph_readable` from their device;
+    :func:`gsplit.ops.sample_neighbors` checks that and otherwise runs the torch sampler.
 
     Example:
-        >>> from gsplit.sampling import counter_rng
-        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
-        >>> src, dst_index, eids = sample_neighbors_gpu(g, torch.tensor([0, 2]), 1, False,
-        ...                                             counter_rng.stream_key(0, 0, 0, 0))
-        >>> dst_index.tolist()
-        [0, 1]
+        >>> src, dst_index, eids = sample_neighbors(g.to("cuda"), torch.tensor([0, 2], device="cuda"), 1, False,
+        ...                                         counter_rng.stream_key(0, 0, 0, 0))  # doctest: +SKIP
     """
-    fanout = int(fanout)
-    if fanout < -1 or fanout == 0:
-        raise ValueError(f"fanout = {fanout}; pass a positive number of neighbours or -1 for all")
-    if not 0 <= int(key) < 1 << 64:
-        raise ValueError(f"key = {key} is not an unsigned 64-bit integer; use counter_rng.stream_key(...)")
-    nodes = nodes.to(torch.int64)
-    device = nodes.device
-    if not (nodes.is_cuda and cupy_available() and _graph_on_gpu_path(graph, device)):
-        return _sample_torch(graph, nodes, fanout, bool(replace), int(key))
-    return _sample_kernel(graph, nodes.contiguous(), fanout, bool(replace), int(key))
+    return _sample_kernel(graph, nodes.to(torch.int64).contiguous(), int(fanout), bool(replace), int(key))
 
 
 def _sample_kernel(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int):
@@ -196,10 +182,8 @@ def _sample_kernel(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool
     ends = torch.cumsum(counts, 0)
     total, num_bad = torch.stack([ends[-1], bad[0]]).tolist()  # the one host sync: output size
     if num_bad:
-        raise ValueError(
-            f"nodes contain ids outside [0, {graph.num_nodes}) (min {int(nodes.min())}, max {int(nodes.max())}); "
-            "pass vertex ids of this graph"
-        )
+        lo, hi = int(nodes.min()), int(nodes.max())
+        raise id_range_error("nodes", lo if lo < 0 else hi, graph.num_nodes)
     src, dst_index, edge_ids = (torch.empty(total, dtype=torch.int64, device=device) for _ in range(3))
     if total:
         with _torch_stream(device):
@@ -216,22 +200,16 @@ def _sample_kernel(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool
 
 
 # ---------------------------------------------------------------------------------------- relabel
-def relabel_gpu(dst_nodes: torch.Tensor, src: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``gsplit.sampling.neighbor.relabel`` with a GPU hash table: ``src_nodes = dst_nodes ++ sorted(new ids)``.
+def relabel(dst_nodes: torch.Tensor, src: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gsplit.ops.torch_ops.relabel` with a GPU hash table: ``src_nodes = dst_nodes ++ sorted(new ids)``.
 
     Returns ``(src_nodes, src_local)`` with ``src_nodes[src_local] == src``. ``dst_nodes`` must be
-    unique and all ids non-negative. Runs the torch version when CuPy is missing or a tensor is on
-    the CPU.
+    unique and all ids non-negative; both tensors on one GPU, CuPy installed.
 
     Example:
-        >>> relabel_gpu(torch.tensor([5, 2]), torch.tensor([9, 2, 7, 9]))
-        (tensor([5, 2, 7, 9]), tensor([3, 1, 2, 3]))
+        >>> relabel(torch.tensor([5, 2], device="cuda"), torch.tensor([9, 2, 7, 9], device="cuda"))  # doctest: +SKIP
+        (tensor([5, 2, 7, 9], device='cuda:0'), tensor([3, 1, 2, 3], device='cuda:0'))
     """
-    from gsplit.sampling.neighbor import relabel
-
-    device = dst_nodes.device
-    if not (dst_nodes.is_cuda and src.device == device and cupy_available()):
-        return relabel(dst_nodes, src)
     return _relabel_kernel(dst_nodes.to(torch.int64).contiguous(), src.to(torch.int64).contiguous())
 
 
@@ -256,7 +234,7 @@ def _relabel_kernel(dst_nodes: torch.Tensor, src: torch.Tensor):
     negative = (src.min() < 0) | (dst_nodes.min() < 0) if nd else src.min() < 0
     k, has_negative = torch.stack([num_new[0], negative.to(torch.int64)]).tolist()
     if has_negative:
-        raise ValueError("relabel_gpu got negative vertex ids; pass global ids in [0, num_nodes)")
+        raise ValueError("relabel got negative vertex ids; pass global ids in [0, num_nodes)")
     new_sorted = torch.sort(new_ids[:k]).values
     src_local = torch.empty(ne, dtype=torch.int64, device=device)
     with _torch_stream(device):
@@ -264,3 +242,58 @@ def _relabel_kernel(dst_nodes: torch.Tensor, src: torch.Tensor):
             _launch("relabel.cu", "gsplit_relabel_assign", k, table + (_ptr(new_sorted), np.int64(k), np.int64(nd)))
         _launch("relabel.cu", "gsplit_relabel_lookup", ne, table + (_ptr(src), np.int64(ne), _ptr(src_local)))
     return torch.cat([dst_nodes, new_sorted]), src_local
+
+
+# ---------------------------------------------------------------------------------------- feature gather
+def pin_in_place(t: torch.Tensor) -> bool:
+    """Page-lock ``t``'s memory where it is (``cudaHostRegister``), so GPU kernels can read it.
+
+    No copy: a copy would double host memory for features that may be most of it. The registration is
+    kept for the life of the process (other stores may share the tensor), so ``t`` must stay alive.
+    Needs CuPy, whose runtime wrapper also clears CUDA's last-error state when registration fails.
+    """
+    if t.is_pinned():
+        return True
+    import cupy
+
+    nbytes = t.numel() * t.element_size()
+    try:
+        cupy.cuda.runtime.hostRegister(t.data_ptr(), nbytes, 1)  # 1 = cudaHostRegisterPortable
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        if "AlreadyRegistered" in str(exc):  # registered by someone else: as good as pinned
+            return True
+        log.warning(f"cannot pin the {nbytes / 2**30:.1f} GiB host feature tensor in place "
+                  f"({exc}); cache misses are gathered by the CPU instead")
+        return False
+    return True
+
+
+def _word_size(row_bytes: int, *tensors: torch.Tensor) -> int:
+    """Widest word (16, 8, 4 or 1 bytes) that divides the row size and aligns every base address."""
+    for width in (16, 8, 4):
+        if row_bytes % width == 0 and all(t.numel() == 0 or t.data_ptr() % width == 0 for t in tensors):
+            return width
+    return 1
+
+
+def gather_rows(cache: torch.Tensor, host: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor,
+                       out: torch.Tensor) -> None:
+    """``out[i] = cache[slots[i]] if slots[i] >= 0 else host[ids[i]]`` with the ``kernels/gather.cu`` kernel.
+
+    ``cache`` and ``out`` are on one GPU, ``host`` is pinned host memory (or on that GPU), ``slots`` and
+    ``ids`` are int64 on the GPU; every tensor is contiguous with rows of the same shape and dtype, and
+    every ``ids[i]`` with ``slots[i] < 0`` is a valid row of ``host`` (the kernel does not check).
+    Runs on torch's current stream.
+    """
+    n = ids.numel()
+    if n == 0:
+        return
+    row_bytes = out.numel() // n * out.element_size()
+    if row_bytes == 0:
+        return
+    width = _word_size(row_bytes, cache, host, out)
+    words = row_bytes // width
+    with _torch_stream(out.device):
+        _launch("gather.cu", f"gsplit_gather_rows_{width}", n * words, (
+            _ptr(cache), _ptr(host), _ptr(slots), _ptr(ids), np.int64(n), np.int64(words),
+            _ptr(out)))

@@ -1,0 +1,37 @@
+"""``sp_forward``: run a stack of layers over (split) blocks, shuffling rows before every layer but the first."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from gsplit.comm.shuffle import shuffle
+from gsplit.sampling.block import Block
+
+
+def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Sequence[Block],
+               between: Optional[Callable[[int, torch.Tensor, Block], torch.Tensor]] = None,
+               group=None) -> torch.Tensor:
+    """Run ``layers[i](blocks[i], h)`` bottom-up, shuffling rows on ``group`` before every layer but the first.
+
+    ``feat`` has one row per ``blocks[0]`` source node (``blocks[0].srcdata["feat"]`` from the
+    loader, already shuffled). ``between(i, h, blocks[i])`` runs after layer ``i`` except the last
+    (activation, dropout, head flattening); it runs on the rank's own rows (``blocks[i].dst_nodes``),
+    before the next shuffle. ``group`` is passed to :func:`gsplit.shuffle` (``None``: the default group).
+
+    Example:
+        >>> logits = gsplit.sp_forward(model.layers, blocks[0].srcdata["feat"], blocks,
+        ...                            between=lambda i, h, block: torch.relu(h))      # doctest: +SKIP
+    """
+    if len(layers) != len(blocks):
+        raise ValueError(f"got {len(blocks)} blocks but the model has {len(layers)} layers; "
+                         "sample with one fanout per layer")
+    h = feat
+    for i, (layer, block) in enumerate(zip(layers, blocks)):
+        if i > 0:
+            h = shuffle(h, block, group)
+        h = layer(block, h)
+        if between is not None and i < len(layers) - 1:
+            h = between(i, h, block)
+    return h

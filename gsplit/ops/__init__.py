@@ -1,0 +1,74 @@
+"""Kernels behind one dispatch point: callers ask for "sample", "relabel", "unique" or "gather rows".
+
+This package decides, per call, which implementation runs: the CUDA kernels of ``kernels/*.cu`` through
+CuPy (:mod:`gsplit.ops.cuda`) when the inputs are on a GPU and CuPy works, else plain torch
+(:mod:`gsplit.ops.torch_ops`, CPU or CUDA). Every implementation returns exactly the same result, so
+the choice only changes speed. Nothing outside this package imports the implementations' private
+helpers.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from gsplit.graph import Graph
+from gsplit.ops import cuda, torch_ops
+
+__all__ = ["sample_neighbors", "relabel", "unique_ids", "cuda", "torch_ops"]
+
+
+def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int
+                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pick in-edges of ``nodes`` for one layer with the stream ``key``; ``(src, dst_index, edge_ids)``.
+
+    The result is on ``nodes``' device, grouped by destination in ``nodes`` order, each destination's
+    edges in graph (CSC) order. CUDA ``nodes`` run the CUDA kernel when CuPy is installed and the graph
+    is on their GPU or pinned in host memory; otherwise the torch sampler runs where the graph is.
+
+    Example:
+        >>> from gsplit.sampling import counter_rng
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> src, dst_index, eids = sample_neighbors(g, torch.tensor([0, 2]), 1, False, counter_rng.stream_key(0, 0, 0, 0))
+        >>> dst_index.tolist()
+        [0, 1]
+    """
+    fanout = int(fanout)
+    if fanout < -1 or fanout == 0:
+        raise ValueError(f"fanout = {fanout}; pass a positive number of neighbours or -1 for all")
+    if not 0 <= int(key) < 1 << 64:
+        raise ValueError(f"key = {key} is not an unsigned 64-bit integer; use counter_rng.stream_key(...)")
+    nodes = nodes.to(torch.int64)
+    if nodes.is_cuda and cuda.cupy_available() and cuda.graph_readable(graph, nodes.device):
+        return cuda.sample_neighbors(graph, nodes, fanout, bool(replace), int(key))
+    if nodes.device == graph.device:
+        return torch_ops.sample_neighbors_torch(graph, nodes, fanout, bool(replace), int(key))
+    out = torch_ops.sample_neighbors_torch(graph, nodes.to(graph.device), fanout, bool(replace), int(key))
+    return tuple(t.to(nodes.device) for t in out)  # type: ignore[return-value]
+
+
+def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int] = None
+            ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Local numbering of a block: ``src_nodes = dst_nodes ++ sorted(new ids in src)`` and ``src_local``.
+
+    ``src_nodes[src_local] == src``; ``dst_nodes`` must be unique. On a GPU with CuPy a hash-table
+    kernel runs (O(n), no sort of the whole id set), else :func:`gsplit.ops.torch_ops.relabel`.
+
+    Example:
+        >>> relabel(torch.tensor([9, 4]), torch.tensor([4, 7, 1]))
+        (tensor([9, 4, 1, 7]), tensor([1, 3, 2]))
+    """
+    if dst_nodes.is_cuda and src.device == dst_nodes.device and cuda.cupy_available():
+        return cuda.relabel(dst_nodes, src)
+    return torch_ops.relabel(dst_nodes, src, num_nodes)
+
+
+def unique_ids(ids: torch.Tensor, num_nodes: Optional[int] = None) -> torch.Tensor:
+    """Sorted distinct values of ``ids`` (see :func:`gsplit.ops.torch_ops.unique_ids`).
+
+    Example:
+        >>> unique_ids(torch.tensor([5, 1, 5, 3]), num_nodes=8).tolist()
+        [1, 3, 5]
+    """
+    return torch_ops.unique_ids(ids, num_nodes)

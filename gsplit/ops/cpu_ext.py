@@ -1,0 +1,63 @@
+"""Compiled CPU kernels (C++ with OpenMP in ``kernels/*.cpp``), built at first use.
+
+The extensions are compiled on the user's machine by ``torch.utils.cpp_extension.load`` the first time a
+process needs them (tens of seconds, then cached), so installing gsplit never builds against a torch
+that pip picked in an isolated build environment. When the build fails (no compiler, no ninja, an
+unusual platform) :func:`load` logs a warning once and returns ``None``, and callers run their
+plain-torch fallback, which computes the same results.
+
+``GSPLIT_NO_EXTENSIONS=1`` skips the build (the fallbacks run), e.g. to compare both paths.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Optional, Sequence
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()  # a prefetching thread and the main thread may ask at once
+
+
+def kernel_path(name: str) -> Path:
+    """Path of a kernel source file (``kernels/`` in a checkout, ``gsplit._kernels`` when installed)."""
+    from gsplit.ops.cuda import kernel_source_path
+
+    return kernel_source_path(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _build(name: str, sources: tuple):
+    import torch.utils.cpp_extension as ext
+
+    flags = ["-O3", "-fopenmp", "-std=c++17"]
+    build_dir = Path(os.environ.get("GSPLIT_EXTENSION_DIR", Path.home() / ".cache" / "gsplit" / "extensions")) / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    return ext.load(name=name, sources=[str(kernel_path(s)) for s in sources], extra_cflags=flags,
+                    extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
+
+
+def load(name: str, sources: Sequence[str]) -> Optional[object]:
+    """The compiled extension ``name`` built from ``sources`` (file names in ``kernels/``), or ``None``.
+
+    Example:
+        >>> mod = load("gsplit_example", ["example.cpp"])   # doctest: +SKIP
+    """
+    if os.environ.get("GSPLIT_NO_EXTENSIONS"):
+        return None
+    with _lock:
+        try:
+            return _build(name, tuple(sources))
+        except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch fallback
+            _warn_once(name, f"{type(exc).__name__}: {exc}")
+            return None
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(name: str, reason: str) -> None:
+    log.warning("cannot build the C++ extension %s (%s); using the plain-torch kernels instead", name,
+                reason.splitlines()[0] if reason else "unknown error")

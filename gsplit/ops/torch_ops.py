@@ -1,0 +1,129 @@
+"""Plain-torch kernels for sampling and relabelling: the reference every other implementation matches.
+
+They run on whatever device their inputs are on (CPU or CUDA). :mod:`gsplit.ops` dispatches to them, or
+to the CUDA kernels in :mod:`gsplit.ops.cuda` where those apply.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from gsplit.graph import Graph
+from gsplit.sampling import counter_rng
+
+def _segment_arange(counts: torch.Tensor) -> torch.Tensor:
+    """``cat([arange(c) for c in counts])`` without a Python loop."""
+    total = int(counts.sum())
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64, device=counts.device)
+    starts = torch.cumsum(counts, 0) - counts
+    return torch.arange(total, device=counts.device) - torch.repeat_interleave(starts, counts, output_size=total)
+
+
+def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Local numbering for a block: ``src_nodes = dst_nodes ++ sorted(new ids in src)``.
+
+    Returns ``(src_nodes, src_local)`` where ``src_nodes[src_local] == src``. ``dst_nodes`` must be unique.
+    Given ``num_nodes`` (the graph's), a batch that is large against the graph is relabelled with
+    dense per-vertex tables in O(num_nodes) instead of a sort in O(n log n); the result is the same.
+
+    Example:
+        >>> relabel(torch.tensor([9, 4]), torch.tensor([4, 7, 1]))[0].tolist()
+        [9, 4, 1, 7]
+    """
+    if _dense_pays_off(dst_nodes.numel() + src.numel(), num_nodes):
+        return _relabel_dense(dst_nodes, src, num_nodes)
+    nd = dst_nodes.numel()
+    uniq, inv = torch.unique(torch.cat([dst_nodes, src]), return_inverse=True)
+    is_dst = torch.zeros(uniq.numel(), dtype=torch.bool, device=uniq.device)
+    is_dst[inv[:nd]] = True
+    new_nodes = uniq[~is_dst]
+    pos = torch.empty(uniq.numel(), dtype=torch.int64, device=uniq.device)
+    pos[inv[:nd]] = torch.arange(nd, device=uniq.device)
+    pos[~is_dst] = torch.arange(nd, nd + new_nodes.numel(), device=uniq.device)
+    return torch.cat([dst_nodes, new_nodes]), pos[inv[nd:]]
+
+
+# Dense relabelling costs ~9 bytes and a scan per graph vertex; worth it when the batch is not tiny
+# against the graph (measured: 5-20x faster than torch.unique for 1M ids on a 1M-vertex graph).
+_DENSE_RELABEL_FACTOR = 16
+_DENSE_RELABEL_SLACK = 1 << 22
+
+
+def _dense_pays_off(num_ids: int, num_nodes: Optional[int]) -> bool:
+    return num_nodes is not None and num_nodes <= _DENSE_RELABEL_FACTOR * num_ids + _DENSE_RELABEL_SLACK
+
+
+def unique_ids(ids: torch.Tensor, num_nodes: Optional[int] = None) -> torch.Tensor:
+    """Sorted distinct values of ``ids`` (like ``torch.unique``), by an O(num_nodes) mask when that is cheaper.
+
+    Example:
+        >>> unique_ids(torch.tensor([5, 1, 5, 3]), num_nodes=8).tolist()
+        [1, 3, 5]
+    """
+    if not _dense_pays_off(ids.numel(), num_nodes):
+        return torch.unique(ids)
+    seen = torch.zeros(num_nodes, dtype=torch.bool, device=ids.device)
+    seen[ids] = True
+    return seen.nonzero().squeeze(1)
+
+
+def _relabel_dense(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    dev = src.device
+    nd = dst_nodes.numel()
+    is_new = torch.zeros(num_nodes, dtype=torch.bool, device=dev)
+    is_new[src] = True
+    is_new[dst_nodes] = False
+    new_nodes = is_new.nonzero().squeeze(1)  # sorted, like torch.unique
+    local = torch.empty(num_nodes, dtype=torch.int64, device=dev)
+    local[dst_nodes] = torch.arange(nd, device=dev)
+    local[new_nodes] = torch.arange(nd, nd + new_nodes.numel(), device=dev)
+    return torch.cat([dst_nodes, new_nodes]), local[src]
+
+
+def sample_neighbors_torch(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int
+                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The torch sampler for one layer, given its stream key (``counter_rng.stream_key(seed, epoch, iteration, layer)``).
+
+    The reference that ``kernels/sample.cu`` reproduces; ``graph`` and ``nodes`` on one device.
+
+    Example:
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> sample_neighbors_torch(g, torch.tensor([0]), 1, False, counter_rng.stream_key(0, 0, 0, 0))[1].tolist()
+        [0]
+    """
+    nodes = nodes.to(torch.int64)
+    k = int(fanout)
+    start = graph.indptr[nodes]
+    deg = graph.indptr[nodes + 1] - start
+    dev = nodes.device
+    if k == -1:
+        counts = deg
+        dst_index = torch.repeat_interleave(torch.arange(nodes.numel(), device=dev), counts)
+        eids = start[dst_index] + _segment_arange(counts)
+        return graph.indices[eids], dst_index, eids
+
+    vkeys = counter_rng.vertex_keys(key, nodes)
+    n = nodes.numel()
+    cols = torch.arange(k, device=dev)
+    if replace:
+        picks = counter_rng.draws_below(vkeys, k, deg.clamp_min(1)[:, None].expand(n, k))
+        pos = torch.where(deg[:, None] > 0, torch.sort(picks, 1).values, -1)
+    else:
+        # Floyd's algorithm: a uniform k-subset of [0, d) in k draws, no rejection loop. It runs on every
+        # row, also those with deg <= k (overwritten below): one pass over [n, k] tensors beats
+        # selecting rows with boolean masks.
+        bound = (deg[:, None] - k + 1 + cols[None, :]).clamp_min(1)  # draw i is uniform in [0, j + 1)
+        chosen = counter_rng.draws_below(vkeys, k, bound)
+        for i in range(1, k):
+            taken = (chosen[:, :i] == chosen[:, i:i + 1]).any(1)
+            chosen[:, i] = torch.where(taken, bound[:, i] - 1, chosen[:, i])
+        everything = torch.where(cols[None, :] < deg[:, None], cols[None, :], -1)
+        pos = torch.where((deg <= k)[:, None], everything, torch.sort(chosen, 1).values)
+    valid = pos >= 0  # a prefix of every row
+    counts = valid.sum(1)
+    eids = torch.masked_select(start[:, None] + pos, valid)
+    dst_index = torch.repeat_interleave(torch.arange(n, device=dev), counts, output_size=eids.numel())
+    return torch.index_select(graph.indices, 0, eids), dst_index, eids

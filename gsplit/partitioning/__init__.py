@@ -1,0 +1,23 @@
+"""Offline half of GSplit: pre-sampling, partitioning strategies, the partition map and split statistics."""
+
+from gsplit.partitioning.metis import METHODS, metis_part_kway, partition, symmetrize, to_metis_weights
+from gsplit.partitioning.partition_map import PartitionMap
+from gsplit.partitioning.prepare import PRESAMPLING_METHODS, PreparedPartition, prepare_partition
+from gsplit.partitioning.presample import PresampleWeights, presample
+from gsplit.partitioning.stats import SplitStats, split_stats
+
+__all__ = [
+    "METHODS",
+    "PartitionMap",
+    "PRESAMPLING_METHODS",
+    "PreparedPartition",
+    "prepare_partition",
+    "PresampleWeights",
+    "SplitStats",
+    "metis_part_kway",
+    "partition",
+    "presample",
+    "split_stats",
+    "symmetrize",
+    "to_metis_weights",
+]
