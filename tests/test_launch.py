@@ -53,6 +53,19 @@ def unpicklable_result_worker(rank, world_size):
     return lambda: rank
 
 
+def listening_addresses_worker(rank, world_size):
+    """Local addresses of the sockets listening on the rendezvous port, read from /proc while it is open."""
+    port, found = int(os.environ["MASTER_PORT"]), []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hexport = local.rsplit(":", 1)
+                if int(hexport, 16) == port and state == "0A":  # 0A: LISTEN
+                    found.append((table.rsplit("/", 1)[1], addr))
+    return found
+
+
 # ---------------------------------------------------------------- tests
 def test_two_cpu_ranks_allreduce_in_rank_order():
     out = launch(allreduce_worker, 2, args=(10,), devices="cpu", timeout=30)
@@ -134,3 +147,9 @@ def test_busy_master_port_is_reported():
         s.listen()
         with pytest.raises(RuntimeError, match="cannot host the rendezvous store"):
             launch(allreduce_worker, 2, args=(0,), devices="cpu", master_port=s.getsockname()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net/tcp")
+def test_rendezvous_listens_on_loopback_only():
+    found = launch(listening_addresses_worker, 2, devices="cpu")[0]
+    assert found == [("tcp", "0100007F")], f"rendezvous listening sockets: {found} (want only 127.0.0.1)"
