@@ -131,9 +131,9 @@ def make_map(ds, world: int, method: str, fanouts: Sequence[int], batch_size: in
 
 
 # ---------------------------------------------------------------------------------------- training runs
-def rank_jobs(rank: int, world_size: int, dataset, jobs: List[Tuple[TrainConfig, Optional[torch.Tensor]]]):
+def rank_jobs(rank: int, dataset, jobs: List[Tuple[TrainConfig, Optional[torch.Tensor]]]):
     """Rank body of :func:`run_jobs`: every job through the same trainer, in one process group."""
-    logs = [train_rank(rank, world_size, cfg, dataset, owner) for cfg, owner in jobs]
+    logs = [train_rank(rank, cfg, dataset, owner) for cfg, owner in jobs]
     return logs if rank == 0 else None  # rank 0's log already holds every rank's counters
 
 

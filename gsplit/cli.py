@@ -225,7 +225,7 @@ def cmd_train(args) -> int:
     report = EpochReport(args.log)
     t = time.perf_counter()
     if ranks == 1:
-        result = train_rank(0, 1, cfg, ds, owner, report, True, cache_weights)
+        result = train_rank(0, cfg, ds, owner, report, True, cache_weights)
     else:
         backend = None if args.device != "cpu" else "gloo"
         result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, report, True, cache_weights),

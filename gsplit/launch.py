@@ -1,6 +1,7 @@
 """Start one process per rank, set up ``torch.distributed``, collect results, and propagate failures.
 
-``launch(fn, nprocs, args)`` runs ``fn(rank, world_size, *args)`` in ``nprocs`` fresh processes (the
+``launch(fn, nprocs, args)`` runs ``fn(rank, *args)`` (as ``torch.multiprocessing.spawn`` does; the world
+size is :func:`world_size` in the rank) in ``nprocs`` fresh processes (the
 ``spawn`` start method, so CUDA works in them) and returns their return values in rank order. With
 CUDA GPUs each rank owns one GPU and the ranks talk over NCCL; without, ranks are CPU processes over
 gloo. When a rank fails, the other ranks may be stuck in a collective waiting for it, so the launcher
@@ -37,7 +38,7 @@ import torch.multiprocessing as tmp
 log = logging.getLogger(__name__)
 
 __all__ = ["launch", "LaunchError", "LaunchInterrupted", "RankFailure", "current_device", "report_progress",
-           "resolve_device"]
+           "resolve_device", "world_size"]
 
 # After the first failure, how long to keep listening for the other ranks' reports before killing them
 # (lets a simultaneous, earlier root cause win over its follow-up communication errors).
@@ -169,6 +170,21 @@ def report_progress(iteration: Optional[int] = None) -> None:
     watch.set(_PROGRESS_T, time.monotonic())
 
 
+def world_size(group=None) -> int:
+    """Number of ranks in the job (or in ``group``): ``torch.distributed.get_world_size()``, 1 without a process group.
+
+    Ranks started by :func:`launch` get ``fn(rank, *args)`` like ``torch.multiprocessing.spawn``; this
+    is where they read how many there are.
+
+    Example:
+        >>> world_size()  # the launching process itself has no process group
+        1
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(group)
+    return 1
+
+
 def current_device() -> torch.device:
     """The device :func:`launch` assigned to the calling rank (``cpu`` outside a launched rank).
 
@@ -298,7 +314,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
                               timeout=datetime.timedelta(seconds=timeout))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        result = fn(rank, world_size, *args)
+        result = fn(rank, *args)
         try:
             payload = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
@@ -535,7 +551,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
            devices: Union[None, str, Sequence[Union[str, torch.device]]] = None, timeout: float = 1800,
            master_port: Optional[int] = None, spawn: bool = True, progress_timeout: float = 600,
            heartbeat_timeout: float = 120, master_addr: str = "127.0.0.1") -> List[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``nprocs`` ranks and return their results in rank order.
+    """Run ``fn(rank, *args)`` on ``nprocs`` ranks and return their results in rank order.
 
     Each rank is a spawned process in which ``torch.distributed`` is initialised (rendezvous through a
     TCP store that this process hosts on ``master_addr`` (127.0.0.1) at ``master_port``, by default a
@@ -552,8 +568,9 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     KeyboardInterrupt after stopping them; if this process is killed outright, the ranks die with it.
 
     Args:
-        fn: top-level (picklable) function called as ``fn(rank, world_size, *args)``; its return value
-            must be picklable (CPU tensors are fine).
+        fn: top-level (picklable) function called as ``fn(rank, *args)``, the calling convention of
+            ``torch.multiprocessing.spawn`` (:func:`world_size` gives the number of ranks); its return
+            value must be picklable (CPU tensors are fine).
         nprocs: number of ranks (world size).
         args: extra picklable positional arguments for ``fn`` (CPU tensors travel through shared memory).
         backend: ``"nccl"``, ``"gloo"`` or ``None``: NCCL when the ranks run on GPUs, else gloo.
@@ -562,7 +579,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
         timeout: seconds a collective (and the rendezvous) may wait before the backend gives up; the
             default, 30 min as DDP's, lets long GPU epochs and evaluations pass.
         master_port: rendezvous port; ``None`` lets the OS pick a free one.
-        spawn: ``False`` runs ``fn(0, 1, *args)`` in the calling process, without processes or a
+        spawn: ``False`` runs ``fn(0, *args)`` in the calling process, without processes or a
             process group, so a debugger and exceptions work as usual; only for ``nprocs == 1``.
         progress_timeout: stop the job when the oldest :func:`report_progress` of a running rank is this
             many seconds old (0 disables; armed only once some rank has reported progress, so a ``fn``
@@ -577,7 +594,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
         LaunchInterrupted: this process received SIGTERM or SIGHUP (a ``SystemExit`` with code 128 + signum).
 
     Example:
-        >>> def work(rank, world_size, x):          # in an importable module
+        >>> def work(rank, x):                      # in an importable module
         ...     t = torch.tensor([rank + x]); torch.distributed.all_reduce(t); return t.item()
         >>> launch(work, 2, args=(10,), devices="cpu")  # doctest: +SKIP
         [21, 21]
@@ -591,7 +608,7 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     if not spawn:
         if nprocs != 1:
             raise ValueError(f"spawn=False runs in-process and supports only nprocs=1, got nprocs={nprocs}")
-        return [fn(0, 1, *args)]
+        return [fn(0, *args)]
     devs = _resolve_devices(nprocs, backend, devices)
     if backend is None:
         backend = "nccl" if all(d.type == "cuda" for d in devs) else "gloo"

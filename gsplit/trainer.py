@@ -22,6 +22,7 @@ from gsplit.comm.gradients import allreduce_gradients, global_sum
 from gsplit.feature_store import parse_size
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
+from gsplit.launch import world_size as launched_world_size
 from gsplit.loader import DataLoader, IterationStats
 from gsplit.nn.loss import split_cross_entropy
 from gsplit.nn.models import build_model
@@ -236,16 +237,20 @@ def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Ten
     return record
 
 
-def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
+def train_rank(rank: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
                report: Optional[Callable[[dict], None]] = None, progress: bool = False,
                cache_weights=None) -> dict:
     """Train on this rank; returns the run log on rank 0 and this rank's counters elsewhere.
+
+    Called as ``gsplit.launch(train_rank, n, args=(cfg, dataset, owner, ...))`` (the world size is the
+    process group's, 1 without one).
 
     ``report(epoch_record)`` is called on rank 0 after every epoch (the CLI prints with it);
     ``progress=True`` shows a progress bar of the iterations on rank 0 (the CLI turns it on).
     ``cache_weights`` (e.g. pre-sampling vertex weights) choose what ``cfg.cache_size`` caches; default
     in-degree.
     """
+    world_size = launched_world_size()
     device = resolve_device(cfg.device)
     system = SYSTEMS[cfg.system]
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)

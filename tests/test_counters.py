@@ -40,13 +40,13 @@ def make_dataset():
     return dataclasses.replace(ds, train_idx=ds.train_idx[:NUM_TRAIN])
 
 
-def _both_systems(rank, world_size, ds, owner):
+def _both_systems(rank, ds, owner):
     """Rank body: one epoch of each system through the same trainer, in one process group."""
     logs = {}
     for system in ("split", "dp"):
         cfg = TrainConfig(model="sage", fanouts=FANOUTS, batch_size=BATCH, hidden=HIDDEN, epochs=1, system=system,
                           seed=SEED, eval_every=1, device="cpu")
-        logs[system] = train_rank(rank, world_size, cfg, ds, owner if system == "split" else None)
+        logs[system] = train_rank(rank, cfg, ds, owner if system == "split" else None)
     return logs
 
 

@@ -33,7 +33,7 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def forever_worker(rank, world_size, outdir):
+def forever_worker(rank, outdir):
     out = Path(outdir)
     _write_atomic(out / f"rank{rank}.pid", str(os.getpid()))
     if rank == 0:
@@ -44,7 +44,7 @@ def forever_worker(rank, world_size, outdir):
         time.sleep(0.05)
 
 
-def hang_worker(rank, world_size, hang_rank, at, seconds):
+def hang_worker(rank, hang_rank, at, seconds):
     """Iterations of an all-reduce; ``hang_rank`` sleeps ``seconds`` inside iteration ``at`` (not in a collective)."""
     t = torch.zeros(1)
     for it in range(8):
@@ -55,7 +55,7 @@ def hang_worker(rank, world_size, hang_rank, at, seconds):
     return rank
 
 
-def freeze_worker(rank, world_size):
+def freeze_worker(rank):
     t = torch.zeros(1)
     for it in range(1000):
         if rank == 1 and it == 3:

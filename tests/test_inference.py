@@ -64,7 +64,8 @@ def reference(name):
         return model([full_block(graph)] * NUM_LAYERS, feats)
 
 
-def rank_worker(rank, world_size):
+def rank_worker(rank):
+    world_size = gsplit.world_size()
     graph, feats, labels, eval_ids = make_problem()
     out = {}
     for map_name, pmap in make_maps(graph, world_size).items():
@@ -89,7 +90,7 @@ def rel_err(a, b):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_split_inference_equals_single_process(world_size):
-    per_rank = [rank_worker(0, 1)] if world_size == 1 else launch(rank_worker, world_size)
+    per_rank = [rank_worker(0)] if world_size == 1 else launch(rank_worker, world_size)
     graph, feats, labels, eval_ids = make_problem()
     refs = {name: reference(name) for name in MODELS}
     maps = make_maps(graph, world_size)
@@ -162,14 +163,14 @@ def test_inference_errors_name_the_bad_argument():
         gather_rows(res, torch.tensor([3]))
 
 
-def _train_both_systems(rank, world_size, ds, owner):
+def _train_both_systems(rank, ds, owner):
     from gsplit.trainer import TrainConfig, train_rank
 
     logs = []
     for system in ("split", "dp"):
         cfg = TrainConfig(model="gat", fanouts=[4, 4], batch_size=64, hidden=8, heads=2, epochs=0, system=system,
                           device="cpu")
-        logs.append(train_rank(rank, world_size, cfg, ds, owner))
+        logs.append(train_rank(rank, cfg, ds, owner))
     return logs
 
 

@@ -12,18 +12,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gsplit.launch import LaunchError, RankFailure, current_device, launch
+from gsplit.launch import LaunchError, RankFailure, current_device, launch, world_size as launched_world_size
 
 
 # ---------------------------------------------------------------- workers (run inside the ranks)
-def allreduce_worker(rank, world_size, base):
+def allreduce_worker(rank, base):
+    world_size = launched_world_size()
     t = torch.tensor([float(base + rank)])
     dist.all_reduce(t)
     return {"rank": rank, "world": world_size, "sum": t.item(), "backend": dist.get_backend(),
             "device": str(current_device()), "env_rank": os.environ["RANK"], "tensor": torch.arange(3) * rank}
 
 
-def raise_on_rank1_worker(rank, world_size):
+def raise_on_rank1_worker(rank):
     if rank == 1:
         time.sleep(0.5)  # let rank 0 get stuck in the barrier first
         raise ValueError("boom")
@@ -32,14 +33,14 @@ def raise_on_rank1_worker(rank, world_size):
     return rank
 
 
-def exit_on_rank1_worker(rank, world_size):
+def exit_on_rank1_worker(rank):
     if rank == 1:
         os._exit(3)
     dist.barrier()
     return rank
 
 
-def stubborn_worker(rank, world_size):
+def stubborn_worker(rank):
     if rank == 1:
         time.sleep(0.5)
         raise ValueError("boom")
@@ -49,11 +50,11 @@ def stubborn_worker(rank, world_size):
     return rank
 
 
-def unpicklable_result_worker(rank, world_size):
+def unpicklable_result_worker(rank):
     return lambda: rank
 
 
-def listening_addresses_worker(rank, world_size):
+def listening_addresses_worker(rank):
     """Local addresses of the sockets listening on the rendezvous port, read from /proc while it is open."""
     port, found = int(os.environ["MASTER_PORT"]), []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -117,7 +118,7 @@ def test_unpicklable_result_is_an_error():
 def test_in_process_mode():
     seen = []
     # A local function is fine here: nothing is spawned or pickled.
-    assert launch(lambda r, w, x: seen.append((r, w)) or x * 2, 1, args=(4,), spawn=False) == [8]
+    assert launch(lambda r, x: seen.append((r, launched_world_size())) or x * 2, 1, args=(4,), spawn=False) == [8]
     assert seen == [(0, 1)]
     with pytest.raises(ValueError, match="only nprocs=1"):
         launch(allreduce_worker, 2, spawn=False)
@@ -125,7 +126,7 @@ def test_in_process_mode():
 
 def test_argument_errors():
     with pytest.raises(TypeError, match="top-level function"):
-        launch(lambda r, w: r, 2, devices="cpu")
+        launch(lambda r: r, 2, devices="cpu")
     with pytest.raises(ValueError, match="nprocs=0"):
         launch(allreduce_worker, 0)
     with pytest.raises(ValueError, match="devices has 1 entries but nprocs=2"):

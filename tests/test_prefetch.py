@@ -182,7 +182,8 @@ def test_interpreter_exit_with_an_unfinished_pass_is_clean():
 
 
 # ------------------------------------------------------------------------------- two ranks
-def batches_worker(rank, world_size):
+def batches_worker(rank):
+    world_size = gsplit.world_size()
     graph, feats, labels, train_idx = make_problem()
     owner = make_maps(graph, train_idx, world_size)["gsplit"]
     sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
@@ -247,7 +248,8 @@ def train_steps(model_name, graph, feats, labels, train_idx, owner, world_size, 
     return {"losses": losses, "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
-def train_worker(rank, world_size):
+def train_worker(rank):
+    world_size = gsplit.world_size()
     graph, feats, labels, train_idx = make_problem()
     maps = make_maps(graph, train_idx, world_size)
     out = {}
@@ -300,7 +302,7 @@ def test_gpu_prefetch_on_a_side_stream_yields_the_same_batches():
     assert_same(got, want)
 
 
-def trainer_worker(rank, world_size, ds, owner):
+def trainer_worker(rank, ds, owner):
     """The training harness twice in one launch: without, then with cache and prefetch."""
     from gsplit.trainer import TrainConfig, train_rank
 
@@ -309,7 +311,7 @@ def trainer_worker(rank, world_size, ds, owner):
         cfg = TrainConfig(model="sage", fanouts=[4, 4], batch_size=64, hidden=16, dropout=0.5, epochs=2, lr=0.01,
                           device="cpu", max_iters=3, eval_every=2, cache_size="8K" if fast else "0",
                           prefetch=fast)
-        logs[fast] = train_rank(rank, world_size, cfg, ds, owner, cache_weights=ds.graph.in_degrees())
+        logs[fast] = train_rank(rank, cfg, ds, owner, cache_weights=ds.graph.in_degrees())
     return logs
 
 

@@ -69,7 +69,8 @@ def make_maps(graph, train_idx, world_size):
     return {"random": rand, "starved": starved}
 
 
-def train_split(rank, world_size):
+def train_split(rank):
+    world_size = gsplit.world_size()
     graph, feats, labels, train_idx = make_problem()
     out = {}
     for map_name, owner in make_maps(graph, train_idx, world_size).items():

@@ -81,7 +81,8 @@ def train_steps(model_name, graph, feats, labels, train_idx, owner, comm_group_w
     return {"losses": losses, "grads": grads, "params": params, "inputs": inputs, "edges": edges}
 
 
-def rank_worker(rank, world_size):
+def rank_worker(rank):
+    world_size = gsplit.world_size()
     graph, feats, labels, train_idx = make_problem()
     results = {}
     for map_name, owner in make_maps(graph, train_idx, world_size).items():
@@ -127,7 +128,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-4) -> float:
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_split_training_matches_single_process(world_size):
     if world_size == 1:
-        per_rank = [rank_worker(0, 1)]  # no process group at all
+        per_rank = [rank_worker(0)]  # no process group at all
     else:
         per_rank = launch(rank_worker, world_size)
     for (map_name, model_name), rank0 in per_rank[0].items():
@@ -169,7 +170,8 @@ def test_float32_parity_two_ranks():
         assert rel_err(per_rank[1]["grads"][n], p.grad) < 1e-4, n
 
 
-def float32_worker(rank, world_size):
+def float32_worker(rank):
+    world_size = gsplit.world_size()
     graph, feats, labels, train_idx = make_problem()
     torch.manual_seed(0)
     model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS))
@@ -183,8 +185,9 @@ def float32_worker(rank, world_size):
     return {"loss": global_sum(loss, loader.comm), "grads": {n: p.grad for n, p in model.named_parameters()}}
 
 
-def ddp_worker(rank, world_size):
+def ddp_worker(rank):
     """The README's DistributedDataParallel recipe: its own process group, loss scaled by world size."""
+    world_size = gsplit.world_size()
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -209,7 +212,7 @@ def test_ddp_recipe_matches_single_process():
             assert rel_err(per_rank[r][name], g_ref) < 1e-10, f"rank {r}: {name}"
 
 
-def subgroup_worker(rank, world_size):
+def subgroup_worker(rank):
     """Split training on an explicit 2-rank process group inside a 3-rank world; rank 2 stays out."""
     import torch.distributed as dist
 
@@ -239,8 +242,9 @@ def test_explicit_process_group():
             assert rel_err(per_rank[r][name], g_ref) < 1e-10, f"rank {r}: {name}"
 
 
-def gpu_rank_worker(rank, world_size, graph_on_gpu):
+def gpu_rank_worker(rank, graph_on_gpu):
     """Split training with this rank's batches on the GPU (two ranks may share one GPU over gloo)."""
+    world_size = gsplit.world_size()
     device = gsplit.current_device()
     graph, feats, labels, train_idx = make_problem()
     if graph_on_gpu:

@@ -27,7 +27,7 @@ def cora_config(batch_size):
 def test_sage_on_cora_two_ranks_matches_one_rank():
     ds = cora()
     assert ds.train_idx.numel() == 140
-    one = train_rank(0, 1, cora_config(batch_size=140), ds, None)
+    one = train_rank(0, cora_config(batch_size=140), ds, None)
     pmap = gsplit.partition(ds.graph, 2, method="random", seed=0)
     # 70 targets per rank x 2 ranks: the same global mini-batch of 140 as the single rank
     two = gsplit.launch(train_rank, 2, args=(cora_config(batch_size=70), ds, pmap.assignment, None))[0]
