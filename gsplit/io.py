@@ -26,7 +26,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_save_npy", "write_array_dir", "read_meta",
+__all__ = ["atomic_file", "atomic_write_bytes", "atomic_write_json", "atomic_save_npy", "write_array_dir", "read_meta",
            "load_npy", "check_writable", "append_jsonl", "read_run_log"]
 
 PathLike = Union[str, os.PathLike]
@@ -47,8 +47,12 @@ def _fsync_dir(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def _atomic_file(path: PathLike) -> Iterator[Any]:
-    """Yield a binary file that replaces ``path`` only when the block finishes without an exception."""
+def atomic_file(path: PathLike) -> Iterator[Any]:
+    """Yield a binary file that replaces ``path`` only when the block finishes without an exception.
+
+    For writers that need a file object (``torch.save``, ``np.save``); the same guarantees as
+    :func:`atomic_write_bytes`.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -73,7 +77,7 @@ def atomic_write_bytes(path: PathLike, data: Union[bytes, str]) -> None:
         >>> atomic_write_bytes(p, "hello"); p.read_text()
         'hello'
     """
-    with _atomic_file(path) as f:
+    with atomic_file(path) as f:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
@@ -87,7 +91,7 @@ def atomic_save_npy(path: PathLike, array: np.ndarray) -> None:
     array = np.asarray(array)
     if array.dtype.hasobject:
         raise TypeError(f"{path}: refusing to save an object array (it would need pickling); pass numbers")
-    with _atomic_file(path) as f:
+    with atomic_file(path) as f:
         np.save(f, array, allow_pickle=False)
 
 
@@ -116,18 +120,22 @@ def write_array_dir(path: PathLike, arrays: Mapping[str, np.ndarray], meta: Mapp
     atomic_write_json(meta_path, dict(meta), default=default)
 
 
-def read_meta(path: PathLike, required: Sequence[str], what: str, fix: str, meta_name: str = "meta.json") -> Dict:
+def read_meta(path: PathLike, required: Sequence[str], what: str, fix: str, meta_name: str = "meta.json",
+              written_first: Optional[Sequence[str]] = None) -> Dict:
     """The metadata of a folder written by :func:`write_array_dir`, with the ``required`` keys checked.
 
     ``what`` names the folder's kind in messages ("partition map"), ``fix`` says what to do.
+    ``written_first`` names the files a writer puts there before the metadata (default: any ``.npy``);
+    finding one of them without the metadata means the writer was interrupted.
     Raises ``FileNotFoundError`` when ``path`` holds nothing of the kind, ``ValueError`` when it is
     incomplete (arrays without metadata: the writer died), not JSON, or lacks a required key.
     """
     p = Path(path)
     meta_path = p / meta_name
     if not meta_path.exists():
-        if p.is_dir() and any(p.glob("*.npy")):
-            raise ValueError(f"{p} is an incomplete {what}: it has arrays but no {meta_name}, which is written "
+        partial = any(p.glob("*.npy")) if written_first is None else any((p / f).exists() for f in written_first)
+        if p.is_dir() and partial:
+            raise ValueError(f"{p} is an incomplete {what}: it has data files but no {meta_name}, which is written "
                              f"last, so writing it was interrupted; {fix}")
         raise FileNotFoundError(f"{p} holds no saved {what} (no {meta_name}); {fix}")
     try:

@@ -118,7 +118,8 @@ class PresampleWeights:
         p = Path(path)
         fix = "pre-sample again (`gsplit prepare`) to rewrite it"
         meta = read_meta(p, ["num_batches", "batch_size", "epochs", "num_nodes", "num_edges"],
-                         "set of pre-sampling weights", fix, meta_name=cls._META)
+                         "set of pre-sampling weights", fix, meta_name=cls._META,
+                         written_first=["edge_weights.npy", "level_vertex_weights.npy", "layer_edge_load.npy"])
         n, e = meta["num_nodes"], meta["num_edges"]
         arrays = {}
         for name, rows in (("vertex_weights", None), ("edge_weights", None), ("level_vertex_weights", -1),
