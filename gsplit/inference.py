@@ -38,8 +38,9 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from gsplit.comm.communicator import Communicator
-from gsplit.graph import Graph
+from gsplit.comm.communicator import Communicator, as_communicator
+from gsplit.graph import Graph, as_vertex_ids
+from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -71,56 +72,11 @@ class InferenceResult:
             >>> pos.tolist(), rows.flatten().tolist()
             ([0, 2], [4.0, 1.0])
         """
-        ids = _as_ids(ids, self.num_nodes, "ids").to(self.nodes.device)
+        ids = as_vertex_ids(ids, self.num_nodes, "ids").to(self.nodes.device)
         where = torch.searchsorted(self.nodes, ids).clamp_(max=max(self.nodes.numel() - 1, 0))
         mine = (self.nodes[where] == ids) if self.nodes.numel() else torch.zeros_like(ids, dtype=torch.bool)
         positions = mine.nonzero().squeeze(1)
         return positions, self.output[where[positions].to(self.output.device)]
-
-
-def _as_ids(ids, num_nodes: int, what: str) -> torch.Tensor:
-    """``ids`` as int64 vertex ids; a boolean mask of length ``num_nodes`` is turned into the ids it marks."""
-    ids = torch.as_tensor(ids)
-    if ids.dtype == torch.bool:
-        if ids.dim() != 1 or ids.numel() != num_nodes:
-            raise ValueError(f"{what} is a boolean mask of shape {tuple(ids.shape)} but the graph has {num_nodes} "
-                             "vertices; pass a mask of shape [num_nodes] or vertex ids")
-        return ids.nonzero().squeeze(1)
-    if ids.dtype.is_floating_point or ids.dim() != 1:
-        raise ValueError(f"{what} must be a 1-D integer tensor of vertex ids or a boolean mask, got "
-                         f"dtype {ids.dtype} and shape {tuple(ids.shape)}")
-    ids = ids.to(torch.int64)
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= num_nodes):
-        raise ValueError(f"{what} holds vertex id {int(ids.min()) if int(ids.min()) < 0 else int(ids.max())} "
-                         f"outside [0, {num_nodes}); pass ids of this graph")
-    return ids
-
-
-def _communicator(group) -> Communicator:
-    """The group as a :class:`Communicator` (``None``: the default group, or one process without one)."""
-    return group if isinstance(group, Communicator) else Communicator(group)
-
-
-def _owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
-    if partition is None:
-        if world_size > 1:
-            raise ValueError(f"the process group has {world_size} ranks but no partition map was given; pass "
-                             "partition= (a PartitionMap or one owner rank per vertex) so each rank knows its vertices")
-        return torch.zeros(graph.num_nodes, dtype=torch.int64)
-    if isinstance(partition, torch.Tensor):
-        owner = partition.to(torch.int64)
-    else:
-        partition.check_graph(graph)
-        partition.check_world_size(world_size)
-        owner = partition.assignment.to(torch.int64)
-    if owner.dim() != 1 or owner.numel() != graph.num_nodes:
-        raise ValueError(f"the partition has shape {tuple(owner.shape)} but the graph has {graph.num_nodes} "
-                         "vertices; pass one owner rank per vertex")
-    if owner.numel() and (int(owner.min()) < 0 or int(owner.max()) >= world_size):
-        bad = int(owner.min()) if int(owner.min()) < 0 else int(owner.max())
-        raise ValueError(f"the partition assigns a vertex to rank {bad} but the process group has {world_size} "
-                         f"ranks; owners must be in [0, {world_size})")
-    return owner
 
 
 def _model_parts(model, between):
@@ -221,8 +177,8 @@ def layerwise_inference(model, graph: Graph, features: torch.Tensor, *, partitio
     if features.dim() != 2 or features.shape[0] != graph.num_nodes:
         raise ValueError(f"features has shape {tuple(features.shape)} but the graph has {graph.num_nodes} vertices; "
                          "pass one feature row per vertex")
-    comm = _communicator(group)
-    owner = _owner_tensor(partition, graph, comm.world_size).to(graph.device)
+    comm = as_communicator(group)
+    owner = owner_tensor(partition, graph, comm.world_size).to(graph.device)
     device = torch.device(device) if device is not None else _device_of(model)
     buffer_device = torch.device(buffer_device) if buffer_device is not None else device
 
@@ -282,8 +238,8 @@ def gather_rows(result: InferenceResult, ids, group=None) -> torch.Tensor:
         >>> gather_rows(r, torch.tensor([2, 0])).tolist()
         [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
     """
-    comm = _communicator(group)
-    ids = _as_ids(ids, result.num_nodes, "ids")
+    comm = as_communicator(group)
+    ids = as_vertex_ids(ids, result.num_nodes, "ids")
     positions, rows = result.rows_of(ids)
     out = result.output.new_zeros((ids.numel(),) + tuple(result.output.shape[1:]))
     out[positions.to(out.device)] = rows
@@ -296,8 +252,8 @@ def accuracy(result: InferenceResult, labels: torch.Tensor, ids, group=None) -> 
     ``ids`` are vertex ids or a boolean mask; every rank must call it with the same ``ids`` and gets the
     same number. See :func:`layerwise_inference` for an example.
     """
-    comm = _communicator(group)
-    ids = _as_ids(ids, result.num_nodes, "ids")
+    comm = as_communicator(group)
+    ids = as_vertex_ids(ids, result.num_nodes, "ids")
     positions, rows = result.rows_of(ids)
     if labels.shape[0] != result.num_nodes:
         raise ValueError(f"labels has {labels.shape[0]} entries but the graph has {result.num_nodes} vertices")

@@ -24,11 +24,12 @@ from typing import Iterator, List, Optional, Union
 import torch
 import torch.distributed as dist
 
+from gsplit import ops
 from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
 from gsplit.graph import Graph, as_vertex_ids
-from gsplit.partitioning.partition_map import PartitionMap
+from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.prefetch import PREFETCH_DEPTH, Producer
 from gsplit.sampling.batches import BatchSchedule
 from gsplit.sampling.block import Block, MiniBatch
@@ -86,22 +87,6 @@ class PreparedBatch:
     """Traffic sent on the loader's own group for this batch (``{"rows": {tag: n}, "bytes": {...}}``)."""
     ready: Optional["torch.cuda.Event"] = None
     """Recorded on the producing side stream once the batch is complete (CUDA prefetch only)."""
-
-
-def _owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
-    """The owner of every vertex, from a :class:`PartitionMap` or an owner tensor, checked against the
-    graph and the world size by the map's own checks (one rule: one part per rank)."""
-    if partition is None:
-        if world_size > 1:
-            raise ValueError(f"world size is {world_size} but no partition map was given; pass "
-                             "partition=gsplit.partition(graph, num_parts=world_size, ...) or a saved PartitionMap")
-        return torch.zeros(graph.num_nodes, dtype=torch.int64)
-    if isinstance(partition, torch.Tensor):
-        # A bare tensor may leave the last ranks empty (a "starved" map), so it gets world_size parts.
-        partition = PartitionMap.from_tensor(partition, num_parts=world_size, graph=graph)
-    partition.check_graph(graph)
-    partition.check_world_size(world_size)
-    return partition.assignment.to(torch.int64)
 
 
 def _group_like(comm: Communicator):
@@ -211,10 +196,12 @@ class DataLoader(RankLoader):
                  group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: bool = False):
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
-        self.owner = _owner_tensor(partition, graph, self.comm.world_size).to(graph.device)
         self.device = torch.device(device) if device is not None else graph.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        # a graph on the GPU, or pinned in host memory, is sampled on the GPU (ops.sampling_device)
+        self.sample_device = ops.sampling_device(graph, self.device)
+        self.owner = owner_tensor(partition, graph, self.comm.world_size).to(self.sample_device)
         self.feature_store = self._feature_store(features, cache_size, cache_weights)
         self.features = None if self.feature_store is None else self.feature_store.features
         if labels is not None and labels.shape[0] != graph.num_nodes:
@@ -269,9 +256,9 @@ class DataLoader(RankLoader):
         own_group = comm is not self.comm
         before = comm.traffic.snapshot() if own_group else None
         t0 = time.perf_counter()
-        batch = sp_sample(self.graph, seeds.to(self.graph.device), self.owner, self.sampler, comm,
+        batch = sp_sample(self.graph, seeds.to(self.sample_device), self.owner, self.sampler, comm,
                           epoch=epoch, iteration=it)
-        if self.device != self.graph.device:
+        if self.device != self.sample_device:
             batch = batch.to(self.device)
         t1 = time.perf_counter()
         counts = None

@@ -37,7 +37,8 @@ class System:
 
     name = ""
 
-    def make_loader(self, cfg: "TrainConfig", dataset, indices, owner, device, sampler, shuffle: bool, **options):
+    def make_loader(self, cfg: "TrainConfig", dataset, graph, indices, owner, device, sampler, shuffle: bool, **options):
+        """A loader over ``indices`` of ``dataset`` whose graph is ``graph`` (the dataset's, maybe on the GPU)."""
         raise NotImplementedError
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, block: Block, world_size: int) -> torch.Tensor:
@@ -54,9 +55,9 @@ class SplitSystem(System):
 
     name = "split"
 
-    def make_loader(self, cfg, dataset, indices, owner, device, sampler, shuffle, **options):
+    def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
         options.setdefault("features", dataset.features)
-        return DataLoader(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True,
+        return DataLoader(graph, indices, sampler, partition=owner, device=device, use_ddp=True,
                           ddp_seed=cfg.seed, batch_size=cfg.batch_size, shuffle=shuffle, labels=dataset.labels,
                           **options)
 
@@ -73,9 +74,9 @@ class DataParallelSystem(System):
 
     name = "dp"
 
-    def make_loader(self, cfg, dataset, indices, owner, device, sampler, shuffle, **options):
+    def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
         del options  # feature cache and prefetch are split parallelism's
-        return DataParallelLoader(dataset.graph, indices, sampler, device=device, use_ddp=True, ddp_seed=cfg.seed,
+        return DataParallelLoader(graph, indices, sampler, device=device, use_ddp=True, ddp_seed=cfg.seed,
                                   batch_size=cfg.batch_size, shuffle=shuffle, features=dataset.features,
                                   labels=dataset.labels)
 
@@ -259,11 +260,15 @@ def train_rank(rank: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tenso
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
-    train_loader = system.make_loader(cfg, dataset, dataset.train_idx, owner, device, sampler, True, **split_options)
+    # On a GPU the graph goes to the GPU, so sampling runs there (the CUDA kernels, else torch on the GPU)
+    # instead of on the host CPU; a 1M-vertex / 20M-edge graph takes 160 MB.
+    graph = dataset.graph.to(device) if device.type == "cuda" else dataset.graph
+    train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
+                                      **split_options)
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
     eval_options = {"features": getattr(train_loader, "feature_store", dataset.features)}
     comm = train_loader.comm
-    eval_loaders = {name: system.make_loader(cfg, dataset, idx, owner, device, sampler, False, **eval_options)
+    eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, owner, device, sampler, False, **eval_options)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
     for epoch in range(cfg.epochs):

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gsplit.datasets.base import Dataset
-from gsplit.graph import Graph
+from gsplit.graph import Graph, as_vertex_ids
 from gsplit.sampling.block import Block
 
 __all__ = ["from_pyg", "to_pyg", "block_inputs", "BlockConv"]
@@ -43,20 +43,14 @@ _WHOLE_BATCH_LAYERS = {
 
 
 def _ids_from(mask, num_nodes: int, what: str) -> torch.Tensor:
-    """Vertex ids marked by a boolean mask (or given as ids already)."""
+    """Vertex ids marked by a boolean mask (or given as ids already); ``None`` gives none."""
     if mask is None:
         return torch.zeros(0, dtype=torch.int64)
     mask = torch.as_tensor(mask)
-    if mask.dtype == torch.bool:
-        if mask.dim() != 1 or mask.numel() != num_nodes:
-            hint = (f"; pick one split, e.g. data.{what}[:, 0]" if mask.dim() == 2 else "")
-            raise ValueError(f"data.{what} has shape {tuple(mask.shape)} but the graph has {num_nodes} vertices; "
-                             f"pass a boolean mask of shape [{num_nodes}]{hint}")
-        return mask.nonzero().squeeze(1)
-    if mask.dtype.is_floating_point or mask.dim() != 1:
-        raise ValueError(f"data.{what} must be a boolean mask or 1-D vertex ids, got dtype {mask.dtype} "
-                         f"and shape {tuple(mask.shape)}")
-    return mask.to(torch.int64)
+    if mask.dtype == torch.bool and mask.dim() == 2:  # PyG's multi-split masks, e.g. 10 random splits
+        raise ValueError(f"data.{what} has shape {tuple(mask.shape)}: several splits; pick one split, e.g. "
+                         f"data.{what}[:, 0]")
+    return as_vertex_ids(mask, num_nodes, f"data.{what}")
 
 
 def from_pyg(data, *, num_classes: Optional[int] = None, name: str = "pyg") -> Dataset:

@@ -111,7 +111,8 @@ class NeighborSampler:
         not checked here; :meth:`sample_blocks` is the checked entry point.
         """
         blocks: List[Block] = []
-        frontier = seeds.to(graph.device)
+        # where the graph is, or on the seeds' GPU when the kernels can read a pinned host graph from there
+        frontier = seeds.to(ops.sampling_device(graph, seeds.device))
         for layer in reversed(range(self.num_layers)):
             sampled = self.sample_neighbors(graph, frontier, layer, epoch, iteration)
             src_nodes, src_local = ops.relabel(frontier, sampled.src, graph.num_nodes)

@@ -64,8 +64,8 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
         >>> batch = sp_sample(g, seeds, pmap.assignment, sampler, Communicator())   # doctest: +SKIP
         >>> batch.blocks[-1].dst_nodes                      # this rank's targets    # doctest: +SKIP
     """
-    seeds = seeds.to(graph.device, torch.int64)
-    owner = owner.to(graph.device)
+    seeds = seeds.to(ops.sampling_device(graph, seeds.device), torch.int64)
+    owner = owner.to(seeds.device)
     if owner.numel() != graph.num_nodes:
         raise ValueError(f"the partition map covers {owner.numel()} vertices but the graph has {graph.num_nodes}; "
                          "use a map made for this graph")
