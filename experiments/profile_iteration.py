@@ -41,11 +41,11 @@ PARTS = [
 ]
 
 
-def profiled_rank(rank, world_size, cfg, dataset, owner, report_rank):
+def profiled_rank(rank, cfg, dataset, owner, report_rank):
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
-    log = train_rank(rank, world_size, cfg, dataset, owner)
+    log = train_rank(rank, cfg, dataset, owner)
     prof.disable()
     wall = time.perf_counter() - t0
     if rank != report_rank:

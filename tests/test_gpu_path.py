@@ -43,7 +43,7 @@ def test_training_on_the_gpu_samples_with_the_kernel(monkeypatch, system):
     ds = gsplit.datasets.load("synthetic", num_nodes=2000, avg_degree=8, feature_dim=16, seed=1)
     cfg = TrainConfig(model="sage", fanouts=[5, 5], batch_size=100, hidden=16, epochs=1, eval_every=0,
                       system=system, device="cuda", max_iters=3)
-    train_rank(0, 1, cfg, ds, None)
+    train_rank(0, cfg, ds, None)
     assert launched.count("gsplit_sample_fill") >= 3 * 2, launched[:20]  # 3 iterations x 2 layers
 
 
