@@ -165,6 +165,16 @@ def default_num_ranks() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
+def _map_mismatch(pmap, fanouts: List[int], global_batch: int) -> str:
+    """How a partition map's pre-sampling settings differ from the training run's ("" when they match)."""
+    diffs = []
+    if pmap.fanouts is not None and list(pmap.fanouts) != list(fanouts):
+        diffs.append(f"fanouts {pmap.fanouts} (training uses {fanouts})")
+    if pmap.batch_size is not None and int(pmap.batch_size) != int(global_batch):
+        diffs.append(f"global batch {pmap.batch_size} (training uses {global_batch})")
+    return ("was made for " + " and ".join(diffs)) if diffs else ""
+
+
 def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
     """The pre-sampling vertex weights saved next to a partition map (checked), or None if there are none."""
     from gsplit.io import load_npy
@@ -202,6 +212,10 @@ def cmd_train(args) -> int:
             pmap.check_graph(ds.graph)
             pmap.check_world_size(ranks)
             print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
+            made_for = _map_mismatch(pmap, fanouts, args.batch_size * ranks)
+            if made_for:
+                print(f"gsplit: warning: partition map {pdir} {made_for}; it still works, but its split is tuned "
+                      f"for other mini-batches: run `gsplit prepare` again for these settings", file=sys.stderr)
         else:
             from gsplit.partitioning import prepare_partition
 

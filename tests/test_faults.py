@@ -426,3 +426,33 @@ def test_broken_data_files_give_one_line_naming_the_file(tmp_path, capsys):
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("gsplit: error:") and str(path) in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_read_run_log_reads_old_single_object_logs_and_cut_lines(tmp_path):
+    import json
+    from gsplit.io import read_run_log
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"world_size": 2, "epochs": [{"epoch": 0, "ranks": [{"a": 1}]}]}, indent=1))
+    assert read_run_log(old)["epochs"][0]["ranks"] == [{"a": 1}]
+    cut = tmp_path / "cut.jsonl"  # a crash in the middle of writing the last line
+    cut.write_text('{"type": "run", "world_size": 2}\n{"type": "epoch", "epoch": 0}\n{"type": "epo')
+    log = read_run_log(cut)
+    assert [e["epoch"] for e in log["epochs"]] == [0] and log["complete"] is False
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"type": "run"}\nnot json\n{"type": "summary"}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        read_run_log(bad)
+
+
+def test_train_warns_when_the_map_was_made_for_other_fanouts(tmp_path, capsys):
+    from gsplit.cli import main
+    parts = tmp_path / "parts"
+    tiny = ["--dataset", "synthetic", "-D", "num_nodes=600", "-D", "avg_degree=6", "-D", "feature_dim=8"]
+    assert main(["prepare", *tiny, "--num-parts", "2", "--fanouts", "4,3", "--batch-size", "64", "--method", "random",
+                 "--out", str(parts)]) == 0
+    capsys.readouterr()
+    assert main(["train", *tiny, "--num-ranks", "2", "--fanouts", "5,4,3", "--batch-size", "32", "--epochs", "0",
+                 "--hidden", "8", "--device", "cpu", "--partition", str(parts)]) == 0
+    err = capsys.readouterr().err
+    assert "gsplit: warning: partition map" in err and "fanouts [4, 3] (training uses [5, 4, 3])" in err, err
+    assert "global batch 128 (training uses 64)" in err, err
