@@ -505,18 +505,15 @@ class _Watchdog:
             return None
         r = self.suspect(running)
         n, age, waiting = self.progress(r)
-        if age <= self.progress_timeout:
+        waiting_others = [o for o in running if o != r and self.progress(o)[2]]
+        # A hang is one rank outside any collective while others wait in one for it. All ranks computing
+        # (a long evaluation) or all in collectives (left to the backend's timeout) is not called a hang.
+        if age <= self.progress_timeout or waiting or not waiting_others:
             return None
-        others = [o for o in running if o != r]
-        waiting_others = [o for o in others if self.progress(o)[2]]
         text = (f"made no progress for {age:.0f} s ({self.describe_progress(r)}; progress_timeout "
-                f"{self.progress_timeout:g} s)")
-        if waiting_others:
-            text += (f"; rank{'s' if len(waiting_others) > 1 else ''} {', '.join(map(str, waiting_others))} "
-                     f"{'are' if len(waiting_others) > 1 else 'is'} waiting in a collective ("
-                     + ", ".join(f"rank {o} {self.describe_progress(o)}" for o in waiting_others) + ")")
-        if waiting:
-            text += "; it waits in a collective itself, so the job may just be slow: raise progress_timeout"
+                f"{self.progress_timeout:g} s); rank{'s' if len(waiting_others) > 1 else ''} "
+                f"{', '.join(map(str, waiting_others))} {'are' if len(waiting_others) > 1 else 'is'} waiting "
+                f"in a collective (" + ", ".join(f"rank {o} {self.describe_progress(o)}" for o in waiting_others) + ")")
         return RankFailure(r, None, None, text, "", time.time(), False)
 
     def blame_hang(self, failures: List[RankFailure], running: Sequence[int]) -> Optional[RankFailure]:
@@ -581,9 +578,10 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
         master_port: rendezvous port; ``None`` lets the OS pick a free one.
         spawn: ``False`` runs ``fn(0, *args)`` in the calling process, without processes or a
             process group, so a debugger and exceptions work as usual; only for ``nprocs == 1``.
-        progress_timeout: stop the job when the oldest :func:`report_progress` of a running rank is this
-            many seconds old (0 disables; armed only once some rank has reported progress, so a ``fn``
-            that never reports is never stopped by it).
+        progress_timeout: stop the job when a rank's last :func:`report_progress` is this many seconds
+            old while it runs outside any collective and other ranks wait in one (for it). 0 disables;
+            armed only once some rank has reported progress, so a ``fn`` that never reports is never
+            stopped by it; ranks that all compute (a long evaluation) are not stopped either.
         heartbeat_timeout: stop the job when a rank's watchdog thread has not run for this many seconds
             (a frozen process; 0 disables). A rank busy in a long step or collective still beats.
         master_addr: the address the rendezvous store listens on; only local ranks connect to it.

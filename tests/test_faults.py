@@ -55,6 +55,16 @@ def hang_worker(rank, hang_rank, at, seconds):
     return rank
 
 
+def slow_everywhere_worker(rank):
+    t = torch.zeros(1)
+    for it in range(4):
+        if it == 2:
+            time.sleep(4)
+        dist.all_reduce(t)
+        report_progress()
+    return rank
+
+
 def freeze_worker(rank):
     t = torch.zeros(1)
     for it in range(1000):
@@ -180,6 +190,11 @@ def test_a_legitimately_slow_step_is_not_killed():
     # 4 s inside one step on rank 0: its heartbeat keeps beating (1 s limit) and progress stalls < 10 s
     assert launch(hang_worker, 2, args=(0, 2, 4), devices="cpu", timeout=60, progress_timeout=10,
                   heartbeat_timeout=1) == [0, 1]
+
+
+def test_ranks_that_all_compute_long_are_not_stopped():
+    # both ranks spend 4 s in the same step (a long evaluation, say): nobody waits for anybody
+    assert launch(slow_everywhere_worker, 2, devices="cpu", timeout=60, progress_timeout=1) == [0, 1]
 
 
 def test_a_collective_timeout_blames_the_rank_that_hung_not_the_one_waiting():
