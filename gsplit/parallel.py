@@ -15,7 +15,9 @@ global mini-batch:
 2. **Shuffles**: a forward pre-hook on every submodule called as ``layer(block, h)`` replaces ``h``
    (this rank's rows: one per vertex it owns) with ``gsplit.shuffle(h, block)`` (one row per source of
    the block, the *mixed frontier*) for every block above the first. Modules marked
-   ``split_aware = True`` (gsplit's own models, which shuffle themselves) get no hooks.
+   ``split_aware = True`` (gsplit's own models, which shuffle themselves) get no hooks. The DGL blocks
+   of a ``gsplit.DataLoader`` over a ``DGLGraph`` work the same: their plans are looked up in
+   :mod:`gsplit.interop.dgl`.
 3. **Loss scale**: each rank's mean loss covers only its local targets. The gradient of the wrapper's
    output is scaled by ``local targets / global targets``, so the ranks' gradients add up to the
    gradient of the global mini-batch's mean loss.
@@ -38,6 +40,7 @@ from torch import nn
 
 from gsplit.comm import Communicator
 from gsplit.comm import shuffle as _comm_shuffle
+from gsplit.interop import dgl as _dgl_interop  # imports no dgl
 from gsplit.sampling.block import Block
 
 log = logging.getLogger(__name__)
@@ -61,17 +64,31 @@ class _ForwardState:
     """Module calls with a block as first argument now running: only the outermost one is shuffled for."""
 
 
+def _plan_block(x: Any) -> Optional[Block]:
+    """The gsplit block behind a layer's block argument (it holds the shuffle plan), else None.
+
+    ``x`` itself for a gsplit :class:`Block`; for a DGL block yielded by a ``gsplit.DataLoader`` over a
+    ``DGLGraph``, the gsplit block it was made from (:func:`gsplit.interop.dgl.block_of`).
+    """
+    return x if isinstance(x, Block) else _dgl_interop.block_of(x)
+
+
 def _is_block(x: Any) -> bool:
-    return isinstance(x, Block)
+    return _plan_block(x) is not None
 
 
 def _find_blocks(inputs: tuple, kwargs: dict) -> List[Block]:
-    """The blocks of a forward call: the first positional argument (or ``blocks=``), as in DGL."""
+    """The (gsplit) blocks of a forward call: the first positional argument (or ``blocks=``), as in DGL."""
     first = inputs[0] if inputs else kwargs.get("blocks")
     if _is_block(first):
-        return [first]
+        return [_plan_block(first)]
     if isinstance(first, (list, tuple)) and first and all(_is_block(b) for b in first):
-        return list(first)
+        return [_plan_block(b) for b in first]
+    items = list(first) if isinstance(first, (list, tuple)) else [first]
+    if any(_dgl_interop.is_dgl_block(b) and not _is_block(b) for b in items):
+        raise ValueError("SplitParallel got DGL blocks that no gsplit.DataLoader yielded (or copies of them, e.g. "
+                         "block.to(device), which lose the shuffle plan); pass the loader's blocks as they come "
+                         "(gsplit.DataLoader(dgl_graph, ..., device=device) already delivers them on device)")
     raise TypeError(f"SplitParallel's forward expects the list of blocks as its first argument, as in "
                     f"model(blocks, x), got {type(first).__name__}; call the wrapper the way the model is "
                     f"called on gsplit.DataLoader's blocks")
@@ -244,7 +261,7 @@ class SplitParallel(nn.Module):
         state.depth += 1
         if state.depth > 1:  # inside a layer that was already given the mixed rows
             return None
-        block = args[0]
+        block = _plan_block(args[0])
         i = state.position.get(id(block))
         index = block.shuffle_index
         if i is None or i == 0 or index is None:
@@ -261,7 +278,7 @@ class SplitParallel(nn.Module):
             return None
         done = state.shuffled.get((i, id(h)))
         if done is not None:
-            return (block, done[1]) + args[2:]
+            return (args[0], done[1]) + args[2:]
         if h.shape[0] != index.num_local:
             if h.shape[0] == index.num_mixed:
                 hint = ("h already has one row per source of the block: if the model shuffles itself "
@@ -274,7 +291,7 @@ class SplitParallel(nn.Module):
         out = self._shuffle(h, block)
         state.shuffled[(i, id(h))] = (h, out)
         state.produced.setdefault(i, []).append(out)
-        return (block, out) + args[2:]
+        return (args[0], out) + args[2:]
 
     def _post_hook(self, layer: nn.Module, args: tuple, output):
         state = self._state
