@@ -8,7 +8,7 @@ before every layer above the first; the loss is DGL's plain ``F.cross_entropy``.
 
 What differs from DGL's script besides: the graph, features, labels and partition map are gsplit
 objects passed to ``gsplit.DataLoader`` (DGL keeps them in ``g.ndata``); the partition map is computed
-once, offline, in ``__main__``; ``gsplit.launch`` starts the ranks and sets up the process group
+once, offline, in ``__main__``; ``gsplit.spawn`` (``mp.spawn``'s drop-in) starts the ranks and sets up the process group
 (``mp.spawn`` + ``init_process_group`` in DGL); the test accuracy comes from mini-batch evaluation
 (DGL's ``model.module.inference`` is layer-wise full-graph inference).
 
@@ -96,7 +96,7 @@ def train(proc_id, device, ds, pmap, model, num_epochs):
 
 
 def run(proc_id, ds, pmap, num_epochs):
-    device = gsplit.current_device()  # gsplit.launch made the process group and picked the rank's device
+    device = gsplit.current_device()  # gsplit.spawn made the process group and picked the rank's device
     num_classes, in_size = ds.num_classes, ds.features.shape[1]
     model = SAGE(in_size, 256, num_classes).to(device)
     model = gsplit.SplitParallel(
@@ -122,4 +122,4 @@ if __name__ == "__main__":
     weights = gsplit.presample(ds.graph, ds.train_idx, NeighborSampler([10, 10, 10]),
                                batch_size=args.nprocs * 1024, epochs=3)
     pmap = gsplit.partition(ds.graph, num_parts=args.nprocs, method="gsplit", weights=weights)
-    gsplit.launch(run, nprocs=args.nprocs, args=(ds, pmap, args.num_epochs))
+    gsplit.spawn(run, args=(ds, pmap, args.num_epochs), nprocs=args.nprocs)

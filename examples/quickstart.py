@@ -54,4 +54,4 @@ if __name__ == "__main__":                                    # offline work, on
     weights = gsplit.presample(ds.graph, ds.train_idx, sampler, batch_size=nprocs * 256, epochs=3)
     pmap = gsplit.partition(ds.graph, num_parts=nprocs, method="gsplit", weights=weights)
     # pmap.save("parts/synthetic-2") keeps it for later runs: gsplit.PartitionMap.load("parts/synthetic-2")
-    gsplit.launch(run, nprocs=nprocs, args=(ds, sampler, pmap))        # NCCL on GPUs, gloo on CPUs
+    gsplit.spawn(run, args=(ds, sampler, pmap), nprocs=nprocs)         # as mp.spawn; NCCL on GPUs, gloo on CPUs

@@ -41,6 +41,7 @@ import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch l
 import numpy as np
 
 from gsplit import datasets
+from gsplit.io import read_run_log
 
 SYSTEMS = ("dgl", "split", "dp")
 """The compared systems, in the order of even rounds."""
@@ -174,7 +175,7 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         if system == "split":
             cmd += ["--partition", maps[world]["dir"]]
     wall = run(cmd, log.with_suffix(".log"), args.timeout)
-    doc = json.loads(log.read_text())
+    doc = read_run_log(log)  # gsplit's JSON Lines log; the DGL peer's single JSON object reads the same
     rec = doc["epochs"][-1]
     iterations = rec["iterations"] if system == "dgl" else max(r["iterations"] for r in rec["ranks"])
     out = {"system": system, "model": model, "ranks": world, "round": rnd, "epoch": rec["epoch"],

@@ -9,7 +9,7 @@ from gsplit.comm import Communicator, allreduce_gradients, global_sum, host_grou
 from gsplit.feature_store import FeatureStore
 from gsplit.graph import Graph
 from gsplit.inference import InferenceResult, layerwise_inference
-from gsplit.launch import LaunchError, current_device, launch
+from gsplit.launch import LaunchError, LaunchInterrupted, current_device, launch, report_progress, spawn, world_size
 from gsplit.loader import DataLoader
 from gsplit.nn import sp_forward, split_cross_entropy
 from gsplit.parallel import SplitParallel
@@ -24,6 +24,7 @@ __all__ = [
     "presample", "PresampleWeights", "partition", "PartitionMap", "split_stats", "prepare_partition",
     "Communicator", "shuffle", "ShuffleIndex", "sp_sample", "sp_forward",
     "split_cross_entropy", "allreduce_gradients", "global_sum", "host_groups", "DataLoader", "FeatureStore", "launch", "LaunchError", "current_device",
+    "LaunchInterrupted", "report_progress", "world_size", "spawn",
     "layerwise_inference", "InferenceResult",
     "__version__",
 ]

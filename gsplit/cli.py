@@ -10,14 +10,19 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
 import torch
+
+from gsplit.io import append_jsonl, atomic_write_json, check_writable
+from gsplit.launch import LaunchInterrupted
 
 log = logging.getLogger("gsplit.cli")
 
@@ -34,6 +39,9 @@ def parse_fanouts(text: str) -> List[int]:
         raise CliError(f"--fanouts {text!r} is not a comma-separated list of integers; e.g. --fanouts 15,10,5")
     if not fanouts:
         raise CliError("--fanouts is empty; pass one fanout per layer, e.g. --fanouts 15,10,5")
+    bad = [f for f in fanouts if f < 1 and f != -1]
+    if bad:
+        raise CliError(f"--fanouts {text!r} holds {bad[0]}; each fanout must be >= 1 (or -1: all neighbours)")
     return fanouts
 
 
@@ -114,6 +122,8 @@ def cmd_prepare(args) -> int:
 def cmd_stats(args) -> int:
     import gsplit
 
+    if args.json:
+        check_writable(args.json, "--json file")
     ds = _load_dataset(args)
     pmap = gsplit.PartitionMap.load(args.partition)
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else list(pmap.fanouts or [15, 10, 5])
@@ -124,7 +134,7 @@ def cmd_stats(args) -> int:
     print(f"{pmap!r}")
     _print_stats(stats.to_dict())
     if args.json:
-        Path(args.json).write_text(json.dumps(stats.to_dict(), indent=1))
+        atomic_write_json(args.json, stats.to_dict())
     return 0
 
 
@@ -137,8 +147,50 @@ def print_epoch(record: dict) -> None:
           f"{acc}", flush=True)
 
 
+class EpochReport:
+    """Rank 0's per-epoch callback: print the epoch line and, with a log file, append the record to it.
+
+    Picklable (it crosses into the rank processes). Appending as epochs finish keeps the epochs done
+    when a later one crashes.
+    """
+
+    def __init__(self, log_path: Optional[str] = None):
+        self.log_path = log_path
+        """JSON Lines file to append ``{"type": "epoch", ...}`` records to; None: print only."""
+
+    def __call__(self, record: dict) -> None:
+        print_epoch(record)
+        if self.log_path:
+            append_jsonl(self.log_path, {"type": "epoch", **record})
+
+
 def default_num_ranks() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
+
+
+def _map_mismatch(pmap, fanouts: List[int], global_batch: int) -> str:
+    """How a partition map's pre-sampling settings differ from the training run's ("" when they match)."""
+    diffs = []
+    if pmap.fanouts is not None and list(pmap.fanouts) != list(fanouts):
+        diffs.append(f"fanouts {pmap.fanouts} (training uses {fanouts})")
+    if pmap.batch_size is not None and int(pmap.batch_size) != int(global_batch):
+        diffs.append(f"global batch {pmap.batch_size} (training uses {global_batch})")
+    return ("was made for " + " and ".join(diffs)) if diffs else ""
+
+
+def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
+    """The pre-sampling vertex weights saved next to a partition map (checked), or None if there are none."""
+    from gsplit.io import load_npy
+    from gsplit.partitioning.presample import PresampleWeights
+
+    if (pdir / "presample.json").exists():
+        weights = PresampleWeights.load(pdir)
+        weights.check_graph(graph)
+        return weights.vertex_weights
+    if (pdir / "vertex_weights.npy").exists():  # older gsplit wrote this array alone
+        return torch.from_numpy(load_npy(pdir / "vertex_weights.npy", "run `gsplit prepare` again", kind="f",
+                                         length=graph.num_nodes).astype(np.float32))
+    return None
 
 
 def cmd_train(args) -> int:
@@ -147,6 +199,8 @@ def cmd_train(args) -> int:
     from gsplit.feature_store import parse_size
     from gsplit.trainer import SYSTEMS, TrainConfig, train_rank
 
+    if args.log:  # before any work: a bad path must not surface after the whole run
+        check_writable(args.log, "--log file")
     torchrun = args.launcher == "torchrun" or (args.launcher == "auto" and multihost.started_by_torchrun())
     if torchrun:
         # torchrun started this process as one rank of the job: join it instead of spawning ranks
@@ -175,6 +229,10 @@ def cmd_train(args) -> int:
             pmap.check_graph(ds.graph)
             pmap.check_world_size(parts)
             print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
+            made_for = _map_mismatch(pmap, fanouts, args.batch_size * ranks)
+            if made_for:
+                print(f"gsplit: warning: partition map {pdir} {made_for}; it still works, but its split is tuned "
+                      f"for other mini-batches: run `gsplit prepare` again for these settings", file=sys.stderr)
         else:
             from gsplit.partitioning import prepare_partition
 
@@ -188,9 +246,8 @@ def cmd_train(args) -> int:
             if prepared.weights is not None:
                 cache_weights = prepared.weights.vertex_weights
         owner = pmap.assignment
-        weights_file = pdir / "vertex_weights.npy" if pdir is not None else None
-        if cache_weights is None and weights_file is not None and weights_file.exists():
-            cache_weights = torch.from_numpy(np.load(weights_file))
+        if cache_weights is None and pdir is not None:
+            cache_weights = _saved_vertex_weights(pdir, ds.graph)
         if parse_size(cfg.cache_size):
             print("feature cache ordered by " + ("pre-sampling frequency" if cache_weights is not None
                                                 else "in-degree (no pre-sampling weights for this map)"))
@@ -198,21 +255,23 @@ def cmd_train(args) -> int:
     print(f"training {args.model} with {args.system} on {ranks} rank(s){hosts_text} "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
+    if args.log:
+        append_jsonl(args.log, {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg)})
+    report = EpochReport(args.log)
     t = time.perf_counter()
     if torchrun:
         return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t)
     if ranks == 1:
-        result = train_rank(0, 1, cfg, ds, owner, print_epoch, True, cache_weights)
+        result = train_rank(0, 1, cfg, ds, owner, report, True, cache_weights)
     else:
         backend = None if args.device != "cpu" else "gloo"
-        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch, True, cache_weights),
-                               backend=backend)[0]
+        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, report, True, cache_weights),
+                               backend=backend, timeout=args.timeout, progress_timeout=args.progress_timeout)[0]
     result["dataset"] = ds.name
     result["wall_s"] = time.perf_counter() - t
-    if args.log:
-        Path(args.log).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.log).write_text(json.dumps(result, indent=1))
-        print(f"log written to {args.log}")
+    if args.log:  # the epochs are in the log already; the summary record marks the run complete
+        append_jsonl(args.log, {"type": "summary", **{k: v for k, v in result.items() if k != "epochs"}})
+        print(f"log written to {args.log} (JSON Lines; read it with gsplit.io.read_run_log)")
     return 0
 
 
@@ -254,13 +313,69 @@ def cmd_bench(args) -> int:
 
 
 # ---------------------------------------------------------------------------- entry point
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is a :class:`CliError` (one line, exit 2) like every other user mistake."""
+
+    def error(self, message):
+        raise CliError(message)
+
+
+def _positive(v) -> bool:
+    return v >= 1
+
+
+def _non_negative(v) -> bool:
+    return v >= 0
+
+
+def _finite_positive(v) -> bool:
+    return math.isfinite(v) and v > 0
+
+
+def _finite_non_negative(v) -> bool:
+    return math.isfinite(v) and v >= 0
+
+
+# Every numeric option, checked in this process before any data is loaded or any rank starts.
+_NUMBER_RULES = {
+    "batch_size": (_positive, "must be positive"),
+    "num_parts": (_positive, "must be positive"),
+    "presample_epochs": (_positive, "must be positive"),
+    "hidden": (_positive, "must be positive"),
+    "heads": (_positive, "must be positive"),
+    "num_batches": (_positive, "must be positive"),
+    "batches": (_positive, "must be positive"),
+    "epochs": (_non_negative, "must be >= 0"),
+    "num_ranks": (_non_negative, "must be >= 0 (0: all GPUs, else 2 CPU ranks)"),
+    "max_iters": (_non_negative, "must be >= 0 (0: whole epochs)"),
+    "seed": (_non_negative, "must be >= 0"),
+    "lr": (_finite_positive, "must be a positive finite number"),
+    "dropout": (lambda v: 0 <= v < 1, "must be in [0, 1) (a probability of dropping; 1 would drop everything)"),
+    "timeout": (_finite_positive, "must be a positive finite number of seconds"),
+    "progress_timeout": (_finite_non_negative, "must be a finite number of seconds >= 0 (0 disables it)"),
+}
+
+
+def check_numbers(args) -> None:
+    """Raise :class:`CliError` for the first numeric option outside its range (NaN included)."""
+    for name, (ok, rule) in _NUMBER_RULES.items():
+        value = getattr(args, name, None)
+        if value is not None and not ok(value):
+            raise CliError(f"--{name.replace('_', '-')} {rule}, got {value}")
+    if isinstance(getattr(args, "fanouts", None), str):
+        parse_fanouts(args.fanouts)
+    if getattr(args, "cache_size", None) is not None:
+        from gsplit.feature_store import parse_size
+        parse_size(args.cache_size)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # the choices come from the library's own lists, so a new method, model or system appears here by itself
     from gsplit.nn.models import MODELS
     from gsplit.partitioning.metis import METHODS
     from gsplit.trainer import SYSTEMS
 
-    parser = argparse.ArgumentParser(prog="gsplit", description="split-parallel GNN training")
+    parser = _Parser(prog="gsplit", description="split-parallel GNN training")
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -295,13 +410,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
     # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir
-    p.add_argument("--log", "--log-file", dest="log", help="write every number as JSON here (alias --log-file)")
+    p.add_argument("--log", "--log-file", dest="log",
+                   help="append every number here as JSON Lines, one record per epoch as it finishes (read with "
+                        "gsplit.io.read_run_log); alias --log-file, since torchrun's own parser takes --log")
     p.add_argument("--launcher", default="auto", choices=["auto", "gsplit", "torchrun"],
                    help="auto (default): join the torchrun job when torchrun started this process, else start "
                         "--num-ranks ranks on this host")
     p.add_argument("--ranks-per-host", type=int, default=0,
                    help="split: ranks of one split group (host); hosts are data-parallel replicas. Set from "
                         "LOCAL_WORLD_SIZE under torchrun; with the gsplit launcher it simulates hosts")
+    p.add_argument("--timeout", type=float, default=1800,
+                   help="seconds a collective may wait before the job fails (default 1800, as DDP)")
+    p.add_argument("--progress-timeout", type=float, default=600,
+                   help="stop the job when a rank made no training progress for this many seconds and name it "
+                        "(default 600; 0 disables)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("stats", help="cross-split edges and load imbalance of a partition map")
@@ -324,15 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except CliError as e:
+        print(f"gsplit: error: {e} (see gsplit --help)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    for name in ("batch_size", "num_parts", "epochs", "num_ranks", "presample_epochs", "ranks_per_host"):
-        value = getattr(args, name, None)
-        if value is not None and value < (0 if name in ("num_ranks", "epochs", "ranks_per_host") else 1):
-            print(f"gsplit: error: --{name.replace('_', '-')} must be positive, got {value}", file=sys.stderr)
-            return 2
     try:
+        check_numbers(args)
         return args.func(args)
     except (CliError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"gsplit: error: {e}", file=sys.stderr)
@@ -340,6 +462,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("gsplit: interrupted", file=sys.stderr)
         return 130
+    except LaunchInterrupted as e:  # SIGTERM / SIGHUP: the ranks are already stopped
+        print(f"gsplit: {e}", file=sys.stderr)
+        return e.code
     except RuntimeError as e:  # LaunchError and friends: the message already names the failing rank
         print(f"gsplit: error: {e}", file=sys.stderr)
         return 1

@@ -22,7 +22,7 @@ from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
 from gsplit.feature_store import parse_size
 from gsplit.inference import accuracy, layerwise_inference
-from gsplit.launch import resolve_device
+from gsplit.launch import report_progress, resolve_device
 from gsplit.loader import DataLoader, IterationStats
 from gsplit.nn.loss import split_cross_entropy
 from gsplit.nn.models import build_model
@@ -272,6 +272,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                cache_weights=None, hosts: Optional[Tuple] = None) -> dict:
     """Train on this rank; returns the run log on rank 0 and this rank's counters elsewhere.
 
+    Called as ``gsplit.launch(train_rank, n, args=(cfg, dataset, owner, ...))``, or directly as
+    ``train_rank(0, 1, cfg, dataset, None)`` for one process.
+
     ``report(epoch_record)`` is called on rank 0 after every epoch (the CLI prints with it);
     ``progress=True`` shows a progress bar of the iterations on rank 0 (the CLI turns it on).
     ``cache_weights`` (e.g. pre-sampling vertex weights) choose what ``cfg.cache_size`` caches; default
@@ -340,6 +343,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                                                - counters.gradient_bytes})
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
             local_loss += loss.detach().to(torch.float64)
+            report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
         epoch_s = time.perf_counter() - t_epoch

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 
 from gsplit.graph import Graph, check_id_range
+from gsplit.io import load_npy, read_meta, write_array_dir
 
 log = logging.getLogger(__name__)
 
@@ -146,32 +146,50 @@ class PartitionMap:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write folder ``path`` with ``assignment.npy`` and ``meta.json``."""
-        p = Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        np.save(p / "assignment.npy", self.assignment.cpu().numpy())
+        """Write folder ``path``: ``assignment.npy``, then ``meta.json`` last (each atomically).
+
+        A folder whose ``meta.json`` is missing is an interrupted write, which :meth:`load` reports.
+        """
         meta = {"format": _FORMAT, "version": _FORMAT_VERSION, "num_parts": self.num_parts, "method": self.method,
                 "graph_fingerprint": self.graph_fingerprint, "num_nodes": self.num_nodes, "fanouts": self.fanouts,
                 "batch_size": self.batch_size, "metadata": self.metadata}
-        (p / "meta.json").write_text(json.dumps(meta, indent=1, default=_json_default))
+        write_array_dir(path, {"assignment.npy": self.assignment.cpu().numpy()}, meta, default=_json_default)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "PartitionMap":
-        """Read a folder written by :meth:`save`; validates the ids against the stored ``num_parts``."""
+        """Read a folder written by :meth:`save`, checking it: metadata keys, dtype, length, part ids.
+
+        Any problem is a one-line ``ValueError`` naming the file and what to do; a path without a map
+        is a ``FileNotFoundError``.
+
+        Example:
+            >>> import tempfile
+            >>> d = tempfile.mkdtemp()
+            >>> PartitionMap.from_tensor(torch.tensor([0, 1, 1]), num_parts=2).save(d)
+            >>> PartitionMap.load(d).num_parts
+            2
+        """
         p = Path(path)
-        if not (p / "meta.json").exists() or not (p / "assignment.npy").exists():
-            raise FileNotFoundError(f"{p} holds no saved partition map (needs assignment.npy and meta.json); "
-                                    "make one with `gsplit prepare` or PartitionMap.save")
-        meta = json.loads((p / "meta.json").read_text())
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{p}/meta.json has format {meta.get('format')!r}, expected {_FORMAT!r}")
+        fix = "make the map again with `gsplit prepare` (or PartitionMap.save)"
+        meta = read_meta(p, ["format", "num_parts", "num_nodes"], "partition map", fix)
+        if meta["format"] != _FORMAT:
+            raise ValueError(f"{p / 'meta.json'} has format {meta['format']!r}, expected {_FORMAT!r}; {fix}")
         if int(meta.get("version", 0)) > _FORMAT_VERSION:
             raise ValueError(f"{p} was written by a newer gsplit (format version {meta['version']} > "
                              f"{_FORMAT_VERSION}); upgrade gsplit to read it")
-        a = torch.from_numpy(np.load(p / "assignment.npy"))
-        return cls(assignment=a, num_parts=meta["num_parts"], method=meta.get("method", "custom"),
-                   graph_fingerprint=meta.get("graph_fingerprint"), num_nodes=meta.get("num_nodes"),
-                   fanouts=meta.get("fanouts"), batch_size=meta.get("batch_size"), metadata=meta.get("metadata", {}))
+        parts, n = meta["num_parts"], meta["num_nodes"]
+        if not (isinstance(parts, int) and parts >= 1 and isinstance(n, int) and n >= 0):
+            raise ValueError(f"{p / 'meta.json'}: num_parts={parts!r} must be an integer >= 1 and "
+                             f"num_nodes={n!r} an integer >= 0; {fix}")
+        a = load_npy(p / "assignment.npy", fix, kind="iu", ndim=1, length=n)
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= parts):
+            bad = int(a.min()) if int(a.min()) < 0 else int(a.max())
+            raise ValueError(f"{p / 'assignment.npy'} holds part id {bad} but {p / 'meta.json'} says "
+                             f"num_parts={parts}; the folder mixes two maps or is corrupt; {fix}")
+        return cls(assignment=torch.from_numpy(a.astype(np.int64, copy=False)), num_parts=parts,
+                   method=meta.get("method", "custom"), graph_fingerprint=meta.get("graph_fingerprint"),
+                   num_nodes=n, fanouts=meta.get("fanouts"), batch_size=meta.get("batch_size"),
+                   metadata=meta.get("metadata", {}))
 
     def __repr__(self) -> str:
         return (f"PartitionMap(num_parts={self.num_parts}, method={self.method!r}, num_nodes={self.num_nodes}, "

@@ -6,15 +6,13 @@ so there is one definition of what a prepared map is and of which batch size it 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Union
 
-import numpy as np
-
+from gsplit.io import atomic_write_json
 from gsplit.partitioning.metis import partition
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, presample
@@ -80,11 +78,10 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
         report["stats"] = stats.to_dict()
         report["stats_s"] = time.perf_counter() - t2
     say(f"pre-sampling {report['presample_s']:.1f}s, partitioning {report['partition_s']:.1f}s")
-    if out is not None:
+    if out is not None:  # every file atomic; each folder's metadata file lands last (gsplit.io)
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         pmap.save(out)
         if used_weights is not None:  # the GPU feature cache orders vertices by these frequencies
-            np.save(out / "vertex_weights.npy", used_weights.vertex_weights.numpy())
-        (out / "prepare.json").write_text(json.dumps(report, indent=1))
+            used_weights.save(out)
+        atomic_write_json(out / "prepare.json", report)
     return PreparedPartition(pmap, used_weights, report)
