@@ -7,15 +7,22 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import math
+import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
 import torch
+
+from gsplit.io import append_jsonl, atomic_write_json, check_writable
+from gsplit.launch import LaunchInterrupted
 
 log = logging.getLogger("gsplit.cli")
 
@@ -32,6 +39,9 @@ def parse_fanouts(text: str) -> List[int]:
         raise CliError(f"--fanouts {text!r} is not a comma-separated list of integers; e.g. --fanouts 15,10,5")
     if not fanouts:
         raise CliError("--fanouts is empty; pass one fanout per layer, e.g. --fanouts 15,10,5")
+    bad = [f for f in fanouts if f < 1 and f != -1]
+    if bad:
+        raise CliError(f"--fanouts {text!r} holds {bad[0]}; each fanout must be >= 1 (or -1: all neighbours)")
     return fanouts
 
 
@@ -120,6 +130,8 @@ def cmd_prepare(args) -> int:
 def cmd_stats(args) -> int:
     import gsplit
 
+    if args.json:
+        check_writable(args.json, "--json file")
     ds = _load_dataset(args)
     pmap = gsplit.PartitionMap.load(args.partition)
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else list(pmap.fanouts or [15, 10, 5])
@@ -130,7 +142,7 @@ def cmd_stats(args) -> int:
     print(f"{pmap!r}")
     _print_stats(stats.to_dict())
     if args.json:
-        Path(args.json).write_text(json.dumps(stats.to_dict(), indent=1))
+        atomic_write_json(args.json, stats.to_dict())
     return 0
 
 
@@ -143,62 +155,156 @@ def print_epoch(record: dict) -> None:
           f"{acc}", flush=True)
 
 
+class EpochReport:
+    """Rank 0's per-epoch callback: print the epoch line and, with a log file, append the record to it.
+
+    Picklable (it crosses into the rank processes). Appending as epochs finish keeps the epochs done
+    when a later one crashes.
+    """
+
+    def __init__(self, log_path: Optional[str] = None):
+        self.log_path = log_path
+        """JSON Lines file to append ``{"type": "epoch", ...}`` records to; None: print only."""
+
+    def __call__(self, record: dict) -> None:
+        print_epoch(record)
+        if self.log_path:
+            append_jsonl(self.log_path, {"type": "epoch", **record})
+
+
 def default_num_ranks() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 2
 
 
+def _map_mismatch(pmap, fanouts: List[int], batch_size: int) -> str:
+    """How a partition map's pre-sampling settings differ from the training run's ("" when they match);
+    ``batch_size`` is targets per rank, as the map stores it."""
+    diffs = []
+    if pmap.fanouts is not None and list(pmap.fanouts) != list(fanouts):
+        diffs.append(f"fanouts {pmap.fanouts} (training uses {fanouts})")
+    if pmap.batch_size is not None and int(pmap.batch_size) != int(batch_size):
+        diffs.append(f"global batch {pmap.batch_size * pmap.num_parts} (training uses {batch_size * pmap.num_parts})")
+    return ("was made for " + " and ".join(diffs)) if diffs else ""
+
+
+def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
+    """The pre-sampling vertex weights saved next to a partition map (checked), or None if there are none."""
+    from gsplit.io import load_npy
+    from gsplit.partitioning.presample import PresampleWeights
+
+    if (pdir / "presample.json").exists():
+        weights = PresampleWeights.load(pdir)
+        weights.check_graph(graph)
+        return weights.vertex_weights
+    if (pdir / "vertex_weights.npy").exists():  # older gsplit wrote this array alone
+        return torch.from_numpy(load_npy(pdir / "vertex_weights.npy", "run `gsplit prepare` again", kind="f",
+                                         length=graph.num_nodes).astype(np.float32))
+    return None
+
+
 def cmd_train(args) -> int:
     import gsplit
+    from gsplit.comm import hosts as multihost
     from gsplit.feature_store import parse_size
-    from gsplit.trainer import TrainConfig, train_rank
+    from gsplit.trainer import SYSTEMS, TrainConfig, train_rank
 
+    if args.log:  # before any work: a bad path must not surface after the whole run
+        check_writable(args.log, "--log file")
+    torchrun = args.launcher == "torchrun" or (args.launcher == "auto" and multihost.started_by_torchrun())
+    if torchrun:
+        # torchrun started this process as one rank of the job: join it instead of spawning ranks
+        device = multihost.init_from_env(args.device)
+        rank, ranks = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        args.ranks_per_host = int(os.environ["LOCAL_WORLD_SIZE"])
+        if args.num_ranks and args.num_ranks != ranks:
+            raise CliError(f"--num-ranks {args.num_ranks} but torchrun started {ranks} ranks; leave --num-ranks out")
+        print(f"rank {rank} of {ranks} (host {os.environ.get('GROUP_RANK', '?')}, local rank "
+              f"{os.environ['LOCAL_RANK']} of {args.ranks_per_host}) on {device}", flush=True)
     ds = _load_dataset(args)
     fanouts = parse_fanouts(args.fanouts)
-    ranks = args.num_ranks or default_num_ranks()
+    ranks = ranks if torchrun else (args.num_ranks or default_num_ranks())
+    parts = args.ranks_per_host or ranks  # one split group per host: the map has a part per rank of a host
+    if ranks % parts:
+        raise CliError(f"--ranks-per-host {args.ranks_per_host} does not divide the {ranks} ranks; pass a divisor")
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, device=args.device, cache_size=args.cache_size,
-                      prefetch=args.prefetch)
+                      prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0)
     owner, cache_weights = None, None
-    if args.system == "split" and ranks > 1:
+    if SYSTEMS[args.system].partitioned and parts > 1:
         pdir = Path(args.partition) if args.partition else None
         if pdir is not None and (pdir / "meta.json").exists():
             pmap = gsplit.PartitionMap.load(pdir)
             pmap.check_graph(ds.graph)
-            pmap.check_world_size(ranks)
+            pmap.check_world_size(parts)
             print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
+            made_for = _map_mismatch(pmap, fanouts, args.batch_size)
+            if made_for:
+                print(f"gsplit: warning: partition map {pdir} {made_for}; it still works, but its split is tuned "
+                      f"for other mini-batches: run `gsplit prepare` again for these settings", file=sys.stderr)
         else:
             from gsplit.partitioning import prepare_partition
 
-            prepared = prepare_partition(ds, ranks, fanouts, args.batch_size, args.method, args.seed,
-                                         args.presample_epochs, pdir, progress=_say, presample_method=args.presample)
+            if torchrun and pdir is not None:  # many writers of one folder would race: each rank keeps its own
+                print(f"no map in {pdir}: every rank makes one in memory (prepare it once with gsplit prepare "
+                      f"--num-parts {parts} --out {pdir})", flush=True)
+            prepared = prepare_partition(ds, parts, fanouts, args.batch_size, args.method, args.seed,
+                                         args.presample_epochs, None if torchrun else pdir, progress=_say,
+                                         presample_method=args.presample)
             pmap = prepared.pmap
             _print_stats(prepared.report["stats"])
             if prepared.weights is not None:
                 cache_weights = prepared.weights.vertex_weights
         owner = pmap.assignment
-        weights_file = pdir / "vertex_weights.npy" if pdir is not None else None
-        if cache_weights is None and weights_file is not None and weights_file.exists():
-            cache_weights = torch.from_numpy(np.load(weights_file))
+        if cache_weights is None and pdir is not None:
+            cache_weights = _saved_vertex_weights(pdir, ds.graph)
         if parse_size(cfg.cache_size):
             print("feature cache ordered by " + ("pre-sampling frequency" if cache_weights is not None
                                                 else "in-degree (no pre-sampling weights for this map)"))
-    print(f"training {args.model} with {args.system} on {ranks} rank(s) "
+    hosts_text = f" = {ranks // parts} hosts x {parts}" if parts != ranks else ""
+    print(f"training {args.model} with {args.system} on {ranks} rank(s){hosts_text} "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
+    if args.log:
+        append_jsonl(args.log, {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg)})
+    report = EpochReport(args.log)
     t = time.perf_counter()
+    if torchrun:
+        return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t)
     if ranks == 1:
-        result = train_rank(0, 1, cfg, ds, owner, print_epoch, True, cache_weights)
+        result = train_rank(0, 1, cfg, ds, owner, report, True, cache_weights)
     else:
         backend = None if args.device != "cpu" else "gloo"
-        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, print_epoch, True, cache_weights),
-                               backend=backend)[0]
+        result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, report, True, cache_weights),
+                               backend=backend, timeout=args.timeout, progress_timeout=args.progress_timeout)[0]
     result["dataset"] = ds.name
     result["wall_s"] = time.perf_counter() - t
-    if args.log:
-        Path(args.log).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.log).write_text(json.dumps(result, indent=1))
-        print(f"log written to {args.log}")
+    if args.log:  # the epochs are in the log already; the summary record marks the run complete
+        append_jsonl(args.log, {"type": "summary", **{k: v for k, v in result.items() if k != "epochs"}})
+        print(f"log written to {args.log} (JSON Lines; read it with gsplit.io.read_run_log)")
+    return 0
+
+
+def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, t0: float) -> int:
+    """One rank of a torchrun job: same map everywhere, host groups, train, rank 0 writes the log."""
+    from gsplit.comm import hosts as multihost
+    from gsplit.trainer import SYSTEMS, train_rank
+
+    if owner is not None:  # a map made or read differently on some host would split wrongly, silently
+        digest = hashlib.sha256(owner.to(torch.int64).numpy().tobytes()).hexdigest()
+        multihost.check_same_everywhere([digest], None, "the partition map")
+    hosts = multihost.host_groups() if cfg.ranks_per_host and SYSTEMS[args.system].partitioned else None
+    result = train_rank(rank, ranks, cfg, ds, owner, print_epoch if rank == 0 else None, rank == 0, cache_weights,
+                        hosts=hosts)
+    if rank == 0:
+        result["dataset"] = ds.name
+        result["wall_s"] = time.perf_counter() - t0
+        if args.log:
+            Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.log).write_text(json.dumps(result, indent=1))
+            print(f"log written to {args.log}")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
     return 0
 
 
@@ -217,13 +323,69 @@ def cmd_bench(args) -> int:
 
 
 # ---------------------------------------------------------------------------- entry point
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is a :class:`CliError` (one line, exit 2) like every other user mistake."""
+
+    def error(self, message):
+        raise CliError(message)
+
+
+def _positive(v) -> bool:
+    return v >= 1
+
+
+def _non_negative(v) -> bool:
+    return v >= 0
+
+
+def _finite_positive(v) -> bool:
+    return math.isfinite(v) and v > 0
+
+
+def _finite_non_negative(v) -> bool:
+    return math.isfinite(v) and v >= 0
+
+
+# Every numeric option, checked in this process before any data is loaded or any rank starts.
+_NUMBER_RULES = {
+    "batch_size": (_positive, "must be positive"),
+    "num_parts": (_positive, "must be positive"),
+    "presample_epochs": (_positive, "must be positive"),
+    "hidden": (_positive, "must be positive"),
+    "heads": (_positive, "must be positive"),
+    "num_batches": (_positive, "must be positive"),
+    "batches": (_positive, "must be positive"),
+    "epochs": (_non_negative, "must be >= 0"),
+    "num_ranks": (_non_negative, "must be >= 0 (0: all GPUs, else 2 CPU ranks)"),
+    "max_iters": (_non_negative, "must be >= 0 (0: whole epochs)"),
+    "seed": (_non_negative, "must be >= 0"),
+    "lr": (_finite_positive, "must be a positive finite number"),
+    "dropout": (lambda v: 0 <= v < 1, "must be in [0, 1) (a probability of dropping; 1 would drop everything)"),
+    "timeout": (_finite_positive, "must be a positive finite number of seconds"),
+    "progress_timeout": (_finite_non_negative, "must be a finite number of seconds >= 0 (0 disables it)"),
+}
+
+
+def check_numbers(args) -> None:
+    """Raise :class:`CliError` for the first numeric option outside its range (NaN included)."""
+    for name, (ok, rule) in _NUMBER_RULES.items():
+        value = getattr(args, name, None)
+        if value is not None and not ok(value):
+            raise CliError(f"--{name.replace('_', '-')} {rule}, got {value}")
+    if isinstance(getattr(args, "fanouts", None), str):
+        parse_fanouts(args.fanouts)
+    if getattr(args, "cache_size", None) is not None:
+        from gsplit.feature_store import parse_size
+        parse_size(args.cache_size)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # the choices come from the library's own lists, so a new method, model or system appears here by itself
     from gsplit.nn.models import MODELS
     from gsplit.partitioning.metis import METHODS
     from gsplit.trainer import SYSTEMS
 
-    parser = argparse.ArgumentParser(prog="gsplit", description="split-parallel GNN training")
+    parser = _Parser(prog="gsplit", description="split-parallel GNN training")
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -257,7 +419,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0: no cache); ordered by the partition folder's vertex_weights.npy, else in-degree")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
-    p.add_argument("--log", help="write every number as JSON here")
+    # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir
+    p.add_argument("--log", "--log-file", dest="log",
+                   help="append every number here as JSON Lines, one record per epoch as it finishes (read with "
+                        "gsplit.io.read_run_log); alias --log-file, since torchrun's own parser takes --log")
+    p.add_argument("--launcher", default="auto", choices=["auto", "gsplit", "torchrun"],
+                   help="auto (default): join the torchrun job when torchrun started this process, else start "
+                        "--num-ranks ranks on this host")
+    p.add_argument("--ranks-per-host", type=int, default=0,
+                   help="split: ranks of one split group (host); hosts are data-parallel replicas. Set from "
+                        "LOCAL_WORLD_SIZE under torchrun; with the gsplit launcher it simulates hosts")
+    p.add_argument("--timeout", type=float, default=1800,
+                   help="seconds a collective may wait before the job fails (default 1800, as DDP)")
+    p.add_argument("--progress-timeout", type=float, default=600,
+                   help="stop the job when a rank made no training progress for this many seconds and name it "
+                        "(default 600; 0 disables)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("stats", help="cross-split edges and load imbalance of a partition map")
@@ -280,15 +456,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except CliError as e:
+        print(f"gsplit: error: {e} (see gsplit --help)", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    for name in ("batch_size", "num_parts", "epochs", "num_ranks", "presample_epochs"):
-        value = getattr(args, name, None)
-        if value is not None and value < (0 if name in ("num_ranks", "epochs") else 1):
-            print(f"gsplit: error: --{name.replace('_', '-')} must be positive, got {value}", file=sys.stderr)
-            return 2
     try:
+        check_numbers(args)
         return args.func(args)
     except (CliError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"gsplit: error: {e}", file=sys.stderr)
@@ -296,6 +472,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("gsplit: interrupted", file=sys.stderr)
         return 130
+    except LaunchInterrupted as e:  # SIGTERM / SIGHUP: the ranks are already stopped
+        print(f"gsplit: {e}", file=sys.stderr)
+        return e.code
     except RuntimeError as e:  # LaunchError and friends: the message already names the failing rank
         print(f"gsplit: error: {e}", file=sys.stderr)
         return 1

@@ -8,7 +8,6 @@ layout every other part reads. The position of an edge in ``indices`` is its edg
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -18,8 +17,11 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from gsplit.io import load_npy, read_meta, write_array_dir
+
 log = logging.getLogger(__name__)
 
+_FORMAT = "gsplit-graph"
 _FORMAT_VERSION = 1
 
 
@@ -86,6 +88,24 @@ def as_vertex_ids(ids, num_nodes: int, what: str = "vertex ids", *, unique: bool
     if unique and torch.unique(t).numel() != t.numel():
         raise ValueError(f"{what} contain repeated vertex ids; pass each vertex once")
     return t
+
+
+def _check_loaded_csc(folder: Path, g: "Graph", fix: str) -> None:
+    """What :meth:`Graph.validate` checks, with messages naming the file at fault (for :meth:`Graph.load`)."""
+    ptr, idx = folder / "indptr.npy", folder / "indices.npy"
+    first, last = int(g.indptr[0]), int(g.indptr[-1])
+    if first != 0 or last != g.indices.numel():
+        raise ValueError(f"{ptr} runs from {first} to {last} but must run from 0 to the {g.indices.numel()} entries "
+                         f"of {idx.name}; {fix}")
+    drops = (g.indptr[1:] < g.indptr[:-1]).nonzero()
+    if drops.numel():
+        v = int(drops[0, 0])
+        raise ValueError(f"{ptr} is not non-decreasing: entry {v + 1} ({int(g.indptr[v + 1])}) < entry {v} "
+                         f"({int(g.indptr[v])}); {fix}")
+    if g.indices.numel():
+        lo, hi = int(g.indices.min()), int(g.indices.max())
+        if lo < 0 or hi >= g.num_nodes:
+            raise ValueError(f"{idx} holds vertex id {lo if lo < 0 else hi} outside [0, {g.num_nodes}); {fix}")
 
 
 @dataclass(frozen=True)
@@ -294,32 +314,52 @@ class Graph:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write ``indptr.npy``, ``indices.npy`` and ``meta.json`` into folder ``path``."""
-        p = Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        np.save(p / "indptr.npy", self.indptr.cpu().numpy())
-        np.save(p / "indices.npy", self.indices.cpu().numpy())
-        meta = {"format": "gsplit-graph", "version": _FORMAT_VERSION,
+        """Write ``indptr.npy``, ``indices.npy`` and then ``meta.json`` into folder ``path``, each atomically.
+
+        ``meta.json`` lands last, so a folder without it is an interrupted write (:meth:`load` says so).
+        """
+        meta = {"format": _FORMAT, "version": _FORMAT_VERSION,
                 "num_nodes": self.num_nodes, "num_edges": self.num_edges}
-        (p / "meta.json").write_text(json.dumps(meta, indent=1))
+        write_array_dir(path, {"indptr.npy": self.indptr.cpu().numpy(), "indices.npy": self.indices.cpu().numpy()},
+                        meta)
 
     @staticmethod
-    def load(path: Union[str, os.PathLike], mmap: bool = True) -> "Graph":
-        """Load a folder written by :meth:`save`; with ``mmap=True`` the arrays are memory-mapped."""
+    def load(path: Union[str, os.PathLike], mmap: bool = True, validate: bool = True) -> "Graph":
+        """Load a folder written by :meth:`save`; with ``mmap=True`` the arrays are memory-mapped.
+
+        ``validate=True`` (default) checks the arrays as :meth:`validate` does (``indptr`` starts at 0, is
+        non-decreasing and ends at the edge count; every source id is in ``[0, num_nodes)``): one pass
+        over both files, which reads a memory-mapped graph from disk once. ``validate=False`` skips that
+        pass for huge files you trust (e.g. written by :meth:`save` on this machine); the sizes, dtypes
+        and metadata are checked either way. Any problem is a one-line ``ValueError`` naming the file.
+
+        Example:
+            >>> import tempfile
+            >>> d = tempfile.mkdtemp()
+            >>> Graph.from_edges([0, 1], [1, 2]).save(d)
+            >>> Graph.load(d)
+            Graph(num_nodes=3, num_edges=2, device=cpu)
+        """
         p = Path(path)
-        if not (p / "indptr.npy").exists():
-            raise FileNotFoundError(f"{p} holds no saved graph (missing indptr.npy); write one with Graph.save")
+        fix = "write it again with Graph.save (or `gsplit prepare`)"
+        meta = read_meta(p, ["format", "num_nodes", "num_edges"], "graph", fix)
+        if meta["format"] != _FORMAT:
+            raise ValueError(f"{p / 'meta.json'} has format {meta['format']!r}, expected {_FORMAT!r}; "
+                             f"is this a gsplit graph folder?")
+        if int(meta.get("version", 0)) > _FORMAT_VERSION:
+            raise ValueError(f"{p} was written by a newer gsplit (format version {meta['version']} > "
+                             f"{_FORMAT_VERSION}); upgrade gsplit to read it")
+        n, e = meta["num_nodes"], meta["num_edges"]
+        if not (isinstance(n, int) and isinstance(e, int) and n >= 1 and e >= 0):
+            raise ValueError(f"{p / 'meta.json'}: num_nodes={n!r} and num_edges={e!r} must be integers >= 1 and "
+                             f">= 0; {fix}")
+        indptr = load_npy(p / "indptr.npy", fix, kind="iu", ndim=1, length=n + 1, mmap=mmap)
+        indices = load_npy(p / "indices.npy", fix, kind="iu", ndim=1, length=e, mmap=mmap)
         # copy-on-write maps: torch.from_numpy refuses read-only arrays, and "c" keeps loading lazy
-        mode = "c" if mmap else None
-        indptr = np.load(p / "indptr.npy", mmap_mode=mode)
-        indices = np.load(p / "indices.npy", mmap_mode=mode)
-        g = Graph(torch.from_numpy(indptr), torch.from_numpy(indices))
-        meta_path = p / "meta.json"
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
-            if meta.get("num_nodes") != g.num_nodes or meta.get("num_edges") != g.num_edges:
-                raise ValueError(f"{p}: meta.json says {meta.get('num_nodes')} nodes / {meta.get('num_edges')} "
-                                 f"edges but the arrays hold {g.num_nodes} / {g.num_edges}; the folder is corrupt")
+        g = Graph(torch.from_numpy(indptr.astype(np.int64, copy=False)),
+                  torch.from_numpy(indices.astype(np.int64, copy=False)))
+        if validate:
+            _check_loaded_csc(p, g, fix)
         return g
 
     def __repr__(self) -> str:

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from gsplit.cli import main
+from gsplit.io import read_run_log
 
 TINY = ["--dataset", "synthetic", "-D", "num_nodes=1500", "-D", "avg_degree=8", "-D", "feature_dim=16"]
 
@@ -38,7 +39,7 @@ def test_train_single_rank_writes_log(tmp_path):
     rc = main(["train", *TINY, "--num-ranks", "1", "--fanouts", "5,3", "--batch-size", "128", "--epochs", "2",
                "--hidden", "16", "--device", "cpu", "--log", str(log)])
     assert rc == 0
-    result = json.loads(log.read_text())
+    result = read_run_log(log)
     assert len(result["epochs"]) == 2
     first = result["epochs"][0]
     for key in ("loss", "sample_s", "load_s", "train_s", "val_acc", "test_acc", "input_rows", "edges"):
@@ -72,6 +73,6 @@ def test_train_two_ranks_prepares_then_reuses_the_map(tmp_path, capsys):
     assert "partitioning into 2 parts" in first and (parts / "assignment.npy").exists()
     assert main(argv) == 0
     assert "using partition map" in capsys.readouterr().out
-    log = json.loads((tmp_path / "log.json").read_text())
+    log = read_run_log(tmp_path / "log.json")
     assert log["world_size"] == 2 and len(log["epochs"][0]["ranks"]) == 2
     assert log["epochs"][0]["traffic_bytes"] > 0  # the ranks really shuffled rows

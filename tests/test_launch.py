@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from gsplit.launch import LaunchError, RankFailure, current_device, launch
+from gsplit.launch import LaunchError, RankFailure, current_device, launch, spawn, world_size as launched_world_size
 
 
 # ---------------------------------------------------------------- workers (run inside the ranks)
@@ -51,6 +51,26 @@ def stubborn_worker(rank, world_size):
 
 def unpicklable_result_worker(rank, world_size):
     return lambda: rank
+
+
+def listening_addresses_worker(rank, world_size):
+    """Local addresses of the sockets listening on the rendezvous port, read from /proc while it is open."""
+    port, found = int(os.environ["MASTER_PORT"]), []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.read().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                addr, hexport = local.rsplit(":", 1)
+                if int(hexport, 16) == port and state == "0A":  # 0A: LISTEN
+                    found.append((table.rsplit("/", 1)[1], addr))
+    return found
+
+
+def spawn_style_worker(rank, base):
+    """torch.multiprocessing.spawn's convention: fn(rank, *args); the world size comes from gsplit."""
+    t = torch.tensor([float(base + rank)])
+    dist.all_reduce(t)
+    return {"rank": rank, "world": launched_world_size(), "sum": t.item()}
 
 
 # ---------------------------------------------------------------- tests
@@ -134,3 +154,24 @@ def test_busy_master_port_is_reported():
         s.listen()
         with pytest.raises(RuntimeError, match="cannot host the rendezvous store"):
             launch(allreduce_worker, 2, args=(0,), devices="cpu", master_port=s.getsockname()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads /proc/net/tcp")
+def test_rendezvous_listens_on_loopback_only():
+    found = launch(listening_addresses_worker, 2, devices="cpu")[0]
+    assert found == [("tcp", "0100007F")], f"rendezvous listening sockets: {found} (want only 127.0.0.1)"
+
+
+def test_spawn_calls_fn_as_torch_multiprocessing_spawn_does():
+    out = spawn(spawn_style_worker, args=(10,), nprocs=2, devices="cpu", timeout=60)
+    assert [o["rank"] for o in out] == [0, 1] and {o["world"] for o in out} == {2}
+    assert all(o["sum"] == 21.0 for o in out)
+
+
+def test_the_wrong_convention_is_refused_before_any_process_starts():
+    with pytest.raises(TypeError, match=r"launch calls fn\(rank, world_size, \*args\).*use gsplit.spawn"):
+        launch(spawn_style_worker, 2, args=(10, 11), devices="cpu")
+    with pytest.raises(TypeError, match=r"spawn calls fn\(rank, \*args\).*use gsplit.launch"):
+        spawn(allreduce_worker, args=(), nprocs=2, devices="cpu")
+    with pytest.raises(ValueError, match="join=True"):
+        spawn(spawn_style_worker, args=(1,), nprocs=2, join=False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
@@ -68,8 +70,9 @@ def load_npz(
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files if k.startswith(("adj_", "attr_", "labels"))}
-    except (OSError, ValueError) as e:
-        raise ValueError(f"could not read {str(p)!r} as a numpy .npz archive: {e}") from e
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:  # truncated or not a zip
+        raise ValueError(f"could not read {str(p)!r} as a numpy .npz archive ({type(e).__name__}: {e}); "
+                         f"the file is truncated or not an .npz: download or write it again") from None
     missing = [k for k in ("adj_data", "adj_indices", "adj_indptr", "adj_shape") if k not in arrays]
     if missing:
         raise ValueError(f"{str(p)!r} lacks {missing}: expected the gnn-benchmark CSR layout "
@@ -141,15 +144,19 @@ def read_edgelist(path: PathLike, delimiter: Optional[str] = "auto") -> np.ndarr
     """
     p = _existing_file(path, "edge list")
     # newline=None: Python's universal newlines turn "\r\n" and bare "\r" into "\n" before numpy parses
-    with open(p, "r", newline=None, encoding="utf-8-sig") as f:
-        skip, delim = _sniff(f, p, delimiter)
-        f.seek(0)
-        try:
-            edges = np.loadtxt(f, dtype=np.int64, delimiter=delim, comments=_COMMENTS, skiprows=skip,
-                               usecols=(0, 1), ndmin=2)
-        except ValueError as e:
-            raise ValueError(f"could not parse {str(p)!r} as an edge list of two integer columns "
-                             f"(delimiter {delim!r}, {skip} header line(s) skipped): {e}") from e
+    try:
+        with open(p, "r", newline=None, encoding="utf-8-sig") as f:
+            skip, delim = _sniff(f, p, delimiter)
+            f.seek(0)
+            try:
+                edges = np.loadtxt(f, dtype=np.int64, delimiter=delim, comments=_COMMENTS, skiprows=skip,
+                                   usecols=(0, 1), ndmin=2)
+            except ValueError as e:
+                raise ValueError(f"could not parse {str(p)!r} as an edge list of two integer columns "
+                                 f"(delimiter {delim!r}, {skip} header line(s) skipped): {e}") from e
+    except UnicodeDecodeError as e:  # binary data: the codec's own message does not name the file
+        raise ValueError(f"{str(p)!r} is not a text edge list: it holds bytes that are not UTF-8 text "
+                         f"({e.reason} at byte {e.start}); pass a text file with 'src<sep>dst' per line") from None
     if edges.shape[0] == 0:
         raise ValueError(f"edge list {str(p)!r} holds no edges")
     return edges

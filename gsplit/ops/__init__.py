@@ -16,7 +16,9 @@ import torch
 from gsplit.graph import Graph
 from gsplit.ops import cuda, torch_ops
 
-__all__ = ["sample_neighbors", "relabel", "unique_ids", "cuda", "torch_ops"]
+__all__ = ["sample_neighbors", "relabel", "unique_ids", "sampling_device", "cuda", "torch_ops"]
+
+sampling_device = cuda.sampling_device
 
 
 def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 
 from gsplit.graph import Graph, check_id_range
+from gsplit.io import load_npy, read_meta, write_array_dir
 
 log = logging.getLogger(__name__)
 
@@ -148,39 +148,80 @@ class PartitionMap:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write folder ``path`` with ``assignment.npy`` and ``meta.json``."""
-        p = Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        np.save(p / "assignment.npy", self.assignment.cpu().numpy())
+        """Write folder ``path``: ``assignment.npy``, then ``meta.json`` last (each atomically).
+
+        A folder whose ``meta.json`` is missing is an interrupted write, which :meth:`load` reports.
+        """
         meta = {"format": _FORMAT, "version": _FORMAT_VERSION, "num_parts": self.num_parts, "method": self.method,
                 "graph_fingerprint": self.graph_fingerprint, "num_nodes": self.num_nodes, "fanouts": self.fanouts,
                 "batch_size": self.batch_size, "metadata": self.metadata}
-        (p / "meta.json").write_text(json.dumps(meta, indent=1, default=_json_default))
+        write_array_dir(path, {"assignment.npy": self.assignment.cpu().numpy()}, meta, default=_json_default)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "PartitionMap":
-        """Read a folder written by :meth:`save`; validates the ids against the stored ``num_parts``."""
+        """Read a folder written by :meth:`save`, checking it: metadata keys, dtype, length, part ids.
+
+        Any problem is a one-line ``ValueError`` naming the file and what to do; a path without a map
+        is a ``FileNotFoundError``.
+
+        Example:
+            >>> import tempfile
+            >>> d = tempfile.mkdtemp()
+            >>> PartitionMap.from_tensor(torch.tensor([0, 1, 1]), num_parts=2).save(d)
+            >>> PartitionMap.load(d).num_parts
+            2
+        """
         p = Path(path)
-        if not (p / "meta.json").exists() or not (p / "assignment.npy").exists():
-            raise FileNotFoundError(f"{p} holds no saved partition map (needs assignment.npy and meta.json); "
-                                    "make one with `gsplit prepare` or PartitionMap.save")
-        meta = json.loads((p / "meta.json").read_text())
-        if meta.get("format") != _FORMAT:
-            raise ValueError(f"{p}/meta.json has format {meta.get('format')!r}, expected {_FORMAT!r}")
+        fix = "make the map again with `gsplit prepare` (or PartitionMap.save)"
+        meta = read_meta(p, ["format", "num_parts", "num_nodes"], "partition map", fix)
+        if meta["format"] != _FORMAT:
+            raise ValueError(f"{p / 'meta.json'} has format {meta['format']!r}, expected {_FORMAT!r}; {fix}")
         if int(meta.get("version", 0)) > _FORMAT_VERSION:
             raise ValueError(f"{p} was written by a newer gsplit (format version {meta['version']} > "
                              f"{_FORMAT_VERSION}); upgrade gsplit to read it")
-        a = torch.from_numpy(np.load(p / "assignment.npy"))
+        parts, n = meta["num_parts"], meta["num_nodes"]
+        if not (isinstance(parts, int) and parts >= 1 and isinstance(n, int) and n >= 0):
+            raise ValueError(f"{p / 'meta.json'}: num_parts={parts!r} must be an integer >= 1 and "
+                             f"num_nodes={n!r} an integer >= 0; {fix}")
+        a = load_npy(p / "assignment.npy", fix, kind="iu", ndim=1, length=n)
+        if a.size and (int(a.min()) < 0 or int(a.max()) >= parts):
+            bad = int(a.min()) if int(a.min()) < 0 else int(a.max())
+            raise ValueError(f"{p / 'assignment.npy'} holds part id {bad} but {p / 'meta.json'} says "
+                             f"num_parts={parts}; the folder mixes two maps or is corrupt; {fix}")
         batch_size = meta.get("batch_size")
         if batch_size is not None and int(meta.get("version", 1)) < 2:
-            batch_size = int(batch_size) // int(meta["num_parts"])  # version 1 stored the global mini-batch
-        return cls(assignment=a, num_parts=meta["num_parts"], method=meta.get("method", "custom"),
-                   graph_fingerprint=meta.get("graph_fingerprint"), num_nodes=meta.get("num_nodes"),
-                   fanouts=meta.get("fanouts"), batch_size=batch_size, metadata=meta.get("metadata", {}))
+            batch_size = int(batch_size) // parts  # version 1 stored the global mini-batch
+        return cls(assignment=torch.from_numpy(a.astype(np.int64, copy=False)), num_parts=parts,
+                   method=meta.get("method", "custom"), graph_fingerprint=meta.get("graph_fingerprint"),
+                   num_nodes=n, fanouts=meta.get("fanouts"), batch_size=batch_size,
+                   metadata=meta.get("metadata", {}))
 
     def __repr__(self) -> str:
         return (f"PartitionMap(num_parts={self.num_parts}, method={self.method!r}, num_nodes={self.num_nodes}, "
                 f"part_sizes={self.part_sizes().tolist()})")
+
+
+def owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
+    """The owning rank of every vertex (int64), from a :class:`PartitionMap` or a tensor of owners, checked
+    against the graph and the world size by the map's own checks (one rule: one part per rank); ``None``
+    is allowed at world size 1 only. Every consumer of a partition (loaders, inference) calls this.
+
+    Example:
+        >>> g = Graph.from_edges([0, 1, 2], [1, 2, 0])
+        >>> owner_tensor(torch.tensor([0, 1, 1]), g, world_size=2).tolist()
+        [0, 1, 1]
+    """
+    if partition is None:
+        if world_size > 1:
+            raise ValueError(f"world size is {world_size} but no partition map was given; pass "
+                             "partition=gsplit.partition(graph, num_parts=world_size, ...) or a saved PartitionMap")
+        return torch.zeros(graph.num_nodes, dtype=torch.int64)
+    if isinstance(partition, torch.Tensor):
+        # A bare tensor may leave the last ranks empty (a "starved" map), so it gets world_size parts.
+        partition = PartitionMap.from_tensor(partition, num_parts=world_size, graph=graph)
+    partition.check_graph(graph)
+    partition.check_world_size(world_size)
+    return partition.assignment.to(torch.int64)
 
 
 def _json_default(x):

@@ -6,15 +6,13 @@ so there is one definition of what a prepared map is and of which batch size it 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Union
 
-import numpy as np
-
+from gsplit.io import atomic_write_json
 from gsplit.partitioning.metis import partition
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, presample
@@ -103,19 +101,18 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
         seconds["stats"] = report["stats_s"] = time.perf_counter() - t
         cpu_seconds["stats"] = time.process_time() - c
         say(f"  split statistics: {seconds['stats']:.1f}s (CPU {cpu_seconds['stats']:.1f}s)")
-    if out is not None:
+    if out is not None:  # every file atomic; each folder's metadata file lands last (gsplit.io)
         t = time.perf_counter()
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
         pmap.save(out)
         if used_weights is not None:  # the GPU feature cache orders vertices by these frequencies
-            np.save(out / "vertex_weights.npy", used_weights.vertex_weights.numpy())
+            used_weights.save(out)
         seconds["save"] = time.perf_counter() - t
     report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
     report["cpu_seconds"] = {k: round(v, 3) for k, v in cpu_seconds.items()}
     report["total_s"] = round(sum(seconds.values()), 3)
     if out is not None:
-        (Path(out) / "prepare.json").write_text(json.dumps(report, indent=1))
+        atomic_write_json(Path(out) / "prepare.json", report)
     say(f"prepared in {report['total_s']:.1f}s (" + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items())
         + f"; CPU {sum(cpu_seconds.values()):.1f}s)")
     return PreparedPartition(pmap, used_weights, report)

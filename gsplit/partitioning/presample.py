@@ -10,11 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from gsplit.graph import Graph, as_vertex_ids
+from gsplit.io import load_npy, read_meta, write_array_dir
 from gsplit.sampling.batches import global_batches
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,62 @@ class PresampleWeights:
         if self.graph_fingerprint is not None and self.graph_fingerprint != graph.fingerprint():
             raise ValueError(f"pre-sampling weights are for the graph with fingerprint {self.graph_fingerprint}, this "
                              f"graph has {graph.fingerprint()}; run presample on this graph")
+
+    # ------------------------------------------------------------------ persistence
+    _META = "presample.json"
+
+    def save(self, path) -> None:
+        """Write the weights into folder ``path`` (``vertex_weights.npy`` ... then ``presample.json`` last).
+
+        Each file is written atomically; ``presample.json`` lands last, so :meth:`load` recognises an
+        interrupted write. The folder may be shared with a partition map (``gsplit prepare`` does so).
+        """
+        arrays = {"vertex_weights.npy": self.vertex_weights, "edge_weights.npy": self.edge_weights,
+                  "level_vertex_weights.npy": self.level_vertex_weights, "layer_edge_load.npy": self.layer_edge_load}
+        meta = {"format": "gsplit-presample", "version": 1, "num_batches": self.num_batches,
+                "batch_size": self.batch_size, "epochs": self.epochs, "fanouts": self.fanouts,
+                "graph_fingerprint": self.graph_fingerprint, "num_nodes": self.vertex_weights.numel(),
+                "num_edges": self.edge_weights.numel(), "metadata": self.metadata}
+        write_array_dir(path, {k: v.cpu().numpy() for k, v in arrays.items()}, meta, meta_name=self._META,
+                        default=str)
+
+    @classmethod
+    def load(cls, path) -> "PresampleWeights":
+        """Read weights written by :meth:`save`, checking dtypes, shapes and that no weight is negative or NaN.
+
+        Example:
+            >>> import tempfile
+            >>> from gsplit.sampling.neighbor import NeighborSampler
+            >>> g = Graph.from_edges([0, 1, 2], [1, 2, 0], symmetric=True)
+            >>> w = presample(g, torch.tensor([0, 1]), NeighborSampler([2]), batch_size=2, epochs=1)
+            >>> d = tempfile.mkdtemp(); w.save(d)
+            >>> torch.equal(PresampleWeights.load(d).vertex_weights, w.vertex_weights)
+            True
+        """
+        p = Path(path)
+        fix = "pre-sample again (`gsplit prepare`) to rewrite it"
+        meta = read_meta(p, ["num_batches", "batch_size", "epochs", "num_nodes", "num_edges"],
+                         "set of pre-sampling weights", fix, meta_name=cls._META,
+                         written_first=["edge_weights.npy", "level_vertex_weights.npy", "layer_edge_load.npy"])
+        n, e = meta["num_nodes"], meta["num_edges"]
+        arrays = {}
+        for name, rows in (("vertex_weights", None), ("edge_weights", None), ("level_vertex_weights", -1),
+                           ("layer_edge_load", -1)):
+            a = load_npy(p / f"{name}.npy", fix, kind="f", ndim=1 if rows is None else 2)
+            width = n if name != "edge_weights" else e
+            if a.shape[-1] != width:
+                raise ValueError(f"{p / (name + '.npy')} has shape {a.shape} but the graph of {p / cls._META} has "
+                                 f"{width} {'edges' if name == 'edge_weights' else 'vertices'}; {fix}")
+            if not np.isfinite(a).all() or (a < 0).any():
+                raise ValueError(f"{p / (name + '.npy')} holds negative or non-finite weights; {fix}")
+            arrays[name] = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+        if arrays["level_vertex_weights"].shape[0] != arrays["layer_edge_load"].shape[0] + 1:
+            raise ValueError(f"{p}: level_vertex_weights.npy has {arrays['level_vertex_weights'].shape[0]} levels "
+                             f"but layer_edge_load.npy {arrays['layer_edge_load'].shape[0]} layers (levels must be "
+                             f"layers + 1); {fix}")
+        return cls(**arrays, num_batches=meta["num_batches"], batch_size=meta["batch_size"], epochs=meta["epochs"],
+                   fanouts=meta.get("fanouts"), graph_fingerprint=meta.get("graph_fingerprint"),
+                   metadata=meta.get("metadata", {}))
 
 
 class _Counter:

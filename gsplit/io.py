@@ -1,0 +1,267 @@
+"""Files that are complete or absent, and loads that check what they read.
+
+Every file gsplit writes (graphs, partition maps, pre-sampling weights, run logs) goes through this
+module. A single file is written atomically: to a temporary file in the same folder, flushed to disk
+(``fsync``), renamed over the target (atomic on POSIX and Windows), and the folder entry synced, so a
+crash leaves either the old file or the new one, never half of one. A *folder* of arrays is complete
+only when its metadata file exists: writers remove an old one first, write the arrays, and write the
+metadata LAST; a reader that finds arrays without metadata knows the writer died and says so.
+
+Loads validate: an ``.npy`` is read with ``allow_pickle=False`` and its dtype and shape checked, JSON
+must parse and hold the required keys. Every failure is one ``ValueError`` (``FileNotFoundError`` for
+a missing folder) whose message names the file, what is wrong with it and what to do.
+
+The run log of ``gsplit train --log`` is JSON Lines: one record per line, appended and flushed as
+epochs finish, so a crash keeps the epochs done; :func:`read_run_log` turns it back into one dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
+
+import numpy as np
+
+__all__ = ["atomic_file", "atomic_write_bytes", "atomic_write_json", "atomic_save_npy", "write_array_dir", "read_meta",
+           "load_npy", "check_writable", "append_jsonl", "read_run_log"]
+
+PathLike = Union[str, os.PathLike]
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename or unlink in ``folder`` durable (a no-op where folders cannot be opened, e.g. Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems do not support fsync on a folder
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(path: PathLike) -> Iterator[Any]:
+    """Yield a binary file that replaces ``path`` only when the block finishes without an exception.
+
+    For writers that need a file object (``torch.save``, ``np.save``); the same guarantees as
+    :func:`atomic_write_bytes`.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: PathLike, data: Union[bytes, str]) -> None:
+    """Write ``data`` (``str`` is UTF-8 encoded) to ``path`` atomically: the old content or the new, never a mix.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
+        >>> atomic_write_bytes(p, "hello"); p.read_text()
+        'hello'
+    """
+    with atomic_file(path) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def atomic_write_json(path: PathLike, obj: Any, default=None) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (``default`` as in :func:`json.dumps`)."""
+    atomic_write_bytes(path, json.dumps(obj, indent=1, default=default))
+
+
+def atomic_save_npy(path: PathLike, array: np.ndarray) -> None:
+    """Write ``array`` as an ``.npy`` file to ``path`` atomically (object arrays are refused: no pickles)."""
+    array = np.asarray(array)
+    if array.dtype.hasobject:
+        raise TypeError(f"{path}: refusing to save an object array (it would need pickling); pass numbers")
+    with atomic_file(path) as f:
+        np.save(f, array, allow_pickle=False)
+
+
+def write_array_dir(path: PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
+                    meta_name: str = "meta.json", default=None) -> None:
+    """Write folder ``path``: every ``name -> array`` as ``name`` (``.npy``), then ``meta_name`` LAST.
+
+    An existing ``meta_name`` is removed first, so a writer that dies midway leaves a folder that
+    :func:`read_meta` reports as incomplete instead of old metadata describing new arrays.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> write_array_dir(d, {"x.npy": np.arange(3)}, {"n": 3})
+        >>> read_meta(d, required=["n"], what="test folder", fix="rewrite it")["n"]
+        3
+    """
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    meta_path = p / meta_name
+    if meta_path.exists():
+        meta_path.unlink()
+        _fsync_dir(p)
+    for name, array in arrays.items():
+        atomic_save_npy(p / name, array)
+    atomic_write_json(meta_path, dict(meta), default=default)
+
+
+def read_meta(path: PathLike, required: Sequence[str], what: str, fix: str, meta_name: str = "meta.json",
+              written_first: Optional[Sequence[str]] = None) -> Dict:
+    """The metadata of a folder written by :func:`write_array_dir`, with the ``required`` keys checked.
+
+    ``what`` names the folder's kind in messages ("partition map"), ``fix`` says what to do.
+    ``written_first`` names the files a writer puts there before the metadata (default: any ``.npy``);
+    finding one of them without the metadata means the writer was interrupted.
+    Raises ``FileNotFoundError`` when ``path`` holds nothing of the kind, ``ValueError`` when it is
+    incomplete (arrays without metadata: the writer died), not JSON, or lacks a required key.
+    """
+    p = Path(path)
+    meta_path = p / meta_name
+    if not meta_path.exists():
+        partial = any(p.glob("*.npy")) if written_first is None else any((p / f).exists() for f in written_first)
+        if p.is_dir() and partial:
+            raise ValueError(f"{p} is an incomplete {what}: it has data files but no {meta_name}, which is written "
+                             f"last, so writing it was interrupted; {fix}")
+        raise FileNotFoundError(f"{p} holds no saved {what} (no {meta_name}); {fix}")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{meta_path} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{meta_path} holds a JSON {type(meta).__name__}, not an object; {fix}")
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise ValueError(f"{meta_path} lacks the required key{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(repr(k) for k in missing)}; {fix}")
+    return meta
+
+
+def load_npy(path: PathLike, fix: str, kind: str = "iu", ndim: Optional[int] = 1,
+             length: Optional[int] = None, mmap: bool = False) -> np.ndarray:
+    """Read an ``.npy`` file without pickles and check it: dtype kind(s) ``kind``, ``ndim`` dims, ``length`` rows.
+
+    ``kind`` holds numpy kind letters (``"iu"`` integers, ``"f"`` floats, ``"b"`` booleans). With
+    ``mmap=True`` the file is mapped copy-on-write (lazy; writable for ``torch.from_numpy``).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{p} is missing; {fix}")
+    try:
+        arr = np.load(p, mmap_mode="c" if mmap else None, allow_pickle=False)
+    except ValueError as e:
+        # numpy says "Cannot load file containing pickled data" for any file without the .npy magic,
+        # which sends users hunting for pickles; the truth is the file is not an .npy at all.
+        why = "it is not a valid .npy file" if "pickle" in str(e) else f"it is not a valid .npy file ({e})"
+        raise ValueError(f"{p}: {why}; {fix}") from None
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{p}: cannot read it as .npy ({type(e).__name__}: {e}); the file is truncated or "
+                         f"corrupt; {fix}") from None
+    if not isinstance(arr, np.ndarray):
+        raise ValueError(f"{p}: it is not a single .npy array; {fix}")
+    if arr.dtype.kind not in kind:
+        raise ValueError(f"{p} holds dtype {arr.dtype}, expected {_kind_names(kind)}; {fix}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{p} has shape {arr.shape}, expected {ndim} dimension(s); {fix}")
+    if length is not None and arr.shape[0] != length:
+        raise ValueError(f"{p} has {arr.shape[0]} entries, expected {length}; {fix}")
+    return arr
+
+
+def _kind_names(kind: str) -> str:
+    names = {"i": "signed integers", "u": "unsigned integers", "f": "floats", "b": "booleans"}
+    return " or ".join(names.get(k, k) for k in kind)
+
+
+def check_writable(path: PathLike, what: str = "file") -> Path:
+    """Make sure a file can be written at ``path`` (creating its folder); ``ValueError`` naming it if not.
+
+    Called before long work whose results go to ``path``, so a typo fails in a second, not after hours.
+    The file is created empty (or truncated).
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {p} is a directory; pass a file path, e.g. {p / 'run.jsonl'}")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "w"):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write {what} {p} ({e.strerror or e}); pass a path in a writable folder") from None
+    return p
+
+
+def append_jsonl(path: PathLike, record: Mapping[str, Any]) -> None:
+    """Append ``record`` as one JSON line to ``path`` and flush it to disk (a crash keeps every finished line)."""
+    line = json.dumps(record, default=_json_default) + "\n"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _json_default(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    if hasattr(x, "tolist"):  # numpy arrays, torch tensors
+        return x.tolist()
+    raise TypeError(f"{type(x).__name__} {x!r} is not JSON-serialisable")
+
+
+def read_run_log(path: PathLike) -> Dict[str, Any]:
+    """The run log of ``gsplit train --log`` as one dict: the run's fields and ``"epochs"``, a list of records.
+
+    The file is JSON Lines: a ``{"type": "run", ...}`` record written before training, one
+    ``{"type": "epoch", ...}`` per finished epoch, and a ``{"type": "summary", ...}`` at the end (absent
+    when the run crashed: then ``"complete"`` is False and the epochs done are still there). A log
+    written by older versions (a single JSON object) is read as it is.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "run.jsonl"
+        >>> append_jsonl(p, {"type": "run", "world_size": 2}); append_jsonl(p, {"type": "epoch", "epoch": 0})
+        >>> log = read_run_log(p); log["world_size"], len(log["epochs"]), log["complete"]
+        (2, 1, False)
+    """
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("{") and "\n{" not in stripped.rstrip():
+        with contextlib.suppress(json.JSONDecodeError):
+            obj = json.loads(stripped)
+            if "type" not in obj:  # the old single-object log
+                obj.setdefault("complete", True)
+                return obj
+    out: Dict[str, Any] = {"epochs": [], "complete": False}
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(text.splitlines()):  # a line cut short by a crash: the lines before it stand
+                break
+            raise ValueError(f"{p}: line {n} is not JSON ({e}); is this a gsplit run log?") from None
+        kind = rec.pop("type", None)
+        if kind == "epoch":
+            out["epochs"].append(rec)
+        elif kind in ("run", "summary"):
+            out.update(rec)
+            out["complete"] = out["complete"] or kind == "summary"
+        else:
+            raise ValueError(f"{p}: line {n} has record type {kind!r}; is this a gsplit run log?")
+    return out
