@@ -192,8 +192,8 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     ``sample_blocks(graph, seeds, epoch, iteration)`` returning the blocks works.
 
     ``method="expected"`` computes the expectations those counts estimate in closed form
-    (:func:`gsplit.partitioning.expected.expected_presample`), one sparse product per layer: no
-    sampling noise, seconds instead of minutes on a 20M-edge graph. It needs a
+    (:func:`gsplit.partitioning.expected.expected_presample`), a few passes over the edges per layer:
+    no sampling noise, seconds instead of minutes on a 20M-edge graph. It needs a
     :class:`~gsplit.sampling.NeighborSampler`; ``epochs``, ``seed`` and ``progress`` do not apply, and
     the result has ``num_batches == epochs == 0`` (every weight is an expected value per mini-batch,
     averaged over an epoch's batches as the sampled counts are).
@@ -204,6 +204,8 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
         >>> w = presample(g, torch.tensor([0]), NeighborSampler([-1]), batch_size=1, epochs=1)
         >>> w.vertex_weights.tolist(), w.num_batches
         ([2.0, 1.0, 1.0], 1)
+        >>> presample(g, torch.tensor([0]), NeighborSampler([-1]), batch_size=1, method="expected").vertex_weights.tolist()
+        [2.0, 1.0, 1.0]
     """
     if method not in PRESAMPLE_METHODS:
         raise ValueError(f"unknown pre-sampling method {method!r}; use one of {', '.join(PRESAMPLE_METHODS)}")
