@@ -220,7 +220,9 @@ def cmd_train(args) -> int:
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, device=args.device, cache_size=args.cache_size,
-                      prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0)
+                      prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0,
+                      checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
+                      resume=args.resume)
     owner, cache_weights = None, None
     if SYSTEMS[args.system].partitioned and parts > 1:
         pdir = Path(args.partition) if args.partition else None
@@ -353,6 +355,8 @@ _NUMBER_RULES = {
     "dropout": (lambda v: 0 <= v < 1, "must be in [0, 1) (a probability of dropping; 1 would drop everything)"),
     "timeout": (_finite_positive, "must be a positive finite number of seconds"),
     "progress_timeout": (_finite_non_negative, "must be a finite number of seconds >= 0 (0 disables it)"),
+    "checkpoint_every": (_non_negative, "must be >= 0 (0: at the end of every epoch)"),
+    "ranks_per_host": (_non_negative, "must be >= 0 (0: one host)"),
 }
 
 
@@ -364,6 +368,8 @@ def check_numbers(args) -> None:
             raise CliError(f"--{name.replace('_', '-')} {rule}, got {value}")
     if isinstance(getattr(args, "fanouts", None), str):
         parse_fanouts(args.fanouts)
+    if getattr(args, "resume", False) and not getattr(args, "checkpoint", None):
+        raise CliError("--resume needs --checkpoint DIR: the folder to resume from")
     if getattr(args, "cache_size", None) is not None:
         from gsplit.feature_store import parse_size
         parse_size(args.cache_size)
@@ -407,6 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-size", default="0",
                    help="split: device memory per rank for its hottest owned features, e.g. 10G or 512M "
                         "(default 0: no cache); ordered by the partition folder's vertex_weights.npy, else in-degree")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="save checkpoints (model, optimiser, position, RNG) here, atomically, and the trained model "
+                        "as DIR/model.pt at the end")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="a checkpoint every N iterations (default 0: at the end of every epoch)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint DIR; the remaining steps equal an "
+                        "uninterrupted run's")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
     # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir
