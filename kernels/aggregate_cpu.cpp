@@ -38,14 +38,19 @@ void check_values(const torch::Tensor& t, const char* name, int64_t dim) {
 
 }  // namespace
 
-// Row pointers [num_dst + 1] of the destination-grouped edge list; raises on unsorted or out-of-range
-// destinations (a wrong order would silently mix rows).
-torch::Tensor dst_indptr(torch::Tensor edge_dst, int64_t num_dst) {
+// Row pointers [num_dst + 1] of the destination-grouped edge list. Also checks every index (the kernels
+// do not): destinations grouped and in [0, num_dst) (a wrong order would silently mix rows), sources in
+// [0, num_src).
+torch::Tensor dst_indptr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t num_src, int64_t num_dst) {
+  check_index(edge_src, "edge_src");
   check_index(edge_dst, "edge_dst");
   TORCH_CHECK_VALUE(num_dst >= 0, "num_dst = ", num_dst, " is negative");
-  auto dst = edge_dst.contiguous();
+  TORCH_CHECK_VALUE(edge_src.numel() == edge_dst.numel(), "edge_src has ", edge_src.numel(),
+                    " entries but edge_dst ", edge_dst.numel(), "; pass one source and one destination per edge");
+  auto src = edge_src.contiguous(), dst = edge_dst.contiguous();
   const int64_t E = dst.numel();
   auto indptr = torch::empty({num_dst + 1}, torch::kInt64);
+  const int64_t* s = src.data_ptr<int64_t>();
   const int64_t* d = dst.data_ptr<int64_t>();
   int64_t* p = indptr.data_ptr<int64_t>();
   p[0] = 0;
@@ -54,8 +59,10 @@ torch::Tensor dst_indptr(torch::Tensor edge_dst, int64_t num_dst) {
     const int64_t v = d[e];
     TORCH_CHECK_VALUE(v >= 0 && v < num_dst, "edge_dst[", e, "] = ", v, " is outside [0, num_dst = ", num_dst,
                       "); pass the block's num_dst");
-    TORCH_CHECK_VALUE(v >= r, "edge_dst is not grouped by destination: edge_dst[",
-                      e, "] = ", v, " follows ", d[e - 1], "; sort the edges by destination (stable)");
+    TORCH_CHECK_VALUE(v >= r, "edge_dst is not grouped by destination: edge_dst[", e, "] = ", v, " follows ",
+                      d[e - 1], "; sort the edges by destination (stable)");
+    TORCH_CHECK_VALUE(s[e] >= 0 && s[e] < num_src, "edge_src[", e, "] = ", s[e], " is outside [0, num_src = ",
+                      num_src, "); pass one input row per source node");
     for (; r < v; ++r) p[r + 1] = e;
   }
   for (; r < num_dst; ++r) p[r + 1] = E;
@@ -281,7 +288,7 @@ std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor in
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "gsplit CPU aggregation kernels (CSR by destination, deterministic, no per-edge messages)";
-  m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list");
+  m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list; checks all indices");
   m.def("src_csr", &src_csr, "transpose of the edge list: (source row pointers, edge ids)");
   m.def("spmm_sum", &spmm_sum, "out[i] = sum of x[col[e]] over row i's edges");
   m.def("gat_forward", &gat_forward, "fused GAT edge softmax and weighted sum: (out, alpha)");

@@ -210,7 +210,7 @@ def copy_u_sum(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, 
     if ext is None:
         return copy_u_sum_torch(x, edge_src, edge_dst, num_dst)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
-    indptr = ext.dst_indptr(edge_dst, int(num_dst))
+    indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], int(num_dst))
     return _CopyUSum.apply(x, edge_src, edge_dst, indptr, ext)
 
 
@@ -252,5 +252,5 @@ def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src:
     if ext is None:
         return gat_aggregate_torch(z, el, er[: int(num_dst)], edge_src, edge_dst, num_dst, negative_slope)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
-    indptr = ext.dst_indptr(edge_dst, int(num_dst))
+    indptr = ext.dst_indptr(edge_src, edge_dst, z.shape[0], int(num_dst))
     return _GATAggregate.apply(z, el, er[: int(num_dst)], edge_src, edge_dst, indptr, float(negative_slope), ext)
