@@ -20,8 +20,16 @@ namespace {
 
 // Rows per scheduling chunk: rows are short (tens of edges) and degrees are skewed, so dynamic chunks.
 constexpr int64_t kChunk = 64;
+// How many edges ahead the gather loops prefetch a source row.
+constexpr int64_t kAhead = 4;
 
 int num_threads() { return std::max(1, at::get_num_threads()); }
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < n * int64_t(sizeof(T)); b += 64) __builtin_prefetch(c + b);
+}
 
 void check_index(const torch::Tensor& t, const char* name) {
   TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == torch::kInt64 && t.dim() == 1,
@@ -69,17 +77,24 @@ torch::Tensor dst_indptr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t
   return indptr;
 }
 
-// The transpose of the edge list, grouped by source: (row pointers [num_src + 1], edge ids [E]), each
-// source's edges in their original (destination) order: a stable counting sort.
-std::vector<torch::Tensor> src_csr(torch::Tensor edge_src, int64_t num_src) {
+// The transpose of the edge list, grouped by source: (row pointers [num_src + 1], edge ids [E],
+// destinations [E] = edge_dst[edge ids]), each source's edges in their original (destination) order: a
+// stable counting sort. The destinations are written here, sequentially, so that backward kernels read
+// them without a random access through the edge ids.
+std::vector<torch::Tensor> src_csr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t num_src) {
   check_index(edge_src, "edge_src");
-  auto src = edge_src.contiguous();
+  check_index(edge_dst, "edge_dst");
+  auto src = edge_src.contiguous(), dst = edge_dst.contiguous();
   const int64_t E = src.numel();
+  TORCH_CHECK_VALUE(dst.numel() == E, "edge_src has ", E, " entries but edge_dst ", dst.numel());
   const int64_t* s = src.data_ptr<int64_t>();
+  const int64_t* d = dst.data_ptr<int64_t>();
   auto indptr = torch::zeros({num_src + 1}, torch::kInt64);
   auto perm = torch::empty({E}, torch::kInt64);
+  auto col = torch::empty({E}, torch::kInt64);
   int64_t* p = indptr.data_ptr<int64_t>();
   int64_t* q = perm.data_ptr<int64_t>();
+  int64_t* c = col.data_ptr<int64_t>();
   for (int64_t e = 0; e < E; ++e) {
     const int64_t u = s[e];
     TORCH_CHECK_VALUE(u >= 0 && u < num_src, "edge_src[", e, "] = ", u, " is outside [0, num_src = ", num_src,
@@ -88,22 +103,28 @@ std::vector<torch::Tensor> src_csr(torch::Tensor edge_src, int64_t num_src) {
   }
   for (int64_t u = 0; u < num_src; ++u) p[u + 1] += p[u];
   std::vector<int64_t> fill(p, p + num_src);
-  for (int64_t e = 0; e < E; ++e) q[fill[s[e]]++] = e;
-  return {indptr, perm};
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t j = fill[s[e]]++;
+    q[j] = e;
+    c[j] = d[e];
+  }
+  return {indptr, perm, col};
 }
 
 namespace {
 
-template <typename T, bool kPerm>
-void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ perm, const int64_t* __restrict__ col,
-               const T* __restrict__ x, T* __restrict__ out, int64_t rows, int64_t F) {
+template <typename T>
+void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, const T* __restrict__ x,
+               T* __restrict__ out, int64_t rows, int64_t F) {
 #pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
   for (int64_t i = 0; i < rows; ++i) {
     T* __restrict__ o = out + i * F;
     std::fill(o, o + F, T(0));
-    for (int64_t j = p[i]; j < p[i + 1]; ++j) {
-      const int64_t e = kPerm ? perm[j] : j;
-      const T* __restrict__ xr = x + col[e] * F;
+    const int64_t end = p[i + 1];
+    for (int64_t j = p[i]; j < end; ++j) {
+      // Source rows are scattered over x: ask for a later one while this one is summed.
+      if (j + kAhead < end) prefetch_row(x + col[j + kAhead] * F, F);
+      const T* __restrict__ xr = x + col[j] * F;
       for (int64_t f = 0; f < F; ++f) o[f] += xr[f];
     }
   }
@@ -111,25 +132,18 @@ void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ perm, 
 
 }  // namespace
 
-// out[i] = sum over j in [indptr[i], indptr[i+1]) of x[col[e_j]], e_j = perm[j] (or j when perm is empty).
-// Forward of copy_u_sum: (dst indptr, empty perm, edge_src); its backward: (src indptr, perm, edge_dst).
-torch::Tensor spmm_sum(torch::Tensor indptr, torch::Tensor perm, torch::Tensor col, torch::Tensor x) {
+// out[i] = sum over j in [indptr[i], indptr[i+1]) of x[col[j]]: one CSR row per output row.
+// Forward of copy_u_sum: (dst row pointers, edge_src); its backward: (src row pointers, their destinations).
+torch::Tensor spmm_sum(torch::Tensor indptr, torch::Tensor col, torch::Tensor x) {
   check_index(indptr, "indptr");
-  check_index(perm, "perm");
   check_index(col, "col");
   check_values(x, "x", 2);
   auto xc = x.contiguous();
   const int64_t rows = indptr.numel() - 1, F = xc.size(1);
   auto out = torch::empty({rows, F}, xc.options());
-  const bool use_perm = perm.numel() > 0;
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "spmm_sum", [&] {
-    auto* p = indptr.data_ptr<int64_t>();
-    auto* c = col.data_ptr<int64_t>();
-    if (use_perm)
-      spmm_rows<scalar_t, true>(p, perm.data_ptr<int64_t>(), c, xc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                                rows, F);
-    else
-      spmm_rows<scalar_t, false>(p, nullptr, c, xc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, F);
+    spmm_rows<scalar_t>(indptr.data_ptr<int64_t>(), col.data_ptr<int64_t>(), xc.data_ptr<scalar_t>(),
+                        out.data_ptr<scalar_t>(), rows, F);
   });
   return out;
 }
@@ -141,39 +155,49 @@ void gat_forward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__
                       const scalar_t* __restrict__ zp, const scalar_t* __restrict__ lp,
                       const scalar_t* __restrict__ rp, scalar_t* __restrict__ op, scalar_t* __restrict__ ap,
                       int64_t nd, int64_t H, int64_t D, scalar_t sl) {
-#pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
+  const int64_t HD = H * D;
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<scalar_t> buf(2 * H);  // per thread: running maximum and sum of each head
+    scalar_t* __restrict__ mx = buf.data();
+    scalar_t* __restrict__ sm = mx + H;
+#pragma omp for schedule(dynamic, kChunk)
     for (int64_t v = 0; v < nd; ++v) {
       const int64_t b = p[v], f = p[v + 1];
-      scalar_t* __restrict__ o = op + v * H * D;
-      std::fill(o, o + H * D, scalar_t(0));
+      scalar_t* __restrict__ o = op + v * HD;
+      std::fill(o, o + HD, scalar_t(0));
       if (b == f) continue;
-      for (int64_t k = 0; k < H; ++k) {
-        const scalar_t r = rp[v * H + k];
-        scalar_t m = -std::numeric_limits<scalar_t>::infinity();
-        for (int64_t e = b; e < f; ++e) {
-          scalar_t s = lp[src[e] * H + k] + r;
-          s = s > 0 ? s : s * sl;
-          ap[e * H + k] = s;
-          m = std::max(m, s);
+      const scalar_t* __restrict__ r = rp + v * H;
+      std::fill(mx, mx + H, -std::numeric_limits<scalar_t>::infinity());
+      std::fill(sm, sm + H, scalar_t(0));
+      for (int64_t e = b; e < f; ++e) {
+        const scalar_t* __restrict__ l = lp + src[e] * H;
+        scalar_t* __restrict__ a = ap + e * H;
+        for (int64_t k = 0; k < H; ++k) {
+          const scalar_t s = l[k] + r[k];
+          a[k] = s > 0 ? s : s * sl;
+          mx[k] = std::max(mx[k], a[k]);
         }
-        scalar_t sum = 0;
-        for (int64_t e = b; e < f; ++e) {
-          const scalar_t x = std::exp(ap[e * H + k] - m);
-          ap[e * H + k] = x;
-          sum += x;
-        }
-        for (int64_t e = b; e < f; ++e) ap[e * H + k] /= sum;  // sum >= 1: the maximum contributes exp(0)
       }
       for (int64_t e = b; e < f; ++e) {
-        const scalar_t* __restrict__ zr = zp + src[e] * H * D;
+        scalar_t* __restrict__ a = ap + e * H;
         for (int64_t k = 0; k < H; ++k) {
-          const scalar_t a = ap[e * H + k];
-          scalar_t* __restrict__ ok = o + k * D;
-          const scalar_t* __restrict__ zk = zr + k * D;
-          for (int64_t d = 0; d < D; ++d) ok[d] += a * zk[d];
+          a[k] = std::exp(a[k] - mx[k]);
+          sm[k] += a[k];
+        }
+      }
+      for (int64_t e = b; e < f; ++e) {
+        if (e + kAhead < f) prefetch_row(zp + src[e + kAhead] * HD, HD);
+        scalar_t* __restrict__ a = ap + e * H;
+        const scalar_t* __restrict__ zr = zp + src[e] * HD;
+        for (int64_t k = 0; k < H; ++k) {
+          a[k] /= sm[k];  // sm >= 1: the maximum contributes exp(0)
+          const scalar_t w = a[k];
+          for (int64_t d = 0; d < D; ++d) o[k * D + d] += w * zr[k * D + d];
         }
       }
     }
+  }
 }
 
 }  // namespace
@@ -206,64 +230,76 @@ namespace {
 
 template <typename scalar_t>
 void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
-                       const int64_t* __restrict__ dst, const int64_t* __restrict__ sp,
+                       const int64_t* __restrict__ dst_t, const int64_t* __restrict__ sp,
                        const int64_t* __restrict__ q, const scalar_t* __restrict__ gp,
                        const scalar_t* __restrict__ zp, const scalar_t* __restrict__ lp,
                        const scalar_t* __restrict__ rp, const scalar_t* __restrict__ ap,
                        scalar_t* __restrict__ gpre, scalar_t* __restrict__ gzp, scalar_t* __restrict__ glp,
                        scalar_t* __restrict__ grp, int64_t nd, int64_t ns, int64_t H, int64_t D, scalar_t sl) {
-#pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
+  const int64_t HD = H * D;
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<scalar_t> dot(H);  // per thread: sum_e alpha_e * dalpha_e, the softmax Jacobian's rank-one term
+#pragma omp for schedule(dynamic, kChunk)
     for (int64_t v = 0; v < nd; ++v) {
       const int64_t b = p[v], f = p[v + 1];
-      const scalar_t* __restrict__ gv = gp + v * H * D;
+      const scalar_t* __restrict__ gv = gp + v * HD;
+      const scalar_t* __restrict__ r = rp + v * H;
+      std::fill(dot.begin(), dot.end(), scalar_t(0));
       for (int64_t e = b; e < f; ++e) {  // d loss / d alpha_e = g_v . z_u
-        const scalar_t* __restrict__ zr = zp + src[e] * H * D;
+        if (e + kAhead < f) prefetch_row(zp + src[e + kAhead] * HD, HD);
+        const scalar_t* __restrict__ zr = zp + src[e] * HD;
+        const scalar_t* __restrict__ a = ap + e * H;
+        scalar_t* __restrict__ ga = gpre + e * H;
         for (int64_t k = 0; k < H; ++k) {
           scalar_t acc = 0;
           for (int64_t d = 0; d < D; ++d) acc += gv[k * D + d] * zr[k * D + d];
-          gpre[e * H + k] = acc;
+          ga[k] = acc;
+          dot[k] += a[k] * acc;
         }
       }
-      for (int64_t k = 0; k < H; ++k) {
-        scalar_t dot = 0;  // sum_e alpha_e * dalpha_e: the softmax Jacobian's rank-one term
-        for (int64_t e = b; e < f; ++e) dot += ap[e * H + k] * gpre[e * H + k];
-        const scalar_t r = rp[v * H + k];
-        scalar_t acc = 0;
-        for (int64_t e = b; e < f; ++e) {
-          const scalar_t gs = ap[e * H + k] * (gpre[e * H + k] - dot);
-          const scalar_t pre = lp[src[e] * H + k] + r;
-          const scalar_t gpe = pre > 0 ? gs : gs * sl;
-          gpre[e * H + k] = gpe;
-          acc += gpe;
-        }
-        grp[v * H + k] = acc;
-      }
-    }
-#pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
-    for (int64_t u = 0; u < ns; ++u) {
-      scalar_t* __restrict__ gz = gzp + u * H * D;
-      scalar_t* __restrict__ gl = glp + u * H;
-      std::fill(gz, gz + H * D, scalar_t(0));
-      std::fill(gl, gl + H, scalar_t(0));
-      for (int64_t j = sp[u]; j < sp[u + 1]; ++j) {
-        const int64_t e = q[j];
-        const scalar_t* __restrict__ gv = gp + dst[e] * H * D;
+      scalar_t* __restrict__ gr = grp + v * H;
+      for (int64_t e = b; e < f; ++e) {  // through the softmax and the leaky_relu
+        const scalar_t* __restrict__ l = lp + src[e] * H;
+        const scalar_t* __restrict__ a = ap + e * H;
+        scalar_t* __restrict__ ga = gpre + e * H;
         for (int64_t k = 0; k < H; ++k) {
-          const scalar_t a = ap[e * H + k];
-          for (int64_t d = 0; d < D; ++d) gz[k * D + d] += a * gv[k * D + d];
-          gl[k] += gpre[e * H + k];
+          const scalar_t gs = a[k] * (ga[k] - dot[k]);
+          ga[k] = l[k] + r[k] > 0 ? gs : gs * sl;
+          gr[k] += ga[k];
         }
       }
     }
+#pragma omp for schedule(dynamic, kChunk)
+    for (int64_t u = 0; u < ns; ++u) {
+      scalar_t* __restrict__ gz = gzp + u * HD;
+      scalar_t* __restrict__ gl = glp + u * H;
+      std::fill(gz, gz + HD, scalar_t(0));
+      std::fill(gl, gl + H, scalar_t(0));
+      const int64_t end = sp[u + 1];
+      for (int64_t j = sp[u]; j < end; ++j) {
+        if (j + kAhead < end) prefetch_row(gp + dst_t[j + kAhead] * HD, HD);
+        const int64_t e = q[j];
+        const scalar_t* __restrict__ gv = gp + dst_t[j] * HD;
+        const scalar_t* __restrict__ a = ap + e * H;
+        const scalar_t* __restrict__ ga = gpre + e * H;
+        for (int64_t k = 0; k < H; ++k) {
+          const scalar_t w = a[k];
+          for (int64_t d = 0; d < D; ++d) gz[k * D + d] += w * gv[k * D + d];
+          gl[k] += ga[k];
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
 
 // GAT backward from grad_out [nd, H, D]: returns (grad_z [ns, H, D], grad_el [ns, H], grad_er [nd, H]).
 // Pass 1 (rows = destinations): grad of alpha, softmax and leaky_relu per edge, summed into grad_er.
-// Pass 2 (rows = sources, through the transpose src_indptr / perm): grad_z and grad_el.
+// Pass 2 (rows = sources, through the transpose src_indptr / perm / dst_t of src_csr): grad_z and grad_el.
 std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor indptr, torch::Tensor edge_src,
-                                        torch::Tensor edge_dst, torch::Tensor src_indptr, torch::Tensor perm,
+                                        torch::Tensor src_indptr, torch::Tensor perm, torch::Tensor dst_t,
                                         torch::Tensor z, torch::Tensor el, torch::Tensor er, torch::Tensor alpha,
                                         double slope) {
   check_values(grad_out, "grad_out", 3);
@@ -276,7 +312,7 @@ std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor in
   auto grad_pre = torch::empty({E, H}, zc.options());
   AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "gat_backward", [&] {
     gat_backward_impl<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(),
-                                edge_dst.data_ptr<int64_t>(), src_indptr.data_ptr<int64_t>(),
+                                dst_t.data_ptr<int64_t>(), src_indptr.data_ptr<int64_t>(),
                                 perm.data_ptr<int64_t>(), g.data_ptr<scalar_t>(), zc.data_ptr<scalar_t>(),
                                 elc.data_ptr<scalar_t>(), erc.data_ptr<scalar_t>(), alpha.data_ptr<scalar_t>(),
                                 grad_pre.data_ptr<scalar_t>(), grad_z.data_ptr<scalar_t>(),
@@ -289,8 +325,8 @@ std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor in
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "gsplit CPU aggregation kernels (CSR by destination, deterministic, no per-edge messages)";
   m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list; checks all indices");
-  m.def("src_csr", &src_csr, "transpose of the edge list: (source row pointers, edge ids)");
-  m.def("spmm_sum", &spmm_sum, "out[i] = sum of x[col[e]] over row i's edges");
+  m.def("src_csr", &src_csr, "transpose of the edge list: (source row pointers, edge ids, destinations)");
+  m.def("spmm_sum", &spmm_sum, "out[i] = sum of x[col[j]] over row i's entries");
   m.def("gat_forward", &gat_forward, "fused GAT edge softmax and weighted sum: (out, alpha)");
   m.def("gat_backward", &gat_backward, "backward of gat_forward: (grad_z, grad_el, grad_er)");
 }

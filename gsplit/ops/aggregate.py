@@ -150,15 +150,12 @@ def gat_aggregate_torch(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edg
 
 
 # ---------------------------------------------------------------------------- compiled CPU kernels
-_EMPTY = torch.zeros(0, dtype=torch.int64)
-"""Read-only "no permutation" argument of ``spmm_sum`` (rows are already in edge order)."""
-
 class _CopyUSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, edge_src, edge_dst, indptr, ext):
         ctx.ext, ctx.num_src = ext, x.shape[0]
         ctx.save_for_backward(edge_src, edge_dst)
-        return ext.spmm_sum(indptr, _EMPTY, edge_src, x)
+        return ext.spmm_sum(indptr, edge_src, x)
 
     @staticmethod
     @once_differentiable
@@ -166,8 +163,8 @@ class _CopyUSum(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
         edge_src, edge_dst = ctx.saved_tensors
-        src_indptr, perm = ctx.ext.src_csr(edge_src, ctx.num_src)
-        return ctx.ext.spmm_sum(src_indptr, perm, edge_dst, grad_out), None, None, None, None
+        src_indptr, _, dst_t = ctx.ext.src_csr(edge_src, edge_dst, ctx.num_src)
+        return ctx.ext.spmm_sum(src_indptr, dst_t, grad_out), None, None, None, None
 
 
 class _GATAggregate(torch.autograd.Function):
@@ -182,8 +179,8 @@ class _GATAggregate(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         z, el, er, edge_src, edge_dst, indptr, alpha = ctx.saved_tensors
-        src_indptr, perm = ctx.ext.src_csr(edge_src, z.shape[0])
-        gz, gel, ger = ctx.ext.gat_backward(grad_out, indptr, edge_src, edge_dst, src_indptr, perm, z, el, er,
+        src_indptr, perm, dst_t = ctx.ext.src_csr(edge_src, edge_dst, z.shape[0])
+        gz, gel, ger = ctx.ext.gat_backward(grad_out, indptr, edge_src, src_indptr, perm, dst_t, z, el, er,
                                             alpha, ctx.slope)
         return gz, gel, ger, None, None, None, None, None
 
