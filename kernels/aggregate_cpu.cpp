@@ -278,7 +278,11 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
       std::fill(gl, gl + H, scalar_t(0));
       const int64_t end = sp[u + 1];
       for (int64_t j = sp[u]; j < end; ++j) {
-        if (j + kAhead < end) prefetch_row(gp + dst_t[j + kAhead] * HD, HD);
+        if (j + kAhead < end) {  // the gradient row and the edge's alpha / grad entries are all scattered
+          prefetch_row(gp + dst_t[j + kAhead] * HD, HD);
+          __builtin_prefetch(ap + q[j + kAhead] * H);
+          __builtin_prefetch(gpre + q[j + kAhead] * H);
+        }
         const int64_t e = q[j];
         const scalar_t* __restrict__ gv = gp + dst_t[j] * HD;
         const scalar_t* __restrict__ a = ap + e * H;
