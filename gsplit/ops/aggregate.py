@@ -13,9 +13,9 @@ paths compute the same values up to float rounding; the ``*_torch`` functions ar
 benchmarks can call the fallback directly.
 
 Why a compiled kernel (measured by ``experiments/bench_layers.py``: 900k edges into 60k rows, forward +
-backward, 2 threads, same run): it takes 0.18-0.23x the time of the gather + ``index_add_`` path and
-0.6-0.8x that of ``torch.sparse.mm`` with a CSR matrix (which also needs the matrix built per block and
-a transposed product in backward), and the fused GAT kernel 0.27-0.44x that of the torch ops;
+backward, 2 threads, same run): it takes 0.18-0.25x the time of the gather + ``index_add_`` path and
+0.6-0.9x that of ``torch.sparse.mm`` with a CSR matrix (which also needs the matrix built per block and
+a transposed product in backward), and the fused GAT kernel 0.24-0.33x that of the torch ops;
 ``torch.segment_reduce`` would still materialise the per-edge messages. The price is a C++ build at
 first use (about 25 s of CPU, then cached) and a fallback to keep tested.
 """
