@@ -1,4 +1,5 @@
-"""Kernels behind one dispatch point: callers ask for "sample", "relabel", "unique" or "gather rows".
+"""Kernels behind one dispatch point: callers ask for "sample", "relabel", "unique", "gather rows" or
+"aggregate" (:mod:`gsplit.ops.aggregate`: sum / mean / GAT attention over a block's edges).
 
 This package decides, per call, which implementation runs: the CUDA kernels of ``kernels/*.cu`` through
 CuPy (:mod:`gsplit.ops.cuda`) when the inputs are on a GPU and CuPy works, else plain torch
@@ -14,9 +15,11 @@ from typing import Optional, Tuple
 import torch
 
 from gsplit.graph import Graph
-from gsplit.ops import cuda, torch_ops
+from gsplit.ops import aggregate, cuda, torch_ops
+from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 
-__all__ = ["sample_neighbors", "relabel", "unique_ids", "sampling_device", "cuda", "torch_ops"]
+__all__ = ["sample_neighbors", "relabel", "unique_ids", "sampling_device", "copy_u_sum", "copy_u_mean",
+           "gat_aggregate", "edge_softmax", "aggregate", "cuda", "torch_ops"]
 
 sampling_device = cuda.sampling_device
 
