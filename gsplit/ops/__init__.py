@@ -81,9 +81,10 @@ def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int]
     return torch_ops.relabel(dst_nodes, src, num_nodes)
 
 
-# The compiled relabel uses a dense per-vertex table (one pass over 4 bytes per graph vertex) when the
-# graph has at most this many vertices per id relabelled, else a hash table plus a sort of the new ids.
-_DENSE_RELABEL_FACTOR = 8
+# The compiled relabel uses dense per-vertex tables (about 1 ns per graph vertex) when the graph has at
+# most this many vertices per id relabelled, else a hash table plus a sort of the new ids (about 50 ns
+# per id). Measured on a 1M-vertex graph: dense 1.5 ms vs hash 3-5 ms for 67k ids, 1.2 vs 0.3 ms for 6k.
+_DENSE_RELABEL_FACTOR = 32
 
 
 def unique_ids(ids: torch.Tensor, num_nodes: Optional[int] = None) -> torch.Tensor:
