@@ -39,6 +39,7 @@ import torch
 
 import gsplit
 from gsplit.datasets import random_split, synthetic_graph
+from gsplit import ops
 from gsplit.ops import relabel, sample_cpu
 from gsplit.sampling.batches import global_batches
 from gsplit.sampling.block import Block
@@ -46,6 +47,8 @@ from gsplit.sampling.block import Block
 DGL_MS = {"uniform": 59.0, "synthetic": 46.0}
 """Issue 10's figures for DGL's CPU sampler on these 1M-vertex / 20M-edge graphs, 2 cores, quiet machine
 (quoted, not measured here)."""
+LAYER_COLUMNS = ["L0 sample", "L0 relabel", "L1 sample", "L1 relabel", "L2 sample", "L2 relabel", "batch"]
+"""Steps of the ``--layers`` table (L0 is the input layer; the loop runs from L2 down)."""
 ISSUE_GSPLIT_MS = {"uniform": 137.0, "synthetic": 115.0}
 """Issue 10's figures for gsplit's torch sampler on the same graphs when the issue was written."""
 
@@ -144,6 +147,33 @@ def time_interleaved(graph, targets, runners: dict, batch_size: int, num_batches
     return res, same
 
 
+def layer_profile(graph, targets, sampler, batch_size: int, num_batches: int, seed: int) -> dict:
+    """Median CPU ms per layer of sampling and of relabelling, for both implementations (``--layers``).
+
+    Runs the layer loop of ``NeighborSampler.sample_layers`` step by step through ``gsplit.ops``, one
+    batch at a time under each implementation, and times each step with the process CPU clock.
+    """
+    cpu = {"C++": {}, "torch": {}}
+    batches = [b for _, b in zip(range(num_batches + 2), global_batches(targets, batch_size, seed, 0, drop_last=True))]
+    for it, seeds in enumerate(batches):
+        for name in ("C++", "torch"):
+            with (torch_kernels_only() if name == "torch" else contextlib.nullcontext()):
+                frontier = seeds
+                total = time.process_time()
+                for layer in reversed(range(sampler.num_layers)):
+                    t0 = time.process_time()
+                    picked = sampler.sample_neighbors(graph, frontier, layer, 0, it)
+                    t1 = time.process_time()
+                    frontier, _ = ops.relabel(frontier, picked.src, graph.num_nodes)
+                    t2 = time.process_time()
+                    if it >= 2:
+                        cpu[name].setdefault(f"L{layer} sample", []).append(t1 - t0)
+                        cpu[name].setdefault(f"L{layer} relabel", []).append(t2 - t1)
+                if it >= 2:
+                    cpu[name].setdefault("batch", []).append(time.process_time() - total)
+    return {name: {k: 1e3 * statistics.median(v) for k, v in steps.items()} for name, steps in cpu.items()}
+
+
 def bench_graph(name: str, graph, targets, args, fanouts) -> dict:
     res = {"graph": name, "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
            "max_in_degree": int(graph.in_degrees().max()), "targets": int(targets.numel()), "threads": args.threads}
@@ -165,6 +195,10 @@ def bench_graph(name: str, graph, targets, args, fanouts) -> dict:
         print(f"  {name}: {label}: {r['ms_per_batch']:.1f} ms/batch (min {r['ms_min']:.1f}, CPU {r['cpu_ms_per_batch']:.1f}) "
               f"({r['edges_per_batch']:,.0f} edges)", flush=True)
     print(f"  {name}: C++ and torch mini-batches identical: {same}", flush=True)
+    if args.layers:
+        res["layer_cpu_ms"] = layer_profile(graph, targets, sampler, args.batch_size, args.batches, args.seed)
+        for label, steps in res["layer_cpu_ms"].items():
+            print(f"  {name}: {label} CPU ms: " + ", ".join(f"{k} {v:.2f}" for k, v in steps.items()), flush=True)
     if not args.skip_partition:
         t0 = time.perf_counter()
         weights = gsplit.presample(graph, targets, sampler, batch_size=args.batch_size * args.parts,
@@ -193,6 +227,7 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=0, help="timed batches (default 10 quick, 20 full)")
     p.add_argument("--threads", type=int, default=2, help="torch threads for sampling, pre-sampling and partitioning")
     p.add_argument("--sort-key-baseline", action="store_true", help="also time the sort-key baseline (slow on power-law graphs)")
+    p.add_argument("--layers", action="store_true", help="also print CPU ms per layer for sampling and relabelling")
     p.add_argument("--parts", type=int, default=2, help="parts of the partition map (world size)")
     p.add_argument("--presample-epochs", type=int, default=1)
     p.add_argument("--skip-partition", action="store_true")
@@ -250,6 +285,12 @@ def main(argv=None) -> int:
           f"DGL: issue 10's figures (not measured here): {DGL_MS['uniform']:.0f} ms uniform, "
           f"{DGL_MS['synthetic']:.0f} ms power-law, 2 cores, quiet machine")
     print(table)
+    layer_rows = [[res["graph"], label] + [steps.get(k, float("nan")) for k in LAYER_COLUMNS]
+                  for res in results for label, steps in res.get("layer_cpu_ms", {}).items()]
+    layer_table = common.format_table(["graph", "sampler"] + [f"{k} (CPU ms)" for k in LAYER_COLUMNS], layer_rows, ".2f")
+    if layer_rows:
+        print(f"\nCPU ms per step, median of {args.batches} batches, {args.threads} threads")
+        print(layer_table)
     if off_rows:
         print(f"\noffline half ({args.threads} threads)")
         print(off_table)
@@ -257,7 +298,8 @@ def main(argv=None) -> int:
                             "fanouts": fanouts, "threads": args.threads,
                             "extension_available": ext is not None, "extension_ready_s": ext_s,
                             "dgl_ms_quoted_from_issue_10": DGL_MS, "gsplit_ms_quoted_from_issue_10": ISSUE_GSPLIT_MS,
-                            "results": results, "table": table, "offline_table": off_table})
+                            "results": results, "table": table, "layer_table": layer_table,
+                            "offline_table": off_table})
     fig, axes = common.figure(len(results))
     for ax, res in zip(axes, results):
         labels = [label.replace(" ", "\n") for label in res["runs"]]
