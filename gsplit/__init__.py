@@ -5,12 +5,14 @@ all-to-all shuffle per layer. See README.md for a quick start and DESIGN.md for 
 """
 
 from gsplit import datasets
-from gsplit.comm import Communicator, allreduce_gradients, global_sum, shuffle
+from gsplit.comm import Communicator, allreduce_gradients, global_sum, host_groups, shuffle
 from gsplit.feature_store import FeatureStore
 from gsplit.graph import Graph
+from gsplit.inference import InferenceResult, layerwise_inference
 from gsplit.launch import LaunchError, current_device, launch
 from gsplit.loader import DataLoader
 from gsplit.nn import sp_forward, split_cross_entropy
+from gsplit.parallel import SplitParallel
 from gsplit.partitioning import PartitionMap, PresampleWeights, partition, prepare_partition, presample, split_stats
 from gsplit.sampling import Block, MiniBatch, NeighborSampler, ShuffleIndex
 from gsplit.split import sp_sample
@@ -18,9 +20,10 @@ from gsplit.split import sp_sample
 __version__ = "0.1.0"
 
 __all__ = [
-    "Graph", "Block", "MiniBatch", "NeighborSampler", "datasets",
+    "Graph", "Block", "MiniBatch", "NeighborSampler", "SplitParallel", "datasets",
     "presample", "PresampleWeights", "partition", "PartitionMap", "split_stats", "prepare_partition",
     "Communicator", "shuffle", "ShuffleIndex", "sp_sample", "sp_forward",
-    "split_cross_entropy", "allreduce_gradients", "global_sum", "DataLoader", "FeatureStore", "launch", "LaunchError", "current_device",
+    "split_cross_entropy", "allreduce_gradients", "global_sum", "host_groups", "DataLoader", "FeatureStore", "launch", "LaunchError", "current_device",
+    "layerwise_inference", "InferenceResult",
     "__version__",
 ]

@@ -7,8 +7,10 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -141,29 +143,46 @@ def default_num_ranks() -> int:
 
 def cmd_train(args) -> int:
     import gsplit
+    from gsplit.comm import hosts as multihost
     from gsplit.feature_store import parse_size
-    from gsplit.trainer import TrainConfig, train_rank
+    from gsplit.trainer import SYSTEMS, TrainConfig, train_rank
 
+    torchrun = args.launcher == "torchrun" or (args.launcher == "auto" and multihost.started_by_torchrun())
+    if torchrun:
+        # torchrun started this process as one rank of the job: join it instead of spawning ranks
+        device = multihost.init_from_env(args.device)
+        rank, ranks = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        args.ranks_per_host = int(os.environ["LOCAL_WORLD_SIZE"])
+        if args.num_ranks and args.num_ranks != ranks:
+            raise CliError(f"--num-ranks {args.num_ranks} but torchrun started {ranks} ranks; leave --num-ranks out")
+        print(f"rank {rank} of {ranks} (host {os.environ.get('GROUP_RANK', '?')}, local rank "
+              f"{os.environ['LOCAL_RANK']} of {args.ranks_per_host}) on {device}", flush=True)
     ds = _load_dataset(args)
     fanouts = parse_fanouts(args.fanouts)
-    ranks = args.num_ranks or default_num_ranks()
+    ranks = ranks if torchrun else (args.num_ranks or default_num_ranks())
+    parts = args.ranks_per_host or ranks  # one split group per host: the map has a part per rank of a host
+    if ranks % parts:
+        raise CliError(f"--ranks-per-host {args.ranks_per_host} does not divide the {ranks} ranks; pass a divisor")
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, device=args.device, cache_size=args.cache_size,
-                      prefetch=args.prefetch)
+                      prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0)
     owner, cache_weights = None, None
-    if args.system == "split" and ranks > 1:
+    if SYSTEMS[args.system].partitioned and parts > 1:
         pdir = Path(args.partition) if args.partition else None
         if pdir is not None and (pdir / "meta.json").exists():
             pmap = gsplit.PartitionMap.load(pdir)
             pmap.check_graph(ds.graph)
-            pmap.check_world_size(ranks)
+            pmap.check_world_size(parts)
             print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
         else:
             from gsplit.partitioning import prepare_partition
 
-            prepared = prepare_partition(ds, ranks, fanouts, args.batch_size, args.method, args.seed,
-                                         args.presample_epochs, pdir, progress=_say)
+            if torchrun and pdir is not None:  # many writers of one folder would race: each rank keeps its own
+                print(f"no map in {pdir}: every rank makes one in memory (prepare it once with gsplit prepare "
+                      f"--num-parts {parts} --out {pdir})", flush=True)
+            prepared = prepare_partition(ds, parts, fanouts, args.batch_size, args.method, args.seed,
+                                         args.presample_epochs, None if torchrun else pdir, progress=_say)
             pmap = prepared.pmap
             _print_stats(prepared.report["stats"])
             if prepared.weights is not None:
@@ -175,10 +194,13 @@ def cmd_train(args) -> int:
         if parse_size(cfg.cache_size):
             print("feature cache ordered by " + ("pre-sampling frequency" if cache_weights is not None
                                                 else "in-degree (no pre-sampling weights for this map)"))
-    print(f"training {args.model} with {args.system} on {ranks} rank(s) "
+    hosts_text = f" = {ranks // parts} hosts x {parts}" if parts != ranks else ""
+    print(f"training {args.model} with {args.system} on {ranks} rank(s){hosts_text} "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
     t = time.perf_counter()
+    if torchrun:
+        return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t)
     if ranks == 1:
         result = train_rank(0, 1, cfg, ds, owner, print_epoch, True, cache_weights)
     else:
@@ -191,6 +213,29 @@ def cmd_train(args) -> int:
         Path(args.log).parent.mkdir(parents=True, exist_ok=True)
         Path(args.log).write_text(json.dumps(result, indent=1))
         print(f"log written to {args.log}")
+    return 0
+
+
+def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, t0: float) -> int:
+    """One rank of a torchrun job: same map everywhere, host groups, train, rank 0 writes the log."""
+    from gsplit.comm import hosts as multihost
+    from gsplit.trainer import SYSTEMS, train_rank
+
+    if owner is not None:  # a map made or read differently on some host would split wrongly, silently
+        digest = hashlib.sha256(owner.to(torch.int64).numpy().tobytes()).hexdigest()
+        multihost.check_same_everywhere([digest], None, "the partition map")
+    hosts = multihost.host_groups() if cfg.ranks_per_host and SYSTEMS[args.system].partitioned else None
+    result = train_rank(rank, ranks, cfg, ds, owner, print_epoch if rank == 0 else None, rank == 0, cache_weights,
+                        hosts=hosts)
+    if rank == 0:
+        result["dataset"] = ds.name
+        result["wall_s"] = time.perf_counter() - t0
+        if args.log:
+            Path(args.log).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.log).write_text(json.dumps(result, indent=1))
+            print(f"log written to {args.log}")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
     return 0
 
 
@@ -249,7 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0: no cache); ordered by the partition folder's vertex_weights.npy, else in-degree")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
-    p.add_argument("--log", help="write every number as JSON here")
+    # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir
+    p.add_argument("--log", "--log-file", dest="log", help="write every number as JSON here (alias --log-file)")
+    p.add_argument("--launcher", default="auto", choices=["auto", "gsplit", "torchrun"],
+                   help="auto (default): join the torchrun job when torchrun started this process, else start "
+                        "--num-ranks ranks on this host")
+    p.add_argument("--ranks-per-host", type=int, default=0,
+                   help="split: ranks of one split group (host); hosts are data-parallel replicas. Set from "
+                        "LOCAL_WORLD_SIZE under torchrun; with the gsplit launcher it simulates hosts")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("stats", help="cross-split edges and load imbalance of a partition map")
@@ -275,9 +327,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    for name in ("batch_size", "num_parts", "epochs", "num_ranks", "presample_epochs"):
+    for name in ("batch_size", "num_parts", "epochs", "num_ranks", "presample_epochs", "ranks_per_host"):
         value = getattr(args, name, None)
-        if value is not None and value < (0 if name in ("num_ranks", "epochs") else 1):
+        if value is not None and value < (0 if name in ("num_ranks", "epochs", "ranks_per_host") else 1):
             print(f"gsplit: error: --{name.replace('_', '-')} must be positive, got {value}", file=sys.stderr)
             return 2
     try:

@@ -93,13 +93,18 @@ class LaunchError(RuntimeError):
 
 
 def current_device() -> torch.device:
-    """The device :func:`launch` assigned to the calling rank (``cpu`` outside a launched rank).
+    """The device :func:`launch` assigned to the calling rank; in a rank torchrun started (``LOCAL_RANK``
+    set), GPU ``LOCAL_RANK`` when CUDA is available; else ``cpu``.
 
     Example:
         >>> current_device()  # in the launching process itself
         device(type='cpu')
     """
-    return torch.device(os.environ.get(_ENV_DEVICE, "cpu"))
+    if _ENV_DEVICE in os.environ:
+        return torch.device(os.environ[_ENV_DEVICE])
+    if "LOCAL_RANK" in os.environ and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    return torch.device("cpu")
 
 
 def resolve_device(name: Union[str, torch.device] = "auto") -> torch.device:
@@ -115,7 +120,7 @@ def resolve_device(name: Union[str, torch.device] = "auto") -> torch.device:
     """
     name = str(name)
     if name == "auto":
-        if _ENV_DEVICE in os.environ:
+        if _ENV_DEVICE in os.environ or "LOCAL_RANK" in os.environ:  # gsplit.launch or torchrun
             return current_device()
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     if name == "cuda":

@@ -4,7 +4,8 @@ Every iteration all ranks agree on ONE global mini-batch (``batch_size * world_s
 global order on every rank, from ``ddp_seed`` and the epoch), sample their split of it with
 :func:`gsplit.split.sp_sample`, load features only for the vertices they own at the input level (from
 the rank's :class:`~gsplit.feature_store.FeatureStore`: its GPU cache, else host memory), and shuffle
-them into the first block's source rows.
+them into the first block's source rows. With several hosts (``replica_group=``) each host is one split
+group and splits its own consecutive slice of a global mini-batch ``num_replicas`` times larger.
 
 With ``prefetch=True`` a background thread samples and loads the next mini-batch while the current
 one trains. Sampling and loading do collectives (id exchanges, the feature shuffle) and so does training
@@ -19,16 +20,19 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
+from gsplit import ops
 from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
+from gsplit.comm.hosts import replica_layout
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
 from gsplit.graph import Graph, as_vertex_ids
-from gsplit.partitioning.partition_map import PartitionMap
+from gsplit.interop import dgl as dgl_interop  # imports no dgl: DGL inputs and DGL's keywords
+from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.prefetch import PREFETCH_DEPTH, Producer
 from gsplit.sampling.batches import BatchSchedule
 from gsplit.sampling.block import Block, MiniBatch
@@ -88,22 +92,6 @@ class PreparedBatch:
     """Recorded on the producing side stream once the batch is complete (CUDA prefetch only)."""
 
 
-def _owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
-    """The owner of every vertex, from a :class:`PartitionMap` or an owner tensor, checked against the
-    graph and the world size by the map's own checks (one rule: one part per rank)."""
-    if partition is None:
-        if world_size > 1:
-            raise ValueError(f"world size is {world_size} but no partition map was given; pass "
-                             "partition=gsplit.partition(graph, num_parts=world_size, ...) or a saved PartitionMap")
-        return torch.zeros(graph.num_nodes, dtype=torch.int64)
-    if isinstance(partition, torch.Tensor):
-        # A bare tensor may leave the last ranks empty (a "starved" map), so it gets world_size parts.
-        partition = PartitionMap.from_tensor(partition, num_parts=world_size, graph=graph)
-    partition.check_graph(graph)
-    partition.check_world_size(world_size)
-    return partition.assignment.to(torch.int64)
-
-
 def _group_like(comm: Communicator):
     """A new process group with the same ranks (and rank numbers) and backend as ``comm``'s.
 
@@ -123,14 +111,20 @@ class RankLoader:
     schedule: BatchSchedule
 
     def _init_rank(self, graph: Graph, indices, group, use_ddp: bool, batch_size: int, ddp_seed: int,
-                   shuffle: bool, drop_last: bool) -> None:
+                   shuffle: bool, drop_last: bool, replica_group=None) -> None:
         self.comm = Communicator(group)
         if self.comm.world_size > 1 and not use_ddp:
             raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
                              "pass use_ddp=True so the ranks share one global order of the targets")
         self.graph = graph
+        # several hosts: this loader's group is one replica (host) of replica_group (every rank of the job)
+        self.num_replicas, self.replica_rank = (1, 0) if replica_group is None else \
+            replica_layout(group, replica_group)
+        # the group gradients and logged losses are summed over (a Communicator, as comm is)
+        self.replica_comm = None if replica_group is None else Communicator(replica_group)
         indices = as_vertex_ids(indices, graph.num_nodes, "indices", unique=True)
-        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last)
+        self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last,
+                                      num_replicas=self.num_replicas)
 
     @property
     def world_size(self) -> int:
@@ -161,9 +155,17 @@ class DataLoader(RankLoader):
     """Split-parallel mini-batch loader; iterate it like DGL's ``DataLoader``.
 
     Args:
-        graph: the full graph (every rank holds it).
-        indices: target vertices (e.g. ``train_idx``).
-        sampler: a :class:`gsplit.NeighborSampler`.
+        graph: the full graph (every rank holds it): a :class:`gsplit.Graph`, or a homogeneous
+            ``DGLGraph`` (``gsplit[dgl]``), converted once to gsplit's CSC of in-edges (keeping DGL's
+            edge ids, see :mod:`gsplit.interop.dgl`); features and labels then come from its ``ndata``
+            unless given, and the loader yields real DGL blocks (``dgl.create_block``) with
+            ``srcdata``/``dstdata``, ``srcdata[dgl.NID]``/``dstdata[dgl.NID]`` (global vertex ids) and
+            ``edata[dgl.EID]``, on which ``dgl.nn`` layers run unchanged.
+        indices: target vertices (e.g. ``train_idx``), or a boolean mask (e.g. ``g.ndata["train_mask"]``).
+        sampler: a :class:`gsplit.NeighborSampler`, or DGL's ``NeighborSampler`` /
+            ``MultiLayerFullNeighborSampler``, replaced by a gsplit sampler with the same fanouts
+            (:func:`gsplit.interop.dgl.sampler_from_dgl`; its ``prefetch_node_feats`` /
+            ``prefetch_labels`` apply when the loader's are not given).
         partition: a :class:`gsplit.PartitionMap` with ``num_parts == world size`` (or an owner
             tensor); optional at world size 1.
         device: where blocks, features and labels are delivered.
@@ -172,10 +174,22 @@ class DataLoader(RankLoader):
         batch_size: targets **per rank** per iteration, as with DGL's ``use_ddp=True``.
         shuffle, drop_last: as in DGL.
         features, labels: host tensors indexed by global vertex id; features land in
-            ``blocks[0].srcdata["feat"]`` and labels in ``blocks[-1].dstdata["label"]``. ``features``
+            ``blocks[0].srcdata["feat"]`` and labels in ``blocks[-1].dstdata["label"]`` (the key is the
+            first name of ``prefetch_node_feats`` / ``prefetch_labels``). ``features``
             may also be a :class:`~gsplit.feature_store.FeatureStore` (e.g. ``other_loader.feature_store``)
             to share one cache between loaders; ``cache_size`` and ``cache_weights`` must then be left out.
-        group: the ``torch.distributed`` process group (default: the default group if initialised).
+        group: the ``torch.distributed`` process group (default: the default group if initialised); with
+            several hosts, this host's split group (see ``replica_group``).
+        replica_group: several hosts (data parallelism across hosts, split parallelism within each): the
+            group of every rank of the job, e.g. from :func:`gsplit.host_groups`; ``group`` is then this
+            host's split group, one of ``num_replicas`` equal, disjoint groups. An iteration's global
+            mini-batch holds ``batch_size * G * num_replicas`` targets (``G`` ranks per host), each host
+            splits its consecutive slice, and ``blocks[-1].global_num_dst`` is the size of the whole
+            global mini-batch (the union of the hosts' slices), so that summing
+            :func:`gsplit.split_cross_entropy` and the gradients over ``replica_group``
+            (``gsplit.allreduce_gradients(model, replica_group)``) is single-process training on the
+            union. The partition map has ``G`` parts and is the same on every host. Default ``None``:
+            one host.
         cache_size: bytes of device memory for this rank's feature cache (int or e.g. ``"10G"``); it holds
             the hottest vertices this rank owns. ``0``: every feature row is read from host memory.
         cache_weights: hotness of every vertex for the cache, e.g. ``PresampleWeights.vertex_weights``
@@ -184,11 +198,36 @@ class DataLoader(RankLoader):
             trains (on CUDA, on a side stream). The batches are the same as without. It creates a
             process group for the loader's collectives, so with several ranks every rank must construct
             its prefetching loaders in the same order. Only one pass over a prefetching loader can run at
-            a time: starting a new one first finishes the previous one.
+            a time: starting a new one first finishes the previous one. Default: ``use_prefetch_thread``,
+            else ``num_workers > 0``.
+
+    DGL's ``DataLoader`` keywords, so that a DGL call site ports unchanged (``device``, ``use_ddp``,
+    ``ddp_seed``, ``batch_size``, ``shuffle`` and ``drop_last`` above mean what they mean in DGL):
+
+        num_workers: accepted; sampling always runs in the rank's own process, because splitting a
+            mini-batch exchanges vertex ids with the other ranks over the rank's process group, which
+            worker processes do not hold. ``num_workers > 0`` turns on ``prefetch`` (a background
+            thread of the rank) unless ``prefetch`` / ``use_prefetch_thread`` say otherwise.
+        use_uva: pin the graph in host memory (:meth:`gsplit.Graph.pin_memory`) so that the GPU
+            samples it in place (see :func:`gsplit.ops.sampling_device`); needs a CUDA ``device``.
+            Features stay where they are (pass ``cache_size`` to keep the hottest rows on the GPU).
+        use_prefetch_thread: the same as ``prefetch``.
+        prefetch_node_feats: names of the input tensors put in ``blocks[0].srcdata`` (in DGL an
+            argument of the sampler). With a ``DGLGraph``: keys of ``graph.ndata`` (default
+            ``["feat"]`` when present; ``features=`` replaces the first one's tensor). With a
+            ``gsplit.Graph``: one name, the key under which ``features`` land.
+        prefetch_labels: the same for ``blocks[-1].dstdata`` (default ``["label"]``; ``labels=``
+            replaces the first one's tensor).
+
+    Other DGL keywords (``use_alternate_streams``, ``pin_prefetcher``, ``gpu_cache``, ...) raise
+    ``TypeError``: gsplit's equivalents are ``prefetch`` (which uses a side stream on CUDA) and
+    ``cache_size``.
 
     Yields :class:`~gsplit.MiniBatch` records that unpack as DGL's ``(input_nodes, output_nodes, blocks)``:
     ``input_nodes`` are the vertices whose features
     this rank loaded (its bottom local frontier; disjoint across ranks), ``output_nodes`` its targets.
+    With a ``DGLGraph`` the blocks are DGL blocks; :class:`gsplit.SplitParallel` finds their shuffle
+    plans, so pass them to the model as they come (a copy such as ``block.to(other_device)`` loses it).
 
     Communication counters: ``loader.comm.traffic`` counts everything this rank sent for the batches
     it yielded (id exchanges and the feature shuffle, added when the batch is yielded, plus the
@@ -208,20 +247,48 @@ class DataLoader(RankLoader):
                  device: Union[str, torch.device, None] = None, use_ddp: bool = False, ddp_seed: int = 0,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  features: Union[torch.Tensor, FeatureStore, None] = None, labels: Optional[torch.Tensor] = None,
-                 group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: bool = False):
-        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
-        self.sampler = sampler
-        self.owner = _owner_tensor(partition, graph, self.comm.world_size).to(graph.device)
+                 group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: Optional[bool] = None,
+                 num_workers: int = 0, use_uva: bool = False, use_prefetch_thread: Optional[bool] = None,
+                 prefetch_node_feats: Optional[Sequence[str]] = None, prefetch_labels: Optional[Sequence[str]] = None,
+                 replica_group=None):
+        dgl_graph = graph if dgl_interop.is_dgl_graph(graph) else None
+        self.dgl_source = None if dgl_graph is None else dgl_interop.graph_from_dgl(dgl_graph)
+        """The DGLGraph's conversion when one was given (the loader then yields DGL blocks), else None."""
+        if self.dgl_source is not None:
+            graph = self.dgl_source.graph
         self.device = torch.device(device) if device is not None else graph.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.feature_store = self._feature_store(features, cache_size, cache_weights)
+        if use_uva:
+            if self.device.type != "cuda":
+                raise ValueError(f"use_uva=True lets the GPU sample a graph pinned in host memory, but device is "
+                                 f"{self.device}; pass a CUDA device, or use_uva=False")
+            if graph.device.type == "cpu":
+                graph = graph.pin_memory()
+        sampler, prefetch_node_feats, prefetch_labels = dgl_interop.loader_sampler(sampler, prefetch_node_feats,
+                                                                                   prefetch_labels)
+        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last, replica_group)
+        self.sampler = sampler
+        # a graph on the GPU, or pinned in host memory, is sampled on the GPU (ops.sampling_device)
+        self.sample_device = ops.sampling_device(graph, self.device)
+        self.owner = owner_tensor(partition, graph, self.comm.world_size).to(self.sample_device)
+        node_feats = dgl_interop.named_node_data(dgl_graph, prefetch_node_feats, "prefetch_node_feats", "feat",
+                                 features, "features")
+        label_data = dgl_interop.named_node_data(dgl_graph, prefetch_labels, "prefetch_labels", "label",
+                                 labels, "labels")
+        # the first input tensor goes through the feature store (cache, counters); others are gathered as is
+        self.feat_key = next(iter(node_feats), "feat")
+        self.feature_store = self._feature_store(node_feats.pop(self.feat_key, None), cache_size, cache_weights)
         self.features = None if self.feature_store is None else self.feature_store.features
-        if labels is not None and labels.shape[0] != graph.num_nodes:
-            raise ValueError(f"labels has {labels.shape[0]} rows but the graph has {graph.num_nodes} vertices; "
+        self.extra_node_feats: Dict[str, torch.Tensor] = node_feats
+        """More ``blocks[0].srcdata`` tensors (``prefetch_node_feats`` beyond the first), by key."""
+        self.label_data: Dict[str, torch.Tensor] = label_data
+        """The ``blocks[-1].dstdata`` tensors, by key (``labels`` is the first one's)."""
+        self.labels = next(iter(label_data.values()), None)
+        if self.labels is not None and self.labels.shape[0] != graph.num_nodes:
+            raise ValueError(f"labels has {self.labels.shape[0]} rows but the graph has {graph.num_nodes} vertices; "
                              f"pass one row per vertex")
-        self.labels = labels
-        self.prefetch = bool(prefetch)
+        self.prefetch = dgl_interop.prefetch_flag(prefetch, use_prefetch_thread, num_workers)
         self.sampling_comm = self.comm
         if self.prefetch and self.comm.world_size > 1:
             self.sampling_comm = Communicator(_group_like(self.comm))
@@ -256,6 +323,13 @@ class DataLoader(RankLoader):
         return FeatureStore(features, device=device, cache_size=cache_size, weights=cache_weights,
                             graph=self.graph, owner=owner, rank=self.comm.rank)
 
+    def __iter__(self) -> Iterator[MiniBatch]:
+        if self.dgl_source is None:
+            yield from super().__iter__()
+            return
+        for batch in super().__iter__():  # in the consumer's thread, after the batch's group is bound
+            yield dgl_interop.to_dgl_batch(batch, self.dgl_source)
+
     def _batches(self, epoch: int) -> Iterator[MiniBatch]:
         if self.prefetch:
             yield from self._iter_prefetch(epoch)
@@ -269,18 +343,23 @@ class DataLoader(RankLoader):
         own_group = comm is not self.comm
         before = comm.traffic.snapshot() if own_group else None
         t0 = time.perf_counter()
-        batch = sp_sample(self.graph, seeds.to(self.graph.device), self.owner, self.sampler, comm,
-                          epoch=epoch, iteration=it)
-        if self.device != self.graph.device:
+        # seeds: the whole global mini-batch (the union over replicas); this host splits its slice
+        mine = self.schedule.replica_slice(seeds, self.replica_rank) if self.num_replicas > 1 else seeds
+        batch = sp_sample(self.graph, mine.to(self.sample_device), self.owner, self.sampler, comm,
+                          epoch=epoch, iteration=it, num_global_targets=seeds.numel())
+        if self.device != self.sample_device:
             batch = batch.to(self.device)
         t1 = time.perf_counter()
         counts = None
         if self.feature_store is not None:
             local, counts = self.feature_store.gather_with_counts(batch.input_nodes)
             local = local.to(self.device, non_blocking=True)
-            batch.blocks[0].srcdata["feat"] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
-        if self.labels is not None:
-            batch.blocks[-1].dstdata["label"] = self.labels[batch.output_nodes.to(self.labels.device)].to(self.device)
+            batch.blocks[0].srcdata[self.feat_key] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
+        for key, table in self.extra_node_feats.items():
+            local = table[batch.input_nodes.to(table.device)].to(self.device, non_blocking=True)
+            batch.blocks[0].srcdata[key] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
+        for key, table in self.label_data.items():
+            batch.blocks[-1].dstdata[key] = table[batch.output_nodes.to(table.device)].to(self.device)
         t2 = time.perf_counter()
         stats = IterationStats.of_batch(batch, t1 - t0, t2 - t1, counts)
         traffic = TrafficCounter.delta(comm.traffic.snapshot(), before) if own_group else None

@@ -11,15 +11,17 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from tqdm.auto import tqdm
 
 from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator, TrafficCounter
-from gsplit.comm.gradients import allreduce_gradients, global_sum
+from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
+from gsplit.comm.hosts import host_groups
 from gsplit.feature_store import parse_size
+from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import resolve_device
 from gsplit.loader import DataLoader, IterationStats
 from gsplit.nn.loss import split_cross_entropy
@@ -34,28 +36,41 @@ class System:
     """What a parallel training system decides: its loaders and its loss. The harness does the rest alike."""
 
     name = ""
+    partitioned = False
+    """Whether the ranks split each mini-batch by a partition map (and so need one, and form split groups)."""
 
-    def make_loader(self, cfg: "TrainConfig", dataset, indices, owner, device, sampler, shuffle: bool, **options):
+    def make_loader(self, cfg: "TrainConfig", dataset, graph, indices, owner, device, sampler, shuffle: bool, **options):
+        """A loader over ``indices`` of ``dataset`` whose graph is ``graph`` (the dataset's, maybe on the GPU)."""
         raise NotImplementedError
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, block: Block, world_size: int) -> torch.Tensor:
         """This rank's loss; its gradients are summed over ranks by :func:`allreduce_gradients`."""
         raise NotImplementedError
 
+    def inference_map(self, owner: Optional[torch.Tensor], num_nodes: int, world_size: int) -> torch.Tensor:
+        """Which rank computes each vertex in the final layer-wise evaluation (any map gives the same result)."""
+        return torch.arange(num_nodes) * world_size // num_nodes  # contiguous ranges of vertex ids
+
 
 class SplitSystem(System):
     """Split parallelism: one global mini-batch split by the partition map (:class:`gsplit.DataLoader`)."""
 
     name = "split"
+    partitioned = True
 
-    def make_loader(self, cfg, dataset, indices, owner, device, sampler, shuffle, **options):
+    def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
         options.setdefault("features", dataset.features)
-        return DataLoader(dataset.graph, indices, sampler, partition=owner, device=device, use_ddp=True,
+        # several hosts: options carry group= (this host's split group) and replica_group= (every rank)
+        return DataLoader(graph, indices, sampler, partition=owner, device=device, use_ddp=True,
                           ddp_seed=cfg.seed, batch_size=cfg.batch_size, shuffle=shuffle, labels=dataset.labels,
                           **options)
 
     def loss(self, logits, labels, block, world_size):
         return split_cross_entropy(logits, labels, block)  # sum / global mini-batch: ranks' losses add up
+
+    def inference_map(self, owner, num_nodes, world_size):
+        # the training map: each rank computes the vertices it owns, as in training
+        return owner if owner is not None else super().inference_map(owner, num_nodes, world_size)
 
 
 class DataParallelSystem(System):
@@ -63,9 +78,9 @@ class DataParallelSystem(System):
 
     name = "dp"
 
-    def make_loader(self, cfg, dataset, indices, owner, device, sampler, shuffle, **options):
-        del options  # feature cache and prefetch are split parallelism's
-        return DataParallelLoader(dataset.graph, indices, sampler, device=device, use_ddp=True, ddp_seed=cfg.seed,
+    def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
+        del options  # feature cache, prefetch and host groups are split parallelism's: dp spans every rank
+        return DataParallelLoader(graph, indices, sampler, device=device, use_ddp=True, ddp_seed=cfg.seed,
                                   batch_size=cfg.batch_size, shuffle=shuffle, features=dataset.features,
                                   labels=dataset.labels)
 
@@ -117,6 +132,15 @@ class TrainConfig:
     ``"512M"``, bytes; ``"0"``: none)."""
     prefetch: bool = False
     """Split only: sample and load the next mini-batch in a background thread while one trains."""
+    final_eval: bool = True
+    """After the last epoch, compute validation/test accuracy by layer-wise full-graph inference (all
+    in-edges, no sampling): ``final_val_acc`` / ``final_test_acc`` in the run log. Skipped when
+    ``eval_every`` is 0 (never evaluate)."""
+    ranks_per_host: int = 0
+    """Split only, several hosts: the ranks of one host (its split group, ``G``); hosts are data-parallel
+    replicas of each other and ``batch_size * world_size`` targets make one global mini-batch. ``0``:
+    every rank is in one split group. ``gsplit train`` under torchrun sets it to ``LOCAL_WORLD_SIZE``;
+    with ``gsplit.launch`` on one machine it simulates hosts (consecutive blocks of ranks)."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -125,6 +149,8 @@ class TrainConfig:
             raise ValueError(f"batch_size, epochs and hidden must be positive, got {self.batch_size}, "
                              f"{self.epochs}, {self.hidden}")
         parse_size(self.cache_size)  # a bad size fails here, before any rank starts
+        if self.ranks_per_host < 0:
+            raise ValueError(f"ranks_per_host={self.ranks_per_host}; pass the ranks of one host, or 0 for one host")
 
 
 @dataclass
@@ -155,6 +181,9 @@ class EpochCounters:
     """Rows sent to other ranks per tag (id exchanges and shuffles, forward and backward)."""
     traffic_bytes: Dict[str, int] = field(default_factory=dict)
     """Bytes sent to other ranks per tag."""
+    gradient_bytes: int = 0
+    """Bytes this rank sent in the gradient all-reduces (over every rank of the job; the only traffic
+    between hosts), as :func:`gsplit.allreduce_gradients` counts them."""
     per_iteration: List[dict] = field(default_factory=list)
     """One record per iteration (when ``TrainConfig.log_iterations``): the loader's counters, ``train_s``
     and the traffic sent during that iteration (sampling id exchanges and shuffles, fwd and bwd)."""
@@ -188,8 +217,12 @@ def _sync(device: torch.device) -> None:
 
 
 @torch.no_grad()
-def evaluate(model, loader, comm: Communicator) -> float:
-    """Accuracy over the loader's targets, summed over ranks (every rank gets the same number)."""
+def evaluate(model, loader, comm: Communicator, job_comm: Optional[Communicator] = None) -> float:
+    """Accuracy over the loader's targets, summed over ranks (every rank gets the same number).
+
+    ``comm`` is the split group the model shuffles on; ``job_comm`` (default ``comm``) the ranks whose
+    counts are summed: every rank of every host when hosts split their own slices.
+    """
     model.eval()
     correct = torch.zeros(2, dtype=torch.float64)
     for _, _, blocks in loader:
@@ -198,19 +231,53 @@ def evaluate(model, loader, comm: Communicator) -> float:
         correct[0] += float((logits.argmax(1) == labels).sum())
         correct[1] += labels.numel()
     model.train()
-    comm.all_reduce_(correct)
+    (job_comm or comm).all_reduce_(correct)
     return float(correct[0] / correct[1].clamp_min(1))
+
+
+def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Tensor], comm: Communicator,
+                     device: torch.device) -> dict:
+    """Validation and test accuracy of the trained model by layer-wise full-graph inference, over all ranks.
+
+    ``split``: split-parallel over the training partition map (each rank computes the vertices it owns).
+    ``dp`` has no partition map; its ranks split the work the same way over contiguous ranges of vertex
+    ids. Both equal single-process inference, so the numbers do not depend on the system or the map,
+    only on the model. Every rank gets the same numbers.
+    """
+    t0 = time.perf_counter()
+    part = SYSTEMS[cfg.system].inference_map(owner, dataset.graph.num_nodes, comm.world_size)
+    # chunks of layerwise_inference's default 4096 owned vertices: no backward to keep, so larger
+    # chunks than the training batch mean fewer collectives for the same memory
+    result = layerwise_inference(model, dataset.graph, dataset.features, partition=part, group=comm, device=device)
+    record = {f"final_{name}_acc": accuracy(result, dataset.labels, idx, group=comm)
+              for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
+    record["final_eval_s"] = time.perf_counter() - t0
+    log.info("final layer-wise evaluation: %s", record)
+    return record
+
+
+def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optional[Tuple]:
+    """``(host_group, world_group)`` when split training spans several hosts, else ``None``."""
+    if not SYSTEMS[cfg.system].partitioned:
+        return None  # data parallelism has no split group: every rank is a replica already
+    if hosts is not None:
+        return hosts
+    if cfg.ranks_per_host and cfg.ranks_per_host != world_size:
+        return host_groups(cfg.ranks_per_host)
+    return None
 
 
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
                report: Optional[Callable[[dict], None]] = None, progress: bool = False,
-               cache_weights=None) -> dict:
+               cache_weights=None, hosts: Optional[Tuple] = None) -> dict:
     """Train on this rank; returns the run log on rank 0 and this rank's counters elsewhere.
 
     ``report(epoch_record)`` is called on rank 0 after every epoch (the CLI prints with it);
     ``progress=True`` shows a progress bar of the iterations on rank 0 (the CLI turns it on).
     ``cache_weights`` (e.g. pre-sampling vertex weights) choose what ``cfg.cache_size`` caches; default
-    in-degree.
+    in-degree. ``hosts``: ``(host_group, world_group)`` from :func:`gsplit.host_groups` when the job
+    spans several hosts (the CLI passes it under torchrun); without it ``cfg.ranks_per_host`` makes them.
+    ``owner`` then has one part per rank of a host.
     """
     device = resolve_device(cfg.device)
     system = SYSTEMS[cfg.system]
@@ -220,16 +287,26 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
-    train_loader = system.make_loader(cfg, dataset, dataset.train_idx, owner, device, sampler, True, **split_options)
+    # On a GPU the graph goes to the GPU, so sampling runs there (the CUDA kernels, else torch on the GPU)
+    # instead of on the host CPU; a 1M-vertex / 20M-edge graph takes 160 MB.
+    graph = dataset.graph.to(device) if device.type == "cuda" else dataset.graph
+    hosts = _hosts(cfg, world_size, hosts)
+    group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
+    train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
+                                      **split_options, **group_options)
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
-    eval_options = {"features": getattr(train_loader, "feature_store", dataset.features)}
+    eval_options = {"features": getattr(train_loader, "feature_store", dataset.features), **group_options}
     comm = train_loader.comm
-    eval_loaders = {name: system.make_loader(cfg, dataset, idx, owner, device, sampler, False, **eval_options)
+    # every rank of the job: gradients, the logged loss, accuracy counts and the per-rank counters. Its own
+    # Communicator, so that its traffic (the gradient all-reduce) is counted apart from the split group's.
+    job_comm = Communicator(hosts[1] if hosts is not None else comm.group)
+    eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, owner, device, sampler, False, **eval_options)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
     for epoch in range(cfg.epochs):
         counters = EpochCounters()
         comm.traffic.reset()
+        job_comm.traffic.reset()
         train_loader.set_epoch(epoch)
         # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
         local_loss, t_epoch = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
@@ -248,7 +325,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             logits = model(blocks, blocks[0].srcdata["feat"], comm)
             loss = system.loss(logits, blocks[-1].dstdata["label"], blocks[-1], world_size)
             loss.backward()
-            allreduce_gradients(model, comm)
+            allreduce_gradients(model, job_comm)
             opt.step()
             _sync(device)
             train_s = time.perf_counter() - t0
@@ -258,19 +335,22 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 delta = TrafficCounter.delta(traffic_now, traffic_before)
                 traffic_before = traffic_now
                 counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": train_s,
-                                               "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"]})
+                                               "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"],
+                                               "gradient_bytes": job_comm.traffic.bytes[GRADIENT_TAG]
+                                               - counters.gradient_bytes})
+            counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
             local_loss += loss.detach().to(torch.float64)
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
         epoch_s = time.perf_counter() - t_epoch
         traffic = comm.traffic.snapshot()
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
-        loss_sum = global_sum(local_loss, comm)
+        loss_sum = global_sum(local_loss, job_comm)
         record = {"epoch": epoch, "loss": loss_sum / max(counters.iterations, 1), "epoch_s": epoch_s}
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0:
             for name, loader in eval_loaders.items():
-                record[f"{name}_acc"] = evaluate(model, loader, comm)
-        per_rank = comm.all_gather_object({"rank": rank, "epoch_s": epoch_s, **asdict(counters)})
+                record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)
+        per_rank = job_comm.all_gather_object({"rank": rank, "epoch_s": epoch_s, **asdict(counters)})
         record["ranks"] = per_rank
         for phase in ("sample_s", "load_s", "wait_s", "train_s", "epoch_s"):
             record[phase] = max(r[phase] for r in per_rank)  # the slowest rank sets the pace
@@ -281,9 +361,15 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         record["dst_vertices"] = [sum(r["dst_vertices"][layer] for r in per_rank)
                                   for layer in range(len(cfg.fanouts))] if counters.dst_vertices else []
         record["traffic_bytes"] = sum(sum(r["traffic_bytes"].values()) for r in per_rank)
+        # within a split group (one host) vs the gradient all-reduce over every rank (across hosts)
+        record["split_group_bytes"] = record["traffic_bytes"]
+        record["gradient_bytes"] = sum(r["gradient_bytes"] for r in per_rank)
         record["traffic_rows_by_tag"] = _sum_tags(r["traffic_rows"] for r in per_rank)
         record["traffic_bytes_by_tag"] = _sum_tags(r["traffic_bytes"] for r in per_rank)
         history.append(record)
         if rank == 0 and report is not None:
             report(record)
-    return {"config": asdict(cfg), "world_size": world_size, "device": str(device), "epochs": history}
+    final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval and cfg.eval_every else {}
+    num_hosts = 1 if hosts is None else train_loader.num_replicas
+    return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,
+            "ranks_per_host": world_size // num_hosts, "device": str(device), "epochs": history, **final}

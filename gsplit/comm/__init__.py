@@ -2,7 +2,8 @@
 
 from gsplit.comm.communicator import Communicator, TrafficCounter, as_communicator, bind_group, group_of
 from gsplit.comm.gradients import allreduce_gradients, global_sum
+from gsplit.comm.hosts import host_groups, replica_layout
 from gsplit.comm.shuffle import shuffle, shuffle_rows
 
 __all__ = ["Communicator", "TrafficCounter", "as_communicator", "bind_group", "group_of", "shuffle", "shuffle_rows",
-           "allreduce_gradients", "global_sum"]
+           "allreduce_gradients", "global_sum", "host_groups", "replica_layout"]

@@ -13,6 +13,9 @@ import torch
 
 from gsplit.comm.communicator import as_communicator
 
+GRADIENT_TAG = "grad/allreduce"
+"""The traffic tag of :func:`allreduce_gradients` in a :class:`~gsplit.Communicator`'s counters."""
+
 
 def allreduce_gradients(module: torch.nn.Module, group=None) -> None:
     """Sum every parameter gradient over the ranks of ``group`` (a process group, a Communicator or ``None``
@@ -20,7 +23,12 @@ def allreduce_gradients(module: torch.nn.Module, group=None) -> None:
 
     Call it after ``loss.backward()`` and before ``optimizer.step()``. Parameters without a gradient
     on this rank (e.g. a rank that owned no target) contribute zeros, so every rank joins the
-    collective with the same buffer size.
+    collective with the same buffer size. With several hosts pass the group of every rank of the job
+    (the second value of :func:`gsplit.host_groups`), not a host's split group.
+
+    Passed a :class:`~gsplit.Communicator`, its traffic counters count the all-reduce under
+    ``"grad/allreduce"``: ``2 (n - 1) / n`` of the buffer per rank over ``n`` ranks, what a
+    bandwidth-optimal all-reduce (ring, or gloo's halving-doubling) sends; rows count gradient values.
 
     Example:
         >>> model = torch.nn.Linear(2, 1); model(torch.ones(1, 2)).sum().backward()
@@ -38,6 +46,8 @@ def allreduce_gradients(module: torch.nn.Module, group=None) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     flat = torch.cat([p.grad.reshape(-1) for p in params])
+    sent = flat.numel() * 2 * (comm.world_size - 1) // comm.world_size
+    comm.traffic.add(GRADIENT_TAG, sent, sent * flat.element_size())
     comm.all_reduce_(flat)
     offset = 0
     for p in params:

@@ -26,6 +26,9 @@ class _Stack(nn.Module):
     exactly what single-process training computes.
     """
 
+    split_aware = True
+    """Its forward shuffles itself (``sp_forward``): ``gsplit.SplitParallel`` must not add shuffles."""
+
     def __init__(self, layers: Sequence[nn.Module], dropout: float, seed: int = 0):
         super().__init__()
         if not 0.0 <= float(dropout) < 1.0:
@@ -46,11 +49,16 @@ class _Stack(nn.Module):
             h = vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i)
         return h
 
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        """What follows the last layer (identity here); layer-wise inference calls it too."""
+        return h
+
     def forward(self, blocks: List[Block], x: torch.Tensor, group=None) -> torch.Tensor:
-        """Logits of the top block's destinations; ``group`` is where split blocks shuffle (default group)."""
+        """Logits of the top block's destinations; ``group`` is where split blocks shuffle (default: the
+        group the loader bound to the blocks)."""
         if self.training:
             self.step += 1
-        return sp_forward(self.layers, x, blocks, between=self.between, group=group)
+        return self.output(sp_forward(self.layers, x, blocks, between=self.between, group=group))
 
 
 class SAGE(_Stack):
@@ -98,8 +106,8 @@ class GAT(_Stack):
     def between(self, i: int, h: torch.Tensor, block: Block) -> torch.Tensor:
         return super().between(i, h.flatten(1), block)
 
-    def forward(self, blocks: List[Block], x: torch.Tensor, group=None) -> torch.Tensor:
-        return super().forward(blocks, x, group).mean(1)
+    def output(self, h: torch.Tensor) -> torch.Tensor:
+        return h.mean(1)  # average the output layer's heads
 
 
 MODELS = {"sage": SAGE, "gcn": GCN, "gat": GAT}

@@ -17,7 +17,9 @@ import torch
 from gsplit.graph import Graph
 from gsplit.ops import cuda, sample_cpu, torch_ops
 
-__all__ = ["sample_neighbors", "relabel", "unique_ids", "cuda", "sample_cpu", "torch_ops"]
+__all__ = ["sample_neighbors", "relabel", "unique_ids", "sampling_device", "cuda", "sample_cpu", "torch_ops"]
+
+sampling_device = cuda.sampling_device
 
 
 def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int

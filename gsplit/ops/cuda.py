@@ -16,6 +16,7 @@ import contextlib
 import functools
 import importlib.resources
 import logging
+import weakref
 from pathlib import Path
 from typing import Iterator, Tuple
 
@@ -33,9 +34,17 @@ _MAX_BLOCKS = 1 << 16
 
 
 # ---------------------------------------------------------------------------------------- loading
+_PROBE = r"""extern "C" __global__ void gsplit_probe(long long* out) { out[threadIdx.x] = threadIdx.x + 1; }"""
+
+
 @functools.lru_cache(maxsize=None)
 def cupy_available() -> bool:
-    """True when CuPy imports and sees at least one CUDA device (checked once per process).
+    """True when CuPy can compile AND launch a kernel on this machine (checked once per process).
+
+    Counting devices is not enough: CuPy may import while NVRTC cannot load, and the first real launch
+    would then crash instead of falling back. So the probe compiles and runs a 4-thread kernel and
+    checks its output. A machine with CUDA on which the probe fails logs a WARNING (the GPU path then
+    runs plain torch); one without CUDA logs at DEBUG.
 
     Example:
         >>> isinstance(cupy_available(), bool)
@@ -44,9 +53,16 @@ def cupy_available() -> bool:
     try:
         import cupy
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception as exc:  # ImportError, or CUDA libraries/driver missing: all mean "no CuPy"
-        log.debug("CuPy kernels unavailable (%s: %s); using torch sampling", type(exc).__name__, exc)
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return False
+        out = cupy.zeros(4, dtype=cupy.int64)
+        cupy.RawKernel(_PROBE, "gsplit_probe")((1,), (4,), (out,))
+        if out.get().tolist() != [1, 2, 3, 4]:
+            raise RuntimeError(f"the probe kernel wrote {out.get().tolist()}, expected [1, 2, 3, 4]")
+        return True
+    except Exception as exc:  # noqa: BLE001 - ImportError, NVRTC, driver: all mean "no CuPy kernels"
+        level = logging.WARNING if torch.cuda.is_available() else logging.DEBUG
+        log.log(level, "CuPy kernels unavailable (%s: %s); the GPU path runs plain torch", type(exc).__name__, exc)
         return False
 
 
@@ -117,12 +133,13 @@ def _ptr(t: torch.Tensor) -> np.uint64:
     if t.numel() == 0:
         return np.uint64(0)  # never dereferenced: the kernels read nothing past a zero count
     if t.is_cuda:
+        if t.device.index != torch.cuda.current_device():
+            raise ValueError(f"a kernel argument is on {t.device} but kernels launch on cuda:{torch.cuda.current_device()}; "
+                             "keep the graph, ids and features of one rank on that rank's GPU")
         return np.uint64(t.data_ptr())
-    import cupy
-
     # Pinned host memory is mapped into the GPU's address space (unified virtual addressing); ask
     # CUDA for the device-side address rather than assuming it equals the host one.
-    ptr = cupy.cuda.runtime.pointerGetAttributes(t.data_ptr()).devicePointer
+    ptr = _device_pointer(t)
     if not ptr:
         raise RuntimeError(
             "a pinned host tensor has no device-side address, so the GPU cannot read it; "
@@ -245,27 +262,61 @@ def _relabel_kernel(dst_nodes: torch.Tensor, src: torch.Tensor):
 
 
 # ---------------------------------------------------------------------------------------- feature gather
-def pin_in_place(t: torch.Tensor) -> bool:
-    """Page-lock ``t``'s memory where it is (``cudaHostRegister``), so GPU kernels can read it.
+_CUDA_HOST_REGISTER_PORTABLE = 1
+_CUDA_HOST_REGISTER_MAPPED = 2
 
-    No copy: a copy would double host memory for features that may be most of it. The registration is
-    kept for the life of the process (other stores may share the tensor), so ``t`` must stay alive.
-    Needs CuPy, whose runtime wrapper also clears CUDA's last-error state when registration fails.
+
+def pin_in_place(t: torch.Tensor) -> bool:
+    """Page-lock ``t``'s memory where it is (``cudaHostRegister``) and map it for the GPU; ``False`` if impossible.
+
+    No copy: a copy would double host memory for features that may be most of it. The range is
+    registered *mapped* (so the GPU gets a device-side address for zero-copy reads) and *portable*; the
+    device pointer is checked at once. The registration is undone when ``t``'s storage is freed, so a
+    later tensor that reuses the memory is never mistaken for pinned. A range that someone else
+    registered ("already registered") is not trusted: its flags and lifetime are unknown, so the caller
+    falls back to the CPU gather. Needs CuPy.
     """
-    if t.is_pinned():
-        return True
     import cupy
 
+    if t.is_pinned():
+        # torch's own pinned memory (cudaHostAlloc), or a range this function registered and whose storage
+        # is still alive (a freed one was unregistered by its finalizer): mapped either way
+        return _device_pointer(t) is not None
     nbytes = t.numel() * t.element_size()
+    ptr = t.data_ptr()
     try:
-        cupy.cuda.runtime.hostRegister(t.data_ptr(), nbytes, 1)  # 1 = cudaHostRegisterPortable
+        cupy.cuda.runtime.hostRegister(ptr, nbytes, _CUDA_HOST_REGISTER_PORTABLE | _CUDA_HOST_REGISTER_MAPPED)
     except cupy.cuda.runtime.CUDARuntimeError as exc:
-        if "AlreadyRegistered" in str(exc):  # registered by someone else: as good as pinned
-            return True
-        log.warning(f"cannot pin the {nbytes / 2**30:.1f} GiB host feature tensor in place "
-                  f"({exc}); cache misses are gathered by the CPU instead")
+        log.warning("cannot pin the %.1f GiB host feature tensor in place (%s); cache misses are gathered by the "
+                    "CPU instead", nbytes / 2**30, exc)
+        return False
+    # unregister when the memory goes away (the storage, not this view, owns it)
+    weakref.finalize(t.untyped_storage(), _unregister, ptr)
+    if _device_pointer(t) is None:
+        _unregister(ptr)
+        log.warning("pinned the host feature tensor but CUDA gives it no device-side address; cache misses are "
+                    "gathered by the CPU instead")
         return False
     return True
+
+
+def _device_pointer(t: torch.Tensor):
+    import cupy
+
+    try:
+        ptr = cupy.cuda.runtime.pointerGetAttributes(t.data_ptr()).devicePointer
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return None
+    return ptr or None
+
+
+def _unregister(ptr: int) -> None:
+    try:
+        import cupy
+
+        cupy.cuda.runtime.hostUnregister(ptr)
+    except Exception:  # noqa: BLE001 - at interpreter exit CUDA may already be gone; nothing to undo then
+        pass
 
 
 def _word_size(row_bytes: int, *tensors: torch.Tensor) -> int:
@@ -297,3 +348,22 @@ def gather_rows(cache: torch.Tensor, host: torch.Tensor, slots: torch.Tensor, id
         _launch("gather.cu", f"gsplit_gather_rows_{width}", n * words, (
             _ptr(cache), _ptr(host), _ptr(slots), _ptr(ids), np.int64(n), np.int64(words),
             _ptr(out)))
+
+
+def sampling_device(graph: Graph, device: torch.device) -> torch.device:
+    """Where a loader delivering to ``device`` should sample ``graph``: on the GPU when the graph is there or
+    pinned in host memory and the CuPy kernels work (they read it through UVA), else where the graph is.
+
+    Example:
+        >>> g = Graph.from_edges([0, 1], [1, 0])
+        >>> sampling_device(g, torch.device("cuda", 0))   # a host graph that is not pinned: sampled there
+        device(type='cpu')
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return graph.device
+    if graph.device == device:
+        return device
+    if graph.device.type == "cpu" and graph.indptr.is_pinned() and cupy_available():
+        return device
+    return graph.device

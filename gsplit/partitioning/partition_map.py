@@ -178,6 +178,29 @@ class PartitionMap:
                 f"part_sizes={self.part_sizes().tolist()})")
 
 
+def owner_tensor(partition, graph: Graph, world_size: int) -> torch.Tensor:
+    """The owning rank of every vertex (int64), from a :class:`PartitionMap` or a tensor of owners, checked
+    against the graph and the world size by the map's own checks (one rule: one part per rank); ``None``
+    is allowed at world size 1 only. Every consumer of a partition (loaders, inference) calls this.
+
+    Example:
+        >>> g = Graph.from_edges([0, 1, 2], [1, 2, 0])
+        >>> owner_tensor(torch.tensor([0, 1, 1]), g, world_size=2).tolist()
+        [0, 1, 1]
+    """
+    if partition is None:
+        if world_size > 1:
+            raise ValueError(f"world size is {world_size} but no partition map was given; pass "
+                             "partition=gsplit.partition(graph, num_parts=world_size, ...) or a saved PartitionMap")
+        return torch.zeros(graph.num_nodes, dtype=torch.int64)
+    if isinstance(partition, torch.Tensor):
+        # A bare tensor may leave the last ranks empty (a "starved" map), so it gets world_size parts.
+        partition = PartitionMap.from_tensor(partition, num_parts=world_size, graph=graph)
+    partition.check_graph(graph)
+    partition.check_world_size(world_size)
+    return partition.assignment.to(torch.int64)
+
+
 def _json_default(x):
     if isinstance(x, (np.integer,)):
         return int(x)

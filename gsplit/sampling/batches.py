@@ -49,16 +49,27 @@ class BatchSchedule:
     systems see the same global mini-batches. Every pass advances the epoch unless
     :meth:`set_epoch` fixed it.
 
+    With ``num_replicas`` > 1 (several hosts, each one split group of ``world_size`` ranks) a global
+    mini-batch holds ``batch_size * world_size * num_replicas`` targets and replica ``h`` takes its
+    ``h``-th consecutive slice of ``batch_size * world_size`` (:meth:`replica_slice`; in the last
+    iteration of an epoch the later replicas may get fewer targets, or none).
+
     Example:
         >>> s = BatchSchedule(torch.arange(10), batch_size=2, world_size=2, seed=0, shuffle=False)
         >>> len(s), [b.tolist() for b in s.global_batches(s.next_epoch())]
         (3, [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]])
+        >>> h = BatchSchedule(torch.arange(10), batch_size=2, world_size=2, num_replicas=2)
+        >>> len(h), [[h.replica_slice(b, r).tolist() for r in range(2)] for b in h.global_batches(0)]
+        (2, [[[0, 1, 2, 3], [4, 5, 6, 7]], [[8, 9], []]])
     """
 
     def __init__(self, indices: torch.Tensor, batch_size: int, world_size: int = 1, seed: int = 0,
-                 shuffle: bool = False, drop_last: bool = False):
+                 shuffle: bool = False, drop_last: bool = False, num_replicas: int = 1):
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size}; it must be at least 1 (targets per rank per iteration)")
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas={num_replicas}; it must be at least 1 (hosts, each one split group)")
+        self.num_replicas = int(num_replicas)
         self.indices = torch.as_tensor(indices, dtype=torch.int64).cpu()
         self.batch_size = int(batch_size)
         self.world_size = int(world_size)
@@ -68,7 +79,8 @@ class BatchSchedule:
         self._next_epoch = 0
 
     def __len__(self) -> int:
-        return num_iterations(self.indices.numel(), self.batch_size, self.world_size, self.drop_last)
+        return num_iterations(self.indices.numel(), self.batch_size, self.world_size * self.num_replicas,
+                              self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Fix the epoch of the next pass."""
@@ -81,8 +93,17 @@ class BatchSchedule:
         return epoch
 
     def global_batches(self, epoch: int) -> Iterator[torch.Tensor]:
-        """The global mini-batches of ``epoch``: ``batch_size * world_size`` targets each."""
+        """The global mini-batches of ``epoch``: ``batch_size * world_size * num_replicas`` targets each
+        (the union of every replica's mini-batch)."""
         order = epoch_permutation(self.indices, self.seed, epoch, self.shuffle)
-        gb = self.batch_size * self.world_size
+        gb = self.batch_size * self.world_size * self.num_replicas
         for t in range(len(self)):
             yield order[t * gb:(t + 1) * gb]
+
+    def replica_slice(self, global_batch: torch.Tensor, replica: int) -> torch.Tensor:
+        """Replica ``replica``'s mini-batch of ``global_batch``: its consecutive ``batch_size * world_size`` slice."""
+        if not 0 <= replica < self.num_replicas:
+            raise ValueError(f"replica={replica} but the schedule has {self.num_replicas} replicas; "
+                             f"pass 0 <= replica < {self.num_replicas}")
+        size = self.batch_size * self.world_size
+        return global_batch[replica * size:(replica + 1) * size]

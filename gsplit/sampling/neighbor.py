@@ -65,6 +65,19 @@ class NeighborSampler:
         self.replace = bool(replace)
         self.seed = int(seed)
 
+    @classmethod
+    def from_pyg(cls, num_neighbors: Sequence[int], replace: bool = False, seed: int = 0) -> "NeighborSampler":
+        """A sampler from PyG's ``num_neighbors``, which lists hops from the seeds outward (the reverse of ``fanouts``).
+
+        PyG's ``NeighborLoader(num_neighbors=[25, 10])`` picks 25 neighbours of each seed, then 10 of each
+        of those: here the last layer (closest to the targets) has fanout 25.
+
+        Example:
+            >>> NeighborSampler.from_pyg([25, 10]).fanouts
+            [10, 25]
+        """
+        return cls(list(num_neighbors)[::-1], replace=replace, seed=seed)
+
     @property
     def num_layers(self) -> int:
         return len(self.fanouts)
@@ -98,7 +111,8 @@ class NeighborSampler:
         not checked here; :meth:`sample_blocks` is the checked entry point.
         """
         blocks: List[Block] = []
-        frontier = seeds.to(graph.device)
+        # where the graph is, or on the seeds' GPU when the kernels can read a pinned host graph from there
+        frontier = seeds.to(ops.sampling_device(graph, seeds.device))
         for layer in reversed(range(self.num_layers)):
             sampled = self.sample_neighbors(graph, frontier, layer, epoch, iteration)
             src_nodes, src_local = ops.relabel(frontier, sampled.src, graph.num_nodes)

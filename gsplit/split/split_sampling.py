@@ -45,7 +45,8 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
 
 
 def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: NeighborSampler,
-              comm: Communicator, epoch: int = 0, iteration: int = 0) -> MiniBatch:
+              comm: Communicator, epoch: int = 0, iteration: int = 0,
+              num_global_targets: Optional[int] = None) -> MiniBatch:
     """Sample this rank's split of the global mini-batch ``seeds``.
 
     Args:
@@ -55,6 +56,8 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
         sampler: the counter-based sampler; its picks do not depend on the rank.
         comm: this rank's communicator; every rank must call ``sp_sample`` for every iteration.
         epoch, iteration: counters that, with the sampler seed, fix the mini-batch.
+        num_global_targets: the loss denominator (``blocks[-1].global_num_dst``); default
+            ``seeds.numel()``. With several hosts, the size of the union of all hosts' mini-batches.
 
     Returns a :class:`~gsplit.sampling.MiniBatch`: ``input_nodes`` is the rank's bottom local frontier
     (the only features it loads), ``output_nodes`` its local targets in the order of ``seeds``, and
@@ -64,8 +67,8 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
         >>> batch = sp_sample(g, seeds, pmap.assignment, sampler, Communicator())   # doctest: +SKIP
         >>> batch.blocks[-1].dst_nodes                      # this rank's targets    # doctest: +SKIP
     """
-    seeds = seeds.to(graph.device, torch.int64)
-    owner = owner.to(graph.device)
+    seeds = seeds.to(ops.sampling_device(graph, seeds.device), torch.int64)
+    owner = owner.to(seeds.device)
     if owner.numel() != graph.num_nodes:
         raise ValueError(f"the partition map covers {owner.numel()} vertices but the graph has {graph.num_nodes}; "
                          "use a map made for this graph")
@@ -76,5 +79,5 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
 
     batch = sampler.sample_layers(graph, seeds[owner[seeds] == comm.rank], epoch, iteration, exchange)
     # the loss is averaged over the global mini-batch, so the top block knows its global size
-    batch.blocks[-1].global_num_dst = seeds.numel()
+    batch.blocks[-1].global_num_dst = seeds.numel() if num_global_targets is None else int(num_global_targets)
     return batch

@@ -1,0 +1,308 @@
+"""Issue 10: gsplit (split and data-parallel) against DGL on the same machine, side by side.
+
+Three systems train the same model on the same graph with the same ranks, batch size per rank, fanouts
+and hidden size, all on CPU ranks over gloo:
+
+* ``dgl``: DGL 2.1's own multi-GPU GraphSAGE example logic (``dgl.dataloading.DataLoader(use_ddp=True)``,
+  ``dgl.nn`` layers, ``DistributedDataParallel``) run by ``experiments/dgl_peer.py`` under ``.venv-dgl``
+  (build it with ``./dev dgl-env``: DGL needs torch 2.2, gsplit torch >= 2.4, so they never share a venv);
+* ``split``: ``gsplit train --system split`` with a partition map prepared once per world size
+  (``gsplit prepare``, outside the timing);
+* ``dp``: ``gsplit train --system dp``, gsplit's data-parallel baseline.
+
+Each run is its own process (``python -m gsplit.cli train`` from this checkout, the same as
+``.venv/bin/gsplit train`` in the main checkout) with ``--epochs 2``; the second epoch is reported (the
+first is warm-up). The systems run interleaved: every round runs every (model, ranks) with all three
+systems, in reverse order on odd rounds, so that drifts of the machine's load hit all three alike;
+times are medians over rounds. Counters (edges per layer, input feature rows) come from each system's
+own logs: gsplit's JSON log and ``dgl_peer.py``'s ``block.num_edges()`` / ``input_nodes.numel()``.
+
+The dataset is gsplit's synthetic graph (``gsplit.datasets.load("synthetic", num_nodes=..., seed=...)``),
+exported once as ``.npy`` files for the DGL side; gsplit's runs generate the same graph from the same
+options. Scratch files (the export, partition maps, per-run logs) go to ``OUT/scratch/vs_dgl/``
+(git-ignored); the table, JSON and PNG to ``OUT/vs_dgl[_quick].{json,png}``.
+
+    ./dev dgl-env                                   # once: .venv-dgl with DGL 2.1.0 + torch 2.2.1
+    python experiments/vs_dgl.py --quick            # smoke test, about a minute
+    python experiments/vs_dgl.py                    # 3 rounds, SAGE and GAT, 2 and 4 ranks
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+import numpy as np
+
+from gsplit import datasets
+
+SYSTEMS = ("dgl", "split", "dp")
+"""The compared systems, in the order of even rounds."""
+
+
+def parse_args(argv=None):
+    p = common.make_parser(__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=0, help="vertices of the synthetic graph (default 100000; quick 20000)")
+    p.add_argument("-D", dest="dataset_opts", action="append", default=[], metavar="KEY=VALUE",
+                   help="more options of the synthetic dataset, given to both sides (e.g. -D avg_degree=20)")
+    p.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 3; quick 1)")
+    p.add_argument("--ranks", default="", help="comma-separated world sizes (default 2,4; quick 2)")
+    p.add_argument("--models", default="sage,gat", help="comma-separated: sage, gat")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of dgl, split, dp")
+    p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
+    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4, help="GAT heads (hidden / heads per head)")
+    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--lr", type=float, default=0.003)
+    p.add_argument("--epochs", type=int, default=2, help="epochs per run; the last one is reported")
+    p.add_argument("--max-iters", type=int, default=-1, help="iterations per epoch (default all; quick 3)")
+    p.add_argument("--method", default="gsplit", choices=["gsplit", "node", "edge", "random"],
+                   help="split's partition method")
+    p.add_argument("--presample-epochs", type=int, default=0, help="for the gsplit/node map (default 5; quick 1)")
+    p.add_argument("--dgl-python", default=str(common.REPO / ".venv-dgl" / "bin" / "python"),
+                   help="interpreter of the DGL venv (./dev dgl-env builds it)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
+    args = p.parse_args(argv)
+    args.nodes = args.nodes or (20_000 if args.quick else 100_000)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.ranks = [int(x) for x in (args.ranks or ("2" if args.quick else "2,4")).split(",")]
+    args.models = [m for m in args.models.split(",") if m]
+    args.systems = [s for s in args.systems.split(",") if s]
+    args.max_iters = (3 if args.quick else 0) if args.max_iters < 0 else args.max_iters
+    args.presample_epochs = args.presample_epochs or (1 if args.quick else 5)
+    for m in args.models:
+        if m not in ("sage", "gat"):
+            raise SystemExit(f"--models: unknown model {m!r}; use sage and/or gat")
+    for s in args.systems:
+        if s not in SYSTEMS:
+            raise SystemExit(f"--systems: unknown system {s!r}; use a subset of {','.join(SYSTEMS)}")
+    if args.epochs < 1 or args.rounds < 1 or min(args.ranks) < 2:
+        raise SystemExit(f"--epochs {args.epochs}, --rounds {args.rounds}, --ranks {args.ranks}: need epochs >= 1, "
+                         "rounds >= 1 and at least 2 ranks")
+    return args
+
+
+def dataset_options(args) -> dict:
+    """Keyword arguments of ``datasets.load("synthetic", ...)``, the same ``-D`` options ``gsplit train`` gets."""
+    from gsplit.cli import parse_dataset_options
+
+    return {"num_nodes": args.nodes, "seed": args.seed, **parse_dataset_options(args.dataset_opts)}
+
+
+def dash_d(opts: dict) -> list:
+    return [x for k, v in opts.items() for x in ("-D", f"{k}={v}")]
+
+
+def tag(opts: dict) -> str:
+    return "-".join(f"{k}{v}" for k, v in sorted(opts.items())).replace("_", "").replace(".", "p")
+
+
+def export_dataset(ds, folder: Path, opts: dict) -> Path:
+    """Write the ``.npy`` files ``dgl_peer.py`` reads (CSC in-edges, features, labels, train_idx)."""
+    meta = {"name": ds.name, "options": opts, "num_nodes": ds.num_nodes, "num_edges": ds.num_edges,
+            "num_classes": ds.num_classes, "train": int(ds.train_idx.numel())}
+    if (folder / "meta.json").exists() and json.loads((folder / "meta.json").read_text()) == meta:
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "indptr.npy", ds.graph.indptr.numpy())
+    np.save(folder / "indices.npy", ds.graph.indices.numpy())
+    np.save(folder / "features.npy", ds.features.numpy())
+    np.save(folder / "labels.npy", ds.labels.numpy())
+    np.save(folder / "train_idx.npy", ds.train_idx.numpy())
+    (folder / "meta.json").write_text(json.dumps(meta, indent=1))  # last: marks a complete export
+    return folder
+
+
+def run(cmd, log_file: Path, timeout: float) -> float:
+    """Run ``cmd`` from the repository root with its output in ``log_file``; its wall time, or an error."""
+    t = time.perf_counter()
+    with open(log_file, "w") as f:
+        proc = subprocess.run([str(c) for c in cmd], cwd=common.REPO, stdout=f, stderr=subprocess.STDOUT,
+                              timeout=timeout)
+    if proc.returncode != 0:
+        tail = "\n".join(log_file.read_text().splitlines()[-25:])
+        raise RuntimeError(f"exit status {proc.returncode} of\n  {' '.join(map(str, cmd))}\n"
+                           f"last lines of {log_file}:\n{tail}")
+    return time.perf_counter() - t
+
+
+GSPLIT = [sys.executable, "-m", "gsplit.cli"]
+"""The gsplit CLI of this checkout (run from the repository root), under the project's interpreter."""
+
+
+def prepare_map(args, opts, world: int, scratch: Path) -> dict:
+    """``gsplit prepare`` once per world size (reused when the same map was prepared before)."""
+    pdir = scratch / (f"map-{tag(opts)}-w{world}-{args.method}-p{args.presample_epochs}-b{args.batch_size}"
+                      f"-f{args.fanouts.replace(',', '_')}-s{args.seed}")
+    if not (pdir / "prepare.json").exists():
+        shutil.rmtree(pdir, ignore_errors=True)
+        cmd = GSPLIT + ["prepare", "--dataset", "synthetic", *dash_d(opts), "--fanouts", args.fanouts,
+                                        "--batch-size", args.batch_size, "--seed", args.seed, "--num-parts", world,
+                                        "--method", args.method, "--presample-epochs", args.presample_epochs,
+                                        "--out", pdir]
+        wall = run(cmd, scratch / f"prepare-w{world}.log", args.timeout)
+        print(f"  partition map for {world} ranks ({args.method}) prepared in {wall:.1f}s: {common._rel(pdir)}",
+              flush=True)
+    report = json.loads((pdir / "prepare.json").read_text())
+    return {"dir": str(pdir), "method": report["method"], "presample_epochs": report["presample_epochs"],
+            "presample_s": report["presample_s"], "partition_s": report["partition_s"],
+            "cross_edge_fraction": report["stats"].get("cross_edge_fraction")}
+
+
+def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, maps: dict, scratch: Path,
+               rnd: int) -> dict:
+    """One training run; returns the reported (last) epoch's record in a common form."""
+    log = scratch / f"r{rnd}-{model}-w{world}-{system}.json"
+    common_args = ["--fanouts", args.fanouts, "--batch-size", args.batch_size, "--hidden", args.hidden,
+                   "--heads", args.heads, "--dropout", args.dropout, "--lr", args.lr, "--epochs", args.epochs,
+                   "--seed", args.seed, "--model", model]
+    if args.max_iters:
+        common_args += ["--max-iters", args.max_iters]
+    if system == "dgl":
+        cmd = [args.dgl_python, common.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks", world,
+               "--json", log, *common_args]
+    else:
+        cmd = GSPLIT + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", world,
+                                        "--system", system, "--device", "cpu", "--log", log, *common_args]
+        if system == "split":
+            cmd += ["--partition", maps[world]["dir"]]
+    wall = run(cmd, log.with_suffix(".log"), args.timeout)
+    doc = json.loads(log.read_text())
+    rec = doc["epochs"][-1]
+    iterations = rec["iterations"] if system == "dgl" else max(r["iterations"] for r in rec["ranks"])
+    out = {"system": system, "model": model, "ranks": world, "round": rnd, "epoch": rec["epoch"],
+           "epoch_s": rec["epoch_s"], "sample_s": rec["sample_s"], "load_s": rec.get("load_s"),
+           "train_s": rec["train_s"], "iterations": iterations, "edges": rec["edges"],
+           "dst_vertices": rec.get("dst_vertices"), "input_rows": rec["input_rows"], "loss": rec["loss"],
+           "traffic_bytes": rec.get("traffic_bytes", 0), "process_wall_s": wall,
+           "first_epoch_s": doc["epochs"][0]["epoch_s"], "log": common._rel(log)}
+    if system == "dgl":
+        out.update(dgl=doc["dgl"], torch=doc["torch"], threads_per_rank=doc["threads_per_rank"])
+    return out
+
+
+def median_of(runs, key):
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarise(runs, args) -> list:
+    """One entry per (model, ranks, system): median times over rounds, counters of the last round."""
+    out = []
+    for model in args.models:
+        for world in args.ranks:
+            for system in args.systems:
+                rs = [r for r in runs if (r["model"], r["ranks"], r["system"]) == (model, world, system)]
+                if not rs:
+                    continue
+                last = rs[-1]
+                out.append({"model": model, "ranks": world, "system": system, "rounds": len(rs),
+                            **{k: median_of(rs, k) for k in ("epoch_s", "sample_s", "load_s", "train_s")},
+                            "epoch_s_all": [r["epoch_s"] for r in rs], "iterations": last["iterations"],
+                            "edges": last["edges"], "edges_total": sum(last["edges"]),
+                            "input_rows": last["input_rows"], "traffic_bytes": last["traffic_bytes"]})
+    return out
+
+
+def tables(summary, args):
+    by = {(s["model"], s["ranks"], s["system"]): s for s in summary}
+    fmt = lambda x, f=".2f": "-" if x is None else format(x, f)  # noqa: E731
+    rows = []
+    for model in args.models:
+        for world in args.ranks:
+            got = {s: by.get((model, world, s)) for s in SYSTEMS}
+            base = got["dgl"]["epoch_s"] if got["dgl"] else None
+            ratio = lambda s: fmt(got[s]["epoch_s"] / base) if got[s] and base else "-"  # noqa: E731
+            phases = lambda s: ("/".join(fmt(got[s][k]) for k in ("sample_s", "load_s", "train_s"))  # noqa: E731
+                                if got[s] else "-")
+            rows.append([model, world, *[fmt(got[s]["epoch_s"]) if got[s] else "-" for s in SYSTEMS],
+                         ratio("split"), ratio("dp"), phases("split"), phases("dp"),
+                         "/".join(fmt(got[s]["edges_total"] / 1e6, ".3f") if got[s] else "-" for s in SYSTEMS),
+                         "/".join(fmt(got[s]["input_rows"] / 1e3, ".1f") if got[s] else "-" for s in SYSTEMS)])
+    main = common.format_table(["model", "ranks", "DGL s", "split s", "dp s", "split/DGL", "dp/DGL",
+                                "split sample/load/fwd-bwd s", "dp sample/load/fwd-bwd s",
+                                "edges M DGL/split/dp", "feature rows k DGL/split/dp"], rows)
+    detail = common.format_table(
+        ["model", "ranks", "system", "rounds", "epoch s (median)", "all rounds s", "sample s", "load s", "fwd-bwd s",
+         "iterations", "edges per layer", "feature rows"],
+        [[s["model"], s["ranks"], s["system"], s["rounds"], fmt(s["epoch_s"]),
+          " ".join(fmt(x) for x in s["epoch_s_all"]), fmt(s["sample_s"]),
+          "(in sample)" if s["system"] == "dgl" else fmt(s["load_s"]), fmt(s["train_s"]), s["iterations"],
+          " ".join(f"{e:,}" for e in s["edges"]), s["input_rows"]] for s in summary])
+    return main, detail
+
+
+def plot(summary, args, stem: Path) -> None:
+    fig, axes = common.figure(len(args.models) + 2)
+    by = {(s["model"], s["ranks"], s["system"]): s for s in summary}
+    groups = [f"{w} ranks" for w in args.ranks]
+    for ax, model in zip(axes, args.models):
+        series = {s: [by[(model, w, s)]["epoch_s"] if (model, w, s) in by else 0.0 for w in args.ranks]
+                  for s in args.systems}
+        common.bar_panel(ax, groups, series, "epoch time s (median over rounds)", f"{model.upper()}: epoch time")
+    combos = [(m, w) for m in args.models for w in args.ranks]
+    labels = [f"{m} {w}r" for m, w in combos]
+    for ax, key, ylabel in ((axes[-2], "edges_total", "edges computed per epoch"),
+                            (axes[-1], "input_rows", "feature rows loaded per epoch")):
+        series = {s: [by[(m, w, s)][key] if (m, w, s) in by else 0 for m, w in combos] for s in args.systems}
+        common.bar_panel(ax, labels, series, ylabel, ylabel.replace(" per epoch", ""))
+    common.save_figure(fig, stem)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if "dgl" in args.systems and not Path(args.dgl_python).exists():
+        raise SystemExit(f"{args.dgl_python} does not exist; build the DGL venv with ./dev dgl-env "
+                         "(or pass --dgl-python, or leave dgl out of --systems)")
+    stem = common.output_stem(args, "vs_dgl")
+    scratch = Path(args.out) / "scratch" / "vs_dgl"
+    scratch.mkdir(parents=True, exist_ok=True)
+    opts = dataset_options(args)
+
+    t = time.perf_counter()
+    ds = datasets.load("synthetic", **opts)
+    data_dir = export_dataset(ds, scratch / f"data-{tag(opts)}", opts)
+    info = common.describe_dataset(ds)
+    print(f"synthetic {opts}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train; "
+          f"exported for DGL to {common._rel(data_dir)} ({time.perf_counter() - t:.1f}s)", flush=True)
+    del ds
+    maps = {w: prepare_map(args, opts, w, scratch) for w in args.ranks} if "split" in args.systems else {}
+
+    runs = []
+    configs = [(m, w) for m in args.models for w in args.ranks]
+    for rnd in range(args.rounds):
+        order = args.systems if rnd % 2 == 0 else args.systems[::-1]
+        for model, world in configs:
+            for system in order:
+                r = run_system(system, model, world, args, opts, data_dir, maps, scratch, rnd)
+                runs.append(r)
+                load = "" if r["load_s"] is None else f" / load {r['load_s']:.2f}"
+                print(f"round {rnd} {model} {world} ranks {system:>5}: epoch {r['epoch_s']:.2f}s (sample "
+                      f"{r['sample_s']:.2f}{load} / fwd-bwd {r['train_s']:.2f}), {r['iterations']} it, "
+                      f"{sum(r['edges']):,} edges, {r['input_rows']:,} rows  [process {r['process_wall_s']:.0f}s]",
+                      flush=True)
+
+    summary = summarise(runs, args)
+    main_table, detail_table = tables(summary, args)
+    head = (f"synthetic {args.nodes:,} vertices, batch {args.batch_size}/rank, fanouts {args.fanouts}, hidden "
+            f"{args.hidden} (GAT {args.heads} heads), epoch {args.epochs - 1} of each run"
+            f"{f' ({args.max_iters} iterations)' if args.max_iters else ''}, median of {args.rounds} round(s); "
+            "DGL's sample includes its feature loading")
+    print(f"\n{head}\n{main_table}\n\n{detail_table}")
+    common.save_json(stem, {"experiment": "gsplit vs DGL (issue 10)", "dataset": info, "dataset_options": opts,
+                            "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
+                            "maps": maps, "runs": runs, "summary": summary, "table": main_table,
+                            "detail_table": detail_table, "heading": head})
+    plot(summary, args, stem)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

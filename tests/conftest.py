@@ -1,0 +1,22 @@
+"""Suite-wide switches.
+
+``GSPLIT_REQUIRE_GPU=1`` (set it on a GPU machine) turns every ``gpu``-marked test that would skip for lack
+of CUDA or of working CuPy kernels into a failure, so a GPU run cannot look green while testing nothing.
+"""
+
+import os
+
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)  # before the skipif markers are evaluated
+def pytest_runtest_setup(item):
+    if os.environ.get("GSPLIT_REQUIRE_GPU") and item.get_closest_marker("gpu") is not None:
+        import torch
+
+        from gsplit.ops import cuda
+
+        if not (torch.cuda.is_available() and cuda.cupy_available()):
+            pytest.fail(f"GSPLIT_REQUIRE_GPU is set but CUDA available={torch.cuda.is_available()}, "
+                        f"CuPy kernels working={torch.cuda.is_available() and cuda.cupy_available()}; "
+                        "a GPU run must not skip its GPU tests (see the WARNING from gsplit.ops.cuda)")

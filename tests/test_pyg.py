@@ -1,0 +1,258 @@
+"""PyG interop: Data in, torch_geometric.nn layers on gsplit blocks (split-parallel = one process), fanout order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+pyg = pytest.importorskip("torch_geometric", reason="torch_geometric is not installed (pip install 'gsplit[pyg]')")
+from torch_geometric.data import Data  # noqa: E402
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv  # noqa: E402
+
+import gsplit  # noqa: E402
+from gsplit.interop.pyg import BlockConv, block_inputs, from_pyg, to_pyg  # noqa: E402
+from gsplit.launch import launch  # noqa: E402
+from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy  # noqa: E402
+from gsplit.sampling.batches import epoch_permutation  # noqa: E402
+
+NUM_NODES = 160
+FEAT_DIM = 6
+NUM_CLASSES = 3
+BATCH = 10            # per rank
+ITERS = 2
+NUM_NEIGHBORS = [4, -1]   # PyG order: 4 neighbours of each seed, then all neighbours of those
+DDP_SEED = 11
+
+
+def make_problem():
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(0, NUM_NODES - 10, (700,), generator=g)   # the last 10 vertices are isolated
+    dst = torch.randint(0, NUM_NODES - 10, (700,), generator=g)
+    graph = gsplit.Graph.from_edges(src, dst, NUM_NODES, symmetric=True, remove_self_loops=True)
+    feats = torch.randn(NUM_NODES, FEAT_DIM, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    train_idx = torch.randperm(NUM_NODES, generator=g)[:100]
+    return graph, feats, labels, train_idx
+
+
+class PygModel(nn.Module):
+    """A two-layer PyG model in gsplit's (blocks, x) convention, shuffling by hand between layers."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        if kind == "sage":
+            convs = [SAGEConv(FEAT_DIM, 8), SAGEConv(8, NUM_CLASSES)]
+        else:
+            convs = [GATConv(FEAT_DIM, 4, heads=2, add_self_loops=False),
+                     GATConv(8, NUM_CLASSES, heads=1, add_self_loops=False)]
+        self.layers = nn.ModuleList([BlockConv(c) for c in convs])
+
+    def forward(self, blocks, x):
+        h = x
+        for i, (layer, block) in enumerate(zip(self.layers, blocks)):
+            if i > 0:
+                h = gsplit.shuffle(torch.relu(h), block)
+            h = layer(block, h)
+        return h
+
+
+def make_model(kind):
+    torch.manual_seed(0)
+    return PygModel(kind).double()
+
+
+def make_maps(graph, train_idx, world_size):
+    rand = torch.randint(0, world_size, (graph.num_nodes,), generator=torch.Generator().manual_seed(1))
+    starved = rand.clone()
+    starved[train_idx] = 0  # rank 1 owns no target, only inner vertices
+    return {"random": rand, "starved": starved}
+
+
+def train_split(rank, world_size):
+    graph, feats, labels, train_idx = make_problem()
+    out = {}
+    for map_name, owner in make_maps(graph, train_idx, world_size).items():
+        for kind in ("sage", "gat"):
+            model = make_model(kind)
+            opt = torch.optim.SGD(model.parameters(), lr=0.5)
+            loader = gsplit.DataLoader(graph, train_idx, gsplit.NeighborSampler.from_pyg(NUM_NEIGHBORS, seed=2),
+                                       partition=owner, use_ddp=True, batch_size=BATCH, shuffle=True,
+                                       ddp_seed=DDP_SEED, features=feats, labels=labels)
+            losses, grads = [], []
+            for step, (_, _, blocks) in enumerate(loader):
+                if step == ITERS:
+                    break
+                assert all(b.shuffle_index is not None for b in blocks)  # really split blocks
+                opt.zero_grad()
+                logits = model(blocks, blocks[0].srcdata["feat"])
+                loss = split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1])
+                loss.backward()
+                allreduce_gradients(model, loader.comm)
+                losses.append(global_sum(loss, loader.comm))
+                grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+                opt.step()
+            out[(map_name, kind)] = {"losses": losses, "grads": grads}
+    return out
+
+
+def train_reference(kind, world_size):
+    """Single process on each whole global mini-batch, plain PyG semantics: no split, no shuffle."""
+    graph, feats, labels, train_idx = make_problem()
+    model = make_model(kind)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    sampler = gsplit.NeighborSampler(NUM_NEIGHBORS[::-1], seed=2)
+    order = epoch_permutation(train_idx, DDP_SEED, 0, True)
+    losses, grads = [], []
+    for it in range(ITERS):
+        seeds = order[it * BATCH * world_size:(it + 1) * BATCH * world_size]
+        blocks = reference_blocks(sampler, graph, seeds, it)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(blocks, feats[blocks[0].src_nodes]), labels[seeds])
+        loss.backward()
+        losses.append(float(loss.detach()))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        opt.step()
+    return {"losses": losses, "grads": grads}
+
+
+def reference_blocks(sampler, graph, seeds, iteration=0):
+    """The single-process blocks of ``seeds`` (the one place that reads ``sample_blocks``' return value)."""
+    return sampler.sample_blocks(graph, seeds, epoch=0, iteration=iteration)
+
+
+def rel_err(a, b, floor=1e-4):
+    a, b = a.detach(), b.detach()
+    return float((a - b).norm() / b.norm().clamp_min(floor))
+
+
+def test_pyg_layers_split_parallel_match_single_process():
+    per_rank = launch(train_split, 2)
+    for (map_name, kind), rank0 in per_rank[0].items():
+        ref = train_reference(kind, 2)
+        case = f"PyG {kind} on the {map_name} map, 2 ranks"
+        assert len(rank0["losses"]) == ITERS, case
+        for it in range(ITERS):
+            assert abs(rank0["losses"][it] - ref["losses"][it]) <= 1e-10 * abs(ref["losses"][it]), case
+            for name, g in ref["grads"][it].items():
+                assert float(g.norm()) > 0, f"{case}: {name} has no gradient, the comparison would be empty"
+                for r in per_rank:
+                    err = rel_err(r[(map_name, kind)]["grads"][it][name], g)
+                    assert err <= 1e-10, f"{case}, iteration {it}, {name}: rel. err {err:.2e}"
+
+
+def test_pyg_neighbor_order_is_reversed():
+    assert gsplit.NeighborSampler.from_pyg([25, 10, 5]).fanouts == [5, 10, 25]
+    s = gsplit.NeighborSampler.from_pyg([3, -1], replace=True, seed=4)
+    assert (s.fanouts, s.replace, s.seed) == ([-1, 3], True, 4)
+
+
+def small_data():
+    """A directed graph (direction matters), float64 features, [N, 1] labels, boolean masks."""
+    g = torch.Generator().manual_seed(0)
+    n = 30
+    edge_index = torch.randint(0, n, (2, 90), generator=g)
+    y = torch.randint(0, 4, (n, 1), generator=g)
+    y[5] = -1  # an unlabelled vertex, in no split
+    masks = torch.zeros(3, n, dtype=torch.bool)
+    masks[torch.randint(0, 3, (n,), generator=g), torch.arange(n)] = True
+    masks[:, 5] = False
+    return Data(x=torch.randn(n, 5, generator=g, dtype=torch.float64), y=y, edge_index=edge_index,
+                train_mask=masks[0], val_mask=masks[1], test_mask=masks[2])
+
+
+def test_from_pyg_round_trip():
+    data = small_data()
+    ds = from_pyg(data, name="toy")
+    n = data.num_nodes
+    assert ds.num_nodes == n and ds.num_classes == 4 and ds.name == "toy"
+    # edges keep their direction: edge_index[0] -> edge_index[1] is an in-edge of edge_index[1]
+    got = sorted(zip(ds.graph.indices.tolist(), ds.graph.edge_dst().tolist()))
+    assert got == sorted(zip(data.edge_index[0].tolist(), data.edge_index[1].tolist()))
+    assert ds.features.dtype == torch.float32 and torch.equal(ds.features, data.x.float())
+    assert torch.equal(ds.labels, data.y.squeeze(1))
+    for what in ("train", "val", "test"):
+        assert torch.equal(getattr(ds, f"{what}_idx"), getattr(data, f"{what}_mask").nonzero().squeeze(1))
+    back = to_pyg(ds)
+    assert torch.equal(back.edge_index, torch.stack([ds.graph.indices, ds.graph.edge_dst()]))
+    again = from_pyg(back)
+    assert torch.equal(again.graph.indptr, ds.graph.indptr) and torch.equal(again.graph.indices, ds.graph.indices)
+    for what in ("train", "val", "test"):
+        assert torch.equal(getattr(back, f"{what}_mask"), getattr(data, f"{what}_mask"))
+        assert torch.equal(getattr(again, f"{what}_idx"), getattr(ds, f"{what}_idx"))
+    # id tensors instead of masks are accepted too
+    data.train_mask = data.train_mask.nonzero().squeeze(1)
+    assert torch.equal(from_pyg(data).train_idx, ds.train_idx)
+
+
+def test_from_pyg_errors_say_what_to_do():
+    data = small_data()
+    data.val_mask = torch.stack([data.val_mask, data.val_mask], 1)
+    with pytest.raises(ValueError, match=r"pick one split, e.g. data.val_mask\[:, 0\]"):
+        from_pyg(data)
+    data = small_data()
+    data.x = None
+    with pytest.raises(ValueError, match="data.x is None"):
+        from_pyg(data)
+
+
+def test_block_conv_on_full_block_equals_pyg_on_the_graph():
+    """Direction and aggregation: a BlockConv on the block of all in-edges is PyG's layer on edge_index."""
+    data = small_data()
+    ds = from_pyg(data)
+    block = reference_blocks(gsplit.NeighborSampler([-1]), ds.graph, torch.arange(ds.num_nodes))[0]
+    x = data.x
+    torch.manual_seed(0)
+    for conv in (SAGEConv(5, 3), GATConv(5, 2, heads=2, add_self_loops=False),
+                 GCNConv(5, 3, normalize=False, aggr="mean")):
+        conv = conv.double()
+        expected = conv(x, data.edge_index)
+        got = BlockConv(conv)(block, x[block.src_nodes])
+        assert rel_err(got, expected[block.dst_nodes]) <= 1e-12, type(conv).__name__
+    (h_src, h_dst), edge_index, size = block_inputs(block, x)
+    assert size == (ds.num_nodes, ds.num_nodes) and h_dst.shape[0] == size[1]
+    with pytest.raises(ValueError, match="source nodes"):
+        block_inputs(block, x[:3])
+
+
+def test_gcnconv_with_normalize_refuses_split_blocks():
+    graph, feats, labels, train_idx = make_problem()
+    loader = gsplit.DataLoader(graph, train_idx, gsplit.NeighborSampler([3]), batch_size=20, features=feats)
+    _, _, blocks = next(iter(loader))
+    assert blocks[0].shuffle_index is not None  # gsplit's loader yields split blocks even on one rank
+    x = blocks[0].srcdata["feat"]
+    with pytest.raises(ValueError, match="normalize=False with a mean aggregation"):
+        BlockConv(GCNConv(FEAT_DIM, 3).double())(blocks[0], x)
+    # the same layer without source-degree normalisation runs, and so does GCNConv(normalize=True) on a
+    # block that is not split (the single-process reference), where PyG's own semantics apply
+    assert BlockConv(GCNConv(FEAT_DIM, 3, normalize=False, aggr="mean").double())(blocks[0], x).shape == \
+        (blocks[0].num_dst_nodes(), 3)
+    plain = reference_blocks(gsplit.NeighborSampler([3]), graph, train_idx[:20])[0]
+    assert BlockConv(GCNConv(FEAT_DIM, 3).double())(plain, feats[plain.src_nodes]).shape == (20, 3)
+
+
+class PygStack(nn.Module):
+    """The README's PyG model: BlockConv layers plus ``between``, so layer-wise inference can run it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([BlockConv(SAGEConv(5, 8)), BlockConv(GATConv(8, 3, heads=1, add_self_loops=False))])
+
+    def between(self, i, h, block):
+        return h.relu()
+
+    def forward(self, blocks, x):
+        return gsplit.sp_forward(self.layers, x, blocks, between=self.between)
+
+
+def test_layerwise_inference_runs_pyg_models():
+    data = small_data()
+    ds = from_pyg(data)
+    torch.manual_seed(0)
+    model = PygStack().double()
+    res = gsplit.layerwise_inference(model, ds.graph, data.x, batch_size=4)
+    conv1, conv2 = model.layers[0].conv, model.layers[1].conv
+    with torch.no_grad():
+        expected = conv2(conv1(data.x, data.edge_index).relu(), data.edge_index)  # PyG alone, full graph
+    assert torch.equal(res.nodes, torch.arange(ds.num_nodes))
+    assert rel_err(res.output, expected) <= 1e-12
