@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import math
 import os
@@ -257,27 +256,32 @@ def cmd_train(args) -> int:
     print(f"training {args.model} with {args.system} on {ranks} rank(s){hosts_text} "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
-    if args.log:
+    if args.log and (not torchrun or rank == 0):  # under torchrun every rank runs this; rank 0 writes
         append_jsonl(args.log, {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg)})
     report = EpochReport(args.log)
     t = time.perf_counter()
     if torchrun:
-        return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t)
+        return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t, report)
     if ranks == 1:
         result = train_rank(0, 1, cfg, ds, owner, report, True, cache_weights)
     else:
         backend = None if args.device != "cpu" else "gloo"
         result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, report, True, cache_weights),
                                backend=backend, timeout=args.timeout, progress_timeout=args.progress_timeout)[0]
-    result["dataset"] = ds.name
-    result["wall_s"] = time.perf_counter() - t
-    if args.log:  # the epochs are in the log already; the summary record marks the run complete
-        append_jsonl(args.log, {"type": "summary", **{k: v for k, v in result.items() if k != "epochs"}})
-        print(f"log written to {args.log} (JSON Lines; read it with gsplit.io.read_run_log)")
+    _finish_log(args, result, ds, t)
     return 0
 
 
-def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, t0: float) -> int:
+def _finish_log(args, result: dict, ds, t0: float) -> None:
+    """The summary record that marks the run complete (the epochs are in the log already)."""
+    result["dataset"] = ds.name
+    result["wall_s"] = time.perf_counter() - t0
+    if args.log:
+        append_jsonl(args.log, {"type": "summary", **{k: v for k, v in result.items() if k != "epochs"}})
+        print(f"log written to {args.log} (JSON Lines; read it with gsplit.io.read_run_log)")
+
+
+def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, t0: float, report) -> int:
     """One rank of a torchrun job: same map everywhere, host groups, train, rank 0 writes the log."""
     from gsplit.comm import hosts as multihost
     from gsplit.trainer import SYSTEMS, train_rank
@@ -286,15 +290,10 @@ def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, 
         digest = hashlib.sha256(owner.to(torch.int64).numpy().tobytes()).hexdigest()
         multihost.check_same_everywhere([digest], None, "the partition map")
     hosts = multihost.host_groups() if cfg.ranks_per_host and SYSTEMS[args.system].partitioned else None
-    result = train_rank(rank, ranks, cfg, ds, owner, print_epoch if rank == 0 else None, rank == 0, cache_weights,
+    result = train_rank(rank, ranks, cfg, ds, owner, report if rank == 0 else None, rank == 0, cache_weights,
                         hosts=hosts)
     if rank == 0:
-        result["dataset"] = ds.name
-        result["wall_s"] = time.perf_counter() - t0
-        if args.log:
-            Path(args.log).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.log).write_text(json.dumps(result, indent=1))
-            print(f"log written to {args.log}")
+        _finish_log(args, result, ds, t0)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return 0
