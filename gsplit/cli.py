@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import math
 import os
@@ -229,7 +228,9 @@ def cmd_train(args) -> int:
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, device=args.device, cache_size=args.cache_size,
-                      prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0)
+                      prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0,
+                      checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
+                      resume=args.resume)
     owner, cache_weights = None, None
     if SYSTEMS[args.system].partitioned and parts > 1:
         pdir = Path(args.partition) if args.partition else None
@@ -265,27 +266,32 @@ def cmd_train(args) -> int:
     print(f"training {args.model} with {args.system} on {ranks} rank(s){hosts_text} "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
-    if args.log:
+    if args.log and (not torchrun or rank == 0):  # under torchrun every rank runs this; rank 0 writes
         append_jsonl(args.log, {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg)})
     report = EpochReport(args.log)
     t = time.perf_counter()
     if torchrun:
-        return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t)
+        return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t, report)
     if ranks == 1:
         result = train_rank(0, 1, cfg, ds, owner, report, True, cache_weights)
     else:
         backend = None if args.device != "cpu" else "gloo"
         result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, report, True, cache_weights),
                                backend=backend, timeout=args.timeout, progress_timeout=args.progress_timeout)[0]
-    result["dataset"] = ds.name
-    result["wall_s"] = time.perf_counter() - t
-    if args.log:  # the epochs are in the log already; the summary record marks the run complete
-        append_jsonl(args.log, {"type": "summary", **{k: v for k, v in result.items() if k != "epochs"}})
-        print(f"log written to {args.log} (JSON Lines; read it with gsplit.io.read_run_log)")
+    _finish_log(args, result, ds, t)
     return 0
 
 
-def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, t0: float) -> int:
+def _finish_log(args, result: dict, ds, t0: float) -> None:
+    """The summary record that marks the run complete (the epochs are in the log already)."""
+    result["dataset"] = ds.name
+    result["wall_s"] = time.perf_counter() - t0
+    if args.log:
+        append_jsonl(args.log, {"type": "summary", **{k: v for k, v in result.items() if k != "epochs"}})
+        print(f"log written to {args.log} (JSON Lines; read it with gsplit.io.read_run_log)")
+
+
+def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, t0: float, report) -> int:
     """One rank of a torchrun job: same map everywhere, host groups, train, rank 0 writes the log."""
     from gsplit.comm import hosts as multihost
     from gsplit.trainer import SYSTEMS, train_rank
@@ -294,15 +300,10 @@ def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, 
         digest = hashlib.sha256(owner.to(torch.int64).numpy().tobytes()).hexdigest()
         multihost.check_same_everywhere([digest], None, "the partition map")
     hosts = multihost.host_groups() if cfg.ranks_per_host and SYSTEMS[args.system].partitioned else None
-    result = train_rank(rank, ranks, cfg, ds, owner, print_epoch if rank == 0 else None, rank == 0, cache_weights,
+    result = train_rank(rank, ranks, cfg, ds, owner, report if rank == 0 else None, rank == 0, cache_weights,
                         hosts=hosts)
     if rank == 0:
-        result["dataset"] = ds.name
-        result["wall_s"] = time.perf_counter() - t0
-        if args.log:
-            Path(args.log).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.log).write_text(json.dumps(result, indent=1))
-            print(f"log written to {args.log}")
+        _finish_log(args, result, ds, t0)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return 0
@@ -363,6 +364,8 @@ _NUMBER_RULES = {
     "dropout": (lambda v: 0 <= v < 1, "must be in [0, 1) (a probability of dropping; 1 would drop everything)"),
     "timeout": (_finite_positive, "must be a positive finite number of seconds"),
     "progress_timeout": (_finite_non_negative, "must be a finite number of seconds >= 0 (0 disables it)"),
+    "checkpoint_every": (_non_negative, "must be >= 0 (0: at the end of every epoch)"),
+    "ranks_per_host": (_non_negative, "must be >= 0 (0: one host)"),
 }
 
 
@@ -374,6 +377,8 @@ def check_numbers(args) -> None:
             raise CliError(f"--{name.replace('_', '-')} {rule}, got {value}")
     if isinstance(getattr(args, "fanouts", None), str):
         parse_fanouts(args.fanouts)
+    if getattr(args, "resume", False) and not getattr(args, "checkpoint", None):
+        raise CliError("--resume needs --checkpoint DIR: the folder to resume from")
     if getattr(args, "cache_size", None) is not None:
         from gsplit.feature_store import parse_size
         parse_size(args.cache_size)
@@ -417,6 +422,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-size", default="0",
                    help="split: device memory per rank for its hottest owned features, e.g. 10G or 512M "
                         "(default 0: no cache); ordered by the partition folder's vertex_weights.npy, else in-degree")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="save checkpoints (model, optimiser, position, RNG) here, atomically, and the trained model "
+                        "as DIR/model.pt at the end")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="a checkpoint every N iterations (default 0: at the end of every epoch)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest checkpoint in --checkpoint DIR; the remaining steps equal an "
+                        "uninterrupted run's")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
     # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir

@@ -615,8 +615,6 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     timeout = _check_number("timeout", timeout, 0, allow_zero=False)
     progress_timeout = _check_number("progress_timeout", progress_timeout, 0, allow_zero=True)
     heartbeat_timeout = _check_number("heartbeat_timeout", heartbeat_timeout, 0, allow_zero=True)
-    _check_signature(fn, 2, args, "launch calls fn(rank, world_size, *args)",
-                     "for torch.multiprocessing.spawn's fn(rank, *args) use gsplit.spawn(fn, args=..., nprocs=...)")
     if not spawn:
         if nprocs != 1:
             raise ValueError(f"spawn=False runs in-process and supports only nprocs=1, got nprocs={nprocs}")
@@ -632,6 +630,8 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     except Exception as e:
         raise TypeError(f"launch starts ranks with the spawn method, so fn must be picklable: a top-level function "
                         f"of an importable module, not a lambda or nested function ({type(e).__name__}: {e})") from e
+    _check_signature(fn, 2, args, "launch calls fn(rank, world_size, *args)",
+                     "for torch.multiprocessing.spawn's fn(rank, *args) use gsplit.spawn(fn, args=..., nprocs=...)")
     try:
         # Hosting the store here on port 0 (the OS picks a free one and we keep it) avoids the race of
         # "find a free port, release it, hope rank 0 gets it" when several launches start at once.

@@ -134,17 +134,20 @@ class RankLoader:
     def rank(self) -> int:
         return self.comm.rank
 
-    def set_epoch(self, epoch: int) -> None:
-        """Fix the epoch of the next pass (else every pass advances the epoch by one)."""
-        self.schedule.set_epoch(epoch)
+    def set_epoch(self, epoch: int, start_iteration: int = 0) -> None:
+        """Fix the epoch of the next pass (else every pass advances the epoch by one), and the iteration it
+        starts at: a resumed run passes the first iteration it has not done; the batches are the same as
+        an uninterrupted pass's from there on."""
+        self.schedule.set_epoch(epoch, start_iteration)
 
     def __iter__(self) -> Iterator[MiniBatch]:
-        for batch in self._batches(self.schedule.next_epoch()):
+        for batch in self._batches(*self.schedule.next_pass()):
             # the batch's shuffles (group=None) run on this loader's group: the one place they meet
             bind_group(batch.blocks, self.comm)
             yield batch
 
-    def _batches(self, epoch: int) -> Iterator[MiniBatch]:
+    def _batches(self, epoch: int, start: int) -> Iterator[MiniBatch]:
+        """The batches of ``epoch`` from iteration ``start`` on."""
         raise NotImplementedError
 
     def __len__(self) -> int:
@@ -330,11 +333,11 @@ class DataLoader(RankLoader):
         for batch in super().__iter__():  # in the consumer's thread, after the batch's group is bound
             yield dgl_interop.to_dgl_batch(batch, self.dgl_source)
 
-    def _batches(self, epoch: int) -> Iterator[MiniBatch]:
+    def _batches(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         if self.prefetch:
-            yield from self._iter_prefetch(epoch)
+            yield from self._iter_prefetch(epoch, start)
         else:
-            yield from self._iter_inline(epoch)
+            yield from self._iter_inline(epoch, start)
 
     # ------------------------------------------------------------------ producing one batch
     def _prepare(self, epoch: int, it: int, seeds: torch.Tensor) -> PreparedBatch:
@@ -381,21 +384,22 @@ class DataLoader(RankLoader):
         self.last_stats = item.stats
         return item.batch
 
-    def _iter_inline(self, epoch: int):
-        for it, seeds in enumerate(self.schedule.global_batches(epoch)):
+    def _iter_inline(self, epoch: int, start: int):
+        for it, seeds in self.schedule.numbered_batches(epoch, start):
             t0 = time.perf_counter()
             item = self._prepare(epoch, it, seeds)
             item.stats.wait_s = time.perf_counter() - t0
             yield self._deliver(item)
 
-    def _iter_prefetch(self, epoch: int):
+    def _iter_prefetch(self, epoch: int, start: int):
         if self._producer is not None:  # an earlier pass that was never finished nor closed
             self._producer.stop()
-        producer = Producer(self._prepare, self.schedule.global_batches, epoch, self.device, self.rank)
+        producer = Producer(self._prepare, lambda e: self.schedule.numbered_batches(e, start), epoch, self.device,
+                            self.rank)
         self._producer = producer
         producer.start()
         try:
-            for k in range(len(self)):
+            for k in range(len(self) - start):
                 # Batch k is wanted now; allow the thread to prepare up to PREFETCH_DEPTH more. Credits,
                 # not timing, decide how many batches the thread prepares, so every rank's thread runs
                 # the same collectives even when the consumer stops early.

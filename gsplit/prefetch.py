@@ -14,7 +14,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Tuple
 
 import torch
 
@@ -43,7 +43,8 @@ class Producer:
     matched by the other ranks' threads, which got the same grants) and joins it.
     """
 
-    def __init__(self, prepare: Callable[[int, int, torch.Tensor], Any], batches: Callable[[int], Iterable[torch.Tensor]],
+    def __init__(self, prepare: Callable[[int, int, torch.Tensor], Any],
+                 batches: Callable[[int], Iterable[Tuple[int, torch.Tensor]]],
                  epoch: int, device: torch.device, rank: int = 0):
         self._prepare = prepare
         self._batches = batches
@@ -87,10 +88,10 @@ class Producer:
                 stream.wait_stream(self._consumer_stream)
                 ctx = torch.cuda.stream(stream)
             with ctx:
-                for j, seeds in enumerate(self._batches(self._epoch)):
+                for j, (it, seeds) in enumerate(self._batches(self._epoch)):
                     if not self._granted_batch(j):
                         break
-                    item = self._prepare(self._epoch, j, seeds)
+                    item = self._prepare(self._epoch, it, seeds)
                     if stream is not None:
                         item.ready = torch.cuda.Event()
                         item.ready.record(stream)

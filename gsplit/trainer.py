@@ -7,20 +7,24 @@ same launcher, same counters. Every number in the returned log comes from the co
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from tqdm.auto import tqdm
 
 from gsplit.baselines.data_parallel import DataParallelLoader
+from gsplit.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
 from gsplit.feature_store import parse_size
+from gsplit.io import atomic_write_bytes
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
 from gsplit.loader import DataLoader, IterationStats
@@ -141,6 +145,14 @@ class TrainConfig:
     replicas of each other and ``batch_size * world_size`` targets make one global mini-batch. ``0``:
     every rank is in one split group. ``gsplit train`` under torchrun sets it to ``LOCAL_WORLD_SIZE``;
     with ``gsplit.launch`` on one machine it simulates hosts (consecutive blocks of ranks)."""
+    checkpoint_dir: str = ""
+    """Folder for checkpoints (model, optimiser, position, counters, RNG; see :mod:`gsplit.checkpoint`) and,
+    at the end, the trained model (``model.pt``); ``""``: none."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many iterations (0: at the end of every epoch), when ``checkpoint_dir``."""
+    resume: bool = False
+    """Continue from the newest checkpoint in ``checkpoint_dir`` (a fresh start when there is none): the
+    remaining steps are those an uninterrupted run takes."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -149,6 +161,10 @@ class TrainConfig:
             raise ValueError(f"batch_size, epochs and hidden must be positive, got {self.batch_size}, "
                              f"{self.epochs}, {self.hidden}")
         parse_size(self.cache_size)  # a bad size fails here, before any rank starts
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every}; pass iterations between checkpoints, or 0")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("resume=True needs checkpoint_dir: the folder to resume from")
         if self.ranks_per_host < 0:
             raise ValueError(f"ranks_per_host={self.ranks_per_host}; pass the ranks of one host, or 0 for one host")
 
@@ -256,6 +272,51 @@ def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Ten
     return record
 
 
+@dataclass
+class TrainPosition:
+    """Where training stands: the next iteration to run and the optimiser steps taken so far."""
+
+    epoch: int = 0
+    """Epoch of the next iteration."""
+    iteration: int = 0
+    """Iteration within that epoch (0: its start)."""
+    step: int = 0
+    """Optimiser steps taken (iterations trained) since the start of the run."""
+
+
+def _state_bytes(obj) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _save_checkpoint(cfg: TrainConfig, model, opt, epoch: int, iteration: int, step: int) -> None:
+    """Rank 0 saves what an exact resume needs: every rank holds the same model and optimiser state."""
+    counters = {"epoch": epoch, "iteration": iteration, "step": step,
+                # vertex-keyed dropout counts training forward passes; its masks depend on that count
+                "model_step": int(getattr(model, "step", 0))}
+    save_checkpoint(cfg.checkpoint_dir, model.state_dict(), opt.state_dict(), counters, step=step, rng=rng_state())
+
+
+def _resume(cfg: TrainConfig, model, opt) -> TrainPosition:
+    """Load the newest checkpoint into ``model`` and ``opt``; the position to continue from (the start if none)."""
+    try:
+        ck = load_checkpoint(cfg.checkpoint_dir)
+    except FileNotFoundError:
+        log.warning("resume: no checkpoint in %s yet; starting from the beginning", cfg.checkpoint_dir)
+        return TrainPosition()
+    model.load_state_dict(ck.model)
+    if ck.optimizer is not None:
+        opt.load_state_dict(ck.optimizer)
+    if hasattr(model, "step"):
+        model.step = int(ck.counters["model_step"])
+    if ck.rng is not None:
+        set_rng_state(ck.rng)
+    log.info("resumed from %s at epoch %d, iteration %d (step %d)", cfg.checkpoint_dir, ck.counters["epoch"],
+             ck.counters["iteration"], ck.counters["step"])
+    return TrainPosition(int(ck.counters["epoch"]), int(ck.counters["iteration"]), int(ck.counters["step"]))
+
+
 def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optional[Tuple]:
     """``(host_group, world_group)`` when split training spans several hosts, else ``None``."""
     if not SYSTEMS[cfg.system].partitioned:
@@ -306,11 +367,12 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, owner, device, sampler, False, **eval_options)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
-    for epoch in range(cfg.epochs):
+    position = _resume(cfg, model, opt) if cfg.resume else TrainPosition()
+    for epoch in range(position.epoch, cfg.epochs):
         counters = EpochCounters()
         comm.traffic.reset()
         job_comm.traffic.reset()
-        train_loader.set_epoch(epoch)
+        train_loader.set_epoch(epoch, position.iteration if epoch == position.epoch else 0)
         # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
         local_loss, t_epoch = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
         traffic_before = comm.traffic.snapshot()
@@ -320,7 +382,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             # gsplit.launch) would leak; one process needs only a thread lock.
             tqdm.set_lock(threading.RLock())
             batches = tqdm(train_loader, desc=f"epoch {epoch}", unit="it", leave=False, dynamic_ncols=True)
-        for it, (_, _, blocks) in enumerate(batches):
+        for it, (_, _, blocks) in enumerate(batches, start=position.iteration if epoch == position.epoch else 0):
             stats = train_loader.last_stats
             counters.add_iteration(stats)
             t0 = time.perf_counter()
@@ -343,6 +405,11 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                                                - counters.gradient_bytes})
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
             local_loss += loss.detach().to(torch.float64)
+            position.step += 1
+            done = it + 1 == len(train_loader)
+            if cfg.checkpoint_dir and rank == 0 and (position.step % cfg.checkpoint_every == 0 if cfg.checkpoint_every
+                                                     else done):
+                _save_checkpoint(cfg, model, opt, epoch + 1 if done else epoch, 0 if done else it + 1, position.step)
             report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
@@ -373,6 +440,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         history.append(record)
         if rank == 0 and report is not None:
             report(record)
+    if cfg.checkpoint_dir and rank == 0:  # the trained model, whatever the checkpoint schedule
+        atomic_write_bytes(Path(cfg.checkpoint_dir) / "model.pt", _state_bytes(model.state_dict()))
     final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval and cfg.eval_every else {}
     num_hosts = 1 if hosts is None else train_loader.num_replicas
     return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,

@@ -8,7 +8,6 @@ uneven: the second host gets a short slice in one case and nothing at all in the
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import torch.distributed as dist
 
 import gsplit
 from gsplit.cli import main
+from gsplit.io import read_run_log
 from gsplit.launch import launch
 from gsplit.nn import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
@@ -189,7 +189,7 @@ def test_torchrun_two_nodes_train_like_the_simulated_hosts(tmp_path):
     assert "2 hosts x 2" in outputs[0]
     assert main(["train", *tiny, *common, "--num-ranks", "4", "--ranks-per-host", "2",
                  "--log", str(tmp_path / "launch.json")]) == 0
-    got, want = (json.loads((tmp_path / f"{name}.json").read_text()) for name in ("torchrun", "launch"))
+    got, want = (read_run_log(tmp_path / f"{name}.json") for name in ("torchrun", "launch"))
     assert (got["world_size"], got["hosts"], got["ranks_per_host"]) == (4, 2, 2)
     e_got, e_want = got["epochs"][0], want["epochs"][0]
     assert e_got["loss"] == pytest.approx(e_want["loss"], rel=1e-9)

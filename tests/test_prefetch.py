@@ -333,7 +333,7 @@ CLI_TINY = ["--dataset", "synthetic", "-D", "num_nodes=1500", "-D", "avg_degree=
 
 
 def test_cli_train_with_cache_and_prefetch(tmp_path, capsys):
-    import json
+    from gsplit.io import read_run_log
 
     from gsplit.cli import main
 
@@ -341,7 +341,7 @@ def test_cli_train_with_cache_and_prefetch(tmp_path, capsys):
     rc = main(["train", *CLI_TINY, "--num-ranks", "1", "--fanouts", "5,3", "--batch-size", "128", "--epochs", "1",
                "--hidden", "16", "--device", "cpu", "--cache-size", "32K", "--prefetch", "--log", str(log)])
     assert rc == 0
-    result = json.loads(log.read_text())
+    result = read_run_log(log)
     assert result["config"]["prefetch"] is True and result["config"]["cache_size"] == "32K"
     epoch = result["epochs"][0]
     assert 0 < epoch["cache_hits"] < epoch["input_rows"] and "wait_s" in epoch

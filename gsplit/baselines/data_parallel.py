@@ -42,9 +42,9 @@ class DataParallelLoader(RankLoader):
         self.features, self.labels = features, labels
         self.last_stats = IterationStats()
 
-    def _batches(self, epoch: int) -> Iterator[MiniBatch]:
+    def _batches(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         b = self.schedule.batch_size
-        for it, global_batch in enumerate(self.schedule.global_batches(epoch)):
+        for it, global_batch in self.schedule.numbered_batches(epoch, start):
             seeds = global_batch[self.rank * b:(self.rank + 1) * b]  # this rank's micro-batch
             t0 = time.perf_counter()
             batch = self.sampler.sample_layers(self.graph, seeds, epoch, it)

@@ -1,10 +1,14 @@
-"""GNN layers on sampled blocks: ``SAGEConv``, ``GATConv`` and ``GraphConv``, in plain torch.
+"""GNN layers on sampled blocks: ``SAGEConv``, ``GATConv`` and ``GraphConv``.
 
 Each layer maps the rows of a block's ``src_nodes`` (inputs, ``block.num_src_nodes()`` rows, the first
 ``block.num_dst`` of which are the destinations' own rows) to one row per destination, with the
-semantics of DGL's layer of the same name on a DGL block. Aggregation is a gather over the block's
-edges (``index_select``) followed by a scatter-add into the destinations (``index_add_``), so the same
-code runs on CPU and CUDA, in float32 and float64, and handles blocks without edges or destinations.
+semantics of DGL's layer of the same name on a DGL block. Aggregation goes through
+:mod:`gsplit.ops.aggregate`: on CPU a compiled kernel sums each destination's source rows over the
+block's destination-grouped edges (no ``[edges x width]`` message tensor; GAT's edge softmax and
+weighted sum in one fused pass); elsewhere, or without the extension, a gather (``index_select``) and a
+scatter-add (``index_add_``). Both paths run in float32 and float64 and handle blocks without edges or
+destinations. As DGL does, SAGE and GCN multiply by their weight before aggregating when that narrows
+the rows (``in_feats > out_feats``).
 
 Determinism: on CPU the result is a pure function of the inputs. On CUDA, ``index_add_`` and the
 backward of ``index_select`` use atomic adds whose order varies; call
@@ -17,8 +21,8 @@ from typing import Callable, Optional
 
 import torch
 from torch import nn
-import torch.nn.functional as F
 
+from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate, gat_aggregate_torch
 from gsplit.sampling.block import Block
 
 __all__ = ["SAGEConv", "GATConv", "GraphConv", "edge_softmax"]
@@ -47,36 +51,9 @@ def _check_input(layer: nn.Module, block: Block, h: torch.Tensor, in_feats: int)
                          f"move the block with block.to(h.device)")
 
 
-def _sum_into_dst(messages: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:
-    """Sum per-edge ``messages`` ([E, ...]) into ``num_dst`` destination rows; zero rows get zeros."""
-    out = messages.new_zeros((num_dst,) + tuple(messages.shape[1:]))
-    return out.index_add_(0, edge_dst, messages)
-
-
 def _degrees(index: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
     """Edge counts per vertex as a float column of ``like``'s dtype, clamped to at least 1."""
     return torch.bincount(index, minlength=n).clamp_(min=1).to(like.dtype).unsqueeze(1)
-
-
-def edge_softmax(scores: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:
-    """Softmax of edge ``scores`` ([E, H]) over the in-edges of each destination.
-
-    Computed stably: the per-destination maximum (``scatter_reduce`` ``amax``) is subtracted before
-    ``exp``. The maximum is detached, which leaves value and gradient unchanged (softmax is invariant
-    to a per-group shift) and avoids differentiating through ``amax``.
-
-    Example:
-        >>> edge_softmax(torch.tensor([[0.], [0.], [5.]]), torch.tensor([0, 0, 1]), 2).flatten().tolist()
-        [0.5, 0.5, 1.0]
-    """
-    idx = edge_dst.unsqueeze(1).expand_as(scores)
-    with torch.no_grad():
-        # include_self=False: the zeros' initial value does not take part, so all-negative scores work.
-        smax = scores.new_zeros((num_dst, scores.shape[1])).scatter_reduce_(0, idx, scores, "amax", include_self=False)
-    e = torch.exp(scores - smax.index_select(0, edge_dst))
-    denom = _sum_into_dst(e, edge_dst, num_dst)
-    # Every destination referenced by an edge has denom >= 1 (its max term is exp(0)), so no 0/0.
-    return e / denom.index_select(0, edge_dst)
 
 
 class SAGEConv(nn.Module):
@@ -134,16 +111,15 @@ class SAGEConv(nn.Module):
         h = self.feat_drop(h)
         nd = block.num_dst
         src, dst = block.edge_src, block.edge_dst
-        # Project before aggregating when that shrinks the gathered rows (same result, less memory).
+        # Project before aggregating when that narrows the summed rows (DGL's rule; same result, less work).
         lin_first = self.in_feats > self.out_feats
         x = self.fc_neigh(h) if lin_first else h
-        agg = _sum_into_dst(x.index_select(0, src), dst, nd)
-        deg = torch.bincount(dst, minlength=nd).to(h.dtype).unsqueeze(1)
         if self.aggregator == "mean":
-            neigh = agg / deg.clamp(min=1)
+            neigh = copy_u_mean(x, src, dst, nd)
             out = self.fc_self(h[:nd]) + (neigh if lin_first else self.fc_neigh(neigh))
         else:  # gcn
-            neigh = (agg + x[:nd]) / (deg + 1)
+            deg = torch.bincount(dst, minlength=nd).to(h.dtype).unsqueeze(1)
+            neigh = (copy_u_sum(x, src, dst, nd) + x[:nd]) / (deg + 1)
             out = neigh if lin_first else self.fc_neigh(neigh)
         if self.bias is not None:
             out = out + self.bias
@@ -213,9 +189,11 @@ class GATConv(nn.Module):
         z = self.fc(self.feat_drop(h)).view(-1, H, D)
         el = (z * self.attn_l).sum(-1)            # [num_src, H]: source half of the score
         er = (z[:nd] * self.attn_r).sum(-1)       # [num_dst, H]: destination half
-        scores = F.leaky_relu(el.index_select(0, src) + er.index_select(0, dst), self.negative_slope)
-        alpha = self.attn_drop(edge_softmax(scores, dst, nd))
-        out = _sum_into_dst(z.index_select(0, src) * alpha.unsqueeze(-1), dst, nd)
+        if self.training and self.attn_drop.p > 0:
+            # Dropout on the attention coefficients needs them as a tensor: the unfused path.
+            out = gat_aggregate_torch(z, el, er, src, dst, nd, self.negative_slope, attn_drop=self.attn_drop)
+        else:
+            out = gat_aggregate(z, el, er, src, dst, nd, self.negative_slope)
         if self.bias is not None:
             out = out + self.bias.view(1, H, D)
         return self.activation(out) if self.activation is not None else out
@@ -284,9 +262,9 @@ class GraphConv(nn.Module):
             h = h * (d_out.rsqrt() if self.norm == "both" else d_out.reciprocal())
         # Multiply by W on the narrower side of the aggregation (same result, less work).
         if self.in_feats > self.out_feats:
-            out = _sum_into_dst((h @ self.weight).index_select(0, src), dst, nd)
+            out = copy_u_sum(h @ self.weight, src, dst, nd)
         else:
-            out = _sum_into_dst(h.index_select(0, src), dst, nd) @ self.weight
+            out = copy_u_sum(h, src, dst, nd) @ self.weight
         if self.norm in ("both", "right"):
             d_in = _degrees(dst, nd, out)
             out = out * (d_in.rsqrt() if self.norm == "both" else d_in.reciprocal())

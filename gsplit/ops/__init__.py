@@ -1,8 +1,10 @@
-"""Kernels behind one dispatch point: callers ask for "sample", "relabel", "unique" or "gather rows".
+"""Kernels behind one dispatch point: callers ask for "sample", "relabel", "unique", "gather rows" or
+"aggregate" (:mod:`gsplit.ops.aggregate`: sum / mean / GAT attention over a block's edges).
 
 This package decides, per call, which implementation runs: the CUDA kernels of ``kernels/*.cu`` through
-CuPy (:mod:`gsplit.ops.cuda`) when the inputs are on a GPU and CuPy works, else plain torch
-(:mod:`gsplit.ops.torch_ops`, CPU or CUDA). Every implementation returns exactly the same result, so
+CuPy (:mod:`gsplit.ops.cuda`) when the inputs are on a GPU and CuPy works; for CPU inputs the C++
+sampler and relabel of ``kernels/sample_cpu.cpp`` (:mod:`gsplit.ops.sample_cpu`) when that extension
+builds; else plain torch (:mod:`gsplit.ops.torch_ops`, CPU or CUDA). Every implementation returns exactly the same result, so
 the choice only changes speed. Nothing outside this package imports the implementations' private
 helpers.
 """
@@ -14,9 +16,11 @@ from typing import Optional, Tuple
 import torch
 
 from gsplit.graph import Graph
-from gsplit.ops import cuda, torch_ops
+from gsplit.ops import aggregate, cuda, sample_cpu, torch_ops
+from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 
-__all__ = ["sample_neighbors", "relabel", "unique_ids", "sampling_device", "cuda", "torch_ops"]
+__all__ = ["sample_neighbors", "relabel", "unique_ids", "sampling_device", "copy_u_sum", "copy_u_mean",
+           "gat_aggregate", "edge_softmax", "aggregate", "cuda", "sample_cpu", "torch_ops"]
 
 sampling_device = cuda.sampling_device
 
@@ -27,7 +31,8 @@ def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bo
 
     The result is on ``nodes``' device, grouped by destination in ``nodes`` order, each destination's
     edges in graph (CSC) order. CUDA ``nodes`` run the CUDA kernel when CuPy is installed and the graph
-    is on their GPU or pinned in host memory; otherwise the torch sampler runs where the graph is.
+    is on their GPU or pinned in host memory; otherwise the sampler runs where the graph is: on the CPU
+    the compiled one of :mod:`gsplit.ops.sample_cpu` when it builds, else the torch sampler.
 
     Example:
         >>> from gsplit.sampling import counter_rng
@@ -44,10 +49,18 @@ def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bo
     nodes = nodes.to(torch.int64)
     if nodes.is_cuda and cuda.cupy_available() and cuda.graph_readable(graph, nodes.device):
         return cuda.sample_neighbors(graph, nodes, fanout, bool(replace), int(key))
+    out = _sample_where_graph_is(graph, nodes.to(graph.device), fanout, bool(replace), int(key))
     if nodes.device == graph.device:
-        return torch_ops.sample_neighbors_torch(graph, nodes, fanout, bool(replace), int(key))
-    out = torch_ops.sample_neighbors_torch(graph, nodes.to(graph.device), fanout, bool(replace), int(key))
+        return out
     return tuple(t.to(nodes.device) for t in out)  # type: ignore[return-value]
+
+
+def _sample_where_graph_is(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int):
+    if graph.device.type == "cpu":
+        ext = sample_cpu.extension()
+        if ext is not None:
+            return sample_cpu.sample_neighbors(ext, graph, nodes, fanout, replace, key)
+    return torch_ops.sample_neighbors_torch(graph, nodes, fanout, replace, key)
 
 
 def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int] = None
@@ -55,7 +68,9 @@ def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int]
     """Local numbering of a block: ``src_nodes = dst_nodes ++ sorted(new ids in src)`` and ``src_local``.
 
     ``src_nodes[src_local] == src``; ``dst_nodes`` must be unique. On a GPU with CuPy a hash-table
-    kernel runs (O(n), no sort of the whole id set), else :func:`gsplit.ops.torch_ops.relabel`.
+    kernel runs (O(n), no sort of the whole id set); on the CPU the compiled relabel of
+    :mod:`gsplit.ops.sample_cpu` when it builds (a dense per-vertex table given ``num_nodes`` and a
+    batch that is not tiny against the graph, else a hash table); else :func:`gsplit.ops.torch_ops.relabel`.
 
     Example:
         >>> relabel(torch.tensor([9, 4]), torch.tensor([4, 7, 1]))
@@ -63,7 +78,18 @@ def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int]
     """
     if dst_nodes.is_cuda and src.device == dst_nodes.device and cuda.cupy_available():
         return cuda.relabel(dst_nodes, src)
+    if dst_nodes.device.type == "cpu" and src.device.type == "cpu":
+        ext = sample_cpu.extension()
+        if ext is not None:
+            dense = num_nodes is not None and num_nodes <= _DENSE_RELABEL_FACTOR * (dst_nodes.numel() + src.numel())
+            return sample_cpu.relabel(ext, dst_nodes, src, num_nodes if dense else None)
     return torch_ops.relabel(dst_nodes, src, num_nodes)
+
+
+# The compiled relabel uses dense per-vertex tables (about 1 ns per graph vertex) when the graph has at
+# most this many vertices per id relabelled, else a hash table plus a sort of the new ids (about 50 ns
+# per id). Measured on a 1M-vertex graph: dense 1.5 ms vs hash 3-5 ms for 67k ids, 1.2 vs 0.3 ms for 6k.
+_DENSE_RELABEL_FACTOR = 32
 
 
 def unique_ids(ids: torch.Tensor, num_nodes: Optional[int] = None) -> torch.Tensor:

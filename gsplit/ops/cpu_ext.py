@@ -34,7 +34,7 @@ def kernel_path(name: str) -> Path:
 def _build(name: str, sources: tuple):
     import torch.utils.cpp_extension as ext
 
-    flags = ["-O3", "-fopenmp", "-std=c++17"]
+    flags = ["-O3", "-fopenmp"]  # the C++ standard is the one torch builds its headers with
     build_dir = Path(os.environ.get("GSPLIT_EXTENSION_DIR", Path.home() / ".cache" / "gsplit" / "extensions")) / name
     build_dir.mkdir(parents=True, exist_ok=True)
     return ext.load(name=name, sources=[str(kernel_path(s)) for s in sources], extra_cflags=flags,
@@ -50,11 +50,17 @@ def load(name: str, sources: Sequence[str]) -> Optional[object]:
     if os.environ.get("GSPLIT_NO_EXTENSIONS"):
         return None
     with _lock:
-        try:
-            return _build(name, tuple(sources))
-        except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch fallback
-            _warn_once(name, f"{type(exc).__name__}: {exc}")
-            return None
+        return _build_or_none(name, tuple(sources))
+
+
+@functools.lru_cache(maxsize=None)
+def _build_or_none(name: str, sources: tuple):
+    # A failed build is remembered too: callers ask once per kernel call, and a retry would recompile.
+    try:
+        return _build(name, sources)
+    except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch fallback
+        _warn_once(name, f"{type(exc).__name__}: {exc}")
+        return None
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from typing import Iterator, Tuple
 
 import torch
 
@@ -77,20 +77,40 @@ class BatchSchedule:
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
         self._next_epoch = 0
+        self._start_iteration = 0
 
     def __len__(self) -> int:
         return num_iterations(self.indices.numel(), self.batch_size, self.world_size * self.num_replicas,
                               self.drop_last)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Fix the epoch of the next pass."""
+    def set_epoch(self, epoch: int, start_iteration: int = 0) -> None:
+        """Fix the epoch of the next pass, and the iteration it starts at (a resumed run skips the done ones)."""
+        if not 0 <= int(start_iteration) <= len(self):
+            raise ValueError(f"start_iteration={start_iteration} but an epoch has {len(self)} iterations")
         self._next_epoch = int(epoch)
+        self._start_iteration = int(start_iteration)
 
     def next_epoch(self) -> int:
         """The epoch of the pass that starts now (and advance the counter)."""
-        epoch = self._next_epoch
-        self._next_epoch += 1
-        return epoch
+        return self.next_pass()[0]
+
+    def next_pass(self) -> Tuple[int, int]:
+        """``(epoch, first iteration)`` of the pass that starts now (and advance to the next epoch's start)."""
+        epoch, start = self._next_epoch, self._start_iteration
+        self._next_epoch, self._start_iteration = epoch + 1, 0
+        return epoch, start
+
+    def numbered_batches(self, epoch: int, start: int = 0) -> Iterator[Tuple[int, torch.Tensor]]:
+        """``(iteration, global mini-batch)`` of ``epoch`` from iteration ``start`` on.
+
+        Example:
+            >>> s = BatchSchedule(torch.arange(6), batch_size=2)
+            >>> [(it, b.tolist()) for it, b in s.numbered_batches(0, start=1)]
+            [(1, [2, 3]), (2, [4, 5])]
+        """
+        for it, batch in enumerate(self.global_batches(epoch)):
+            if it >= start:
+                yield it, batch
 
     def global_batches(self, epoch: int) -> Iterator[torch.Tensor]:
         """The global mini-batches of ``epoch``: ``batch_size * world_size * num_replicas`` targets each

@@ -1,0 +1,336 @@
+// CPU aggregation kernels for gsplit's GNN layers (built at first use by gsplit/ops/cpu_ext.py).
+//
+// A block's edges are grouped by destination (edge_dst non-decreasing), so the edge list already is a
+// CSR matrix by destination: row pointers come from one pass over edge_dst, the column of edge e is
+// edge_src[e]. Forward kernels run one destination row per iteration of a parallel loop (no atomics,
+// each row summed in edge order: deterministic). Backward kernels need the transpose (rows = sources),
+// built by a stable counting sort in O(E), so every source row is again summed in edge order.
+// Nothing here materialises an [edges x width] message tensor; GAT keeps [edges x heads] scalars.
+
+#include <torch/extension.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// Rows per scheduling chunk: rows are short (tens of edges) and degrees are skewed, so dynamic chunks.
+constexpr int64_t kChunk = 64;
+// How many edges ahead the gather loops prefetch a source row.
+constexpr int64_t kAhead = 4;
+
+int num_threads() { return std::max(1, at::get_num_threads()); }
+
+template <typename T>
+inline void prefetch_row(const T* row, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < n * int64_t(sizeof(T)); b += 64) __builtin_prefetch(c + b);
+}
+
+void check_index(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.scalar_type() == torch::kInt64 && t.dim() == 1,
+                    name, " must be a 1-D int64 CPU tensor, got ", t.scalar_type(), " of shape ", t.sizes(),
+                    " on ", t.device());
+}
+
+void check_values(const torch::Tensor& t, const char* name, int64_t dim) {
+  TORCH_CHECK_VALUE(t.device().is_cpu() && t.dim() == dim &&
+                        (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kDouble),
+                    name, " must be a ", dim, "-D float32 or float64 CPU tensor, got ", t.scalar_type(),
+                    " of shape ", t.sizes(), " on ", t.device());
+}
+
+}  // namespace
+
+// Row pointers [num_dst + 1] of the destination-grouped edge list. Also checks every index (the kernels
+// do not): destinations grouped and in [0, num_dst) (a wrong order would silently mix rows), sources in
+// [0, num_src).
+torch::Tensor dst_indptr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t num_src, int64_t num_dst) {
+  check_index(edge_src, "edge_src");
+  check_index(edge_dst, "edge_dst");
+  TORCH_CHECK_VALUE(num_dst >= 0, "num_dst = ", num_dst, " is negative");
+  TORCH_CHECK_VALUE(edge_src.numel() == edge_dst.numel(), "edge_src has ", edge_src.numel(),
+                    " entries but edge_dst ", edge_dst.numel(), "; pass one source and one destination per edge");
+  auto src = edge_src.contiguous(), dst = edge_dst.contiguous();
+  const int64_t E = dst.numel();
+  auto indptr = torch::empty({num_dst + 1}, torch::kInt64);
+  const int64_t* s = src.data_ptr<int64_t>();
+  const int64_t* d = dst.data_ptr<int64_t>();
+  int64_t* p = indptr.data_ptr<int64_t>();
+  p[0] = 0;
+  int64_t r = 0;  // rows < r are closed: p[0..r] is final
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t v = d[e];
+    TORCH_CHECK_VALUE(v >= 0 && v < num_dst, "edge_dst[", e, "] = ", v, " is outside [0, num_dst = ", num_dst,
+                      "); pass the block's num_dst");
+    TORCH_CHECK_VALUE(v >= r, "edge_dst is not grouped by destination: edge_dst[", e, "] = ", v, " follows ",
+                      d[e - 1], "; sort the edges by destination (stable)");
+    TORCH_CHECK_VALUE(s[e] >= 0 && s[e] < num_src, "edge_src[", e, "] = ", s[e], " is outside [0, num_src = ",
+                      num_src, "); pass one input row per source node");
+    for (; r < v; ++r) p[r + 1] = e;
+  }
+  for (; r < num_dst; ++r) p[r + 1] = E;
+  return indptr;
+}
+
+// The transpose of the edge list, grouped by source: (row pointers [num_src + 1], edge ids [E],
+// destinations [E] = edge_dst[edge ids]), each source's edges in their original (destination) order: a
+// stable counting sort. The destinations are written here, sequentially, so that backward kernels read
+// them without a random access through the edge ids.
+std::vector<torch::Tensor> src_csr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t num_src) {
+  check_index(edge_src, "edge_src");
+  check_index(edge_dst, "edge_dst");
+  auto src = edge_src.contiguous(), dst = edge_dst.contiguous();
+  const int64_t E = src.numel();
+  TORCH_CHECK_VALUE(dst.numel() == E, "edge_src has ", E, " entries but edge_dst ", dst.numel());
+  const int64_t* s = src.data_ptr<int64_t>();
+  const int64_t* d = dst.data_ptr<int64_t>();
+  auto indptr = torch::zeros({num_src + 1}, torch::kInt64);
+  auto perm = torch::empty({E}, torch::kInt64);
+  auto col = torch::empty({E}, torch::kInt64);
+  int64_t* p = indptr.data_ptr<int64_t>();
+  int64_t* q = perm.data_ptr<int64_t>();
+  int64_t* c = col.data_ptr<int64_t>();
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t u = s[e];
+    TORCH_CHECK_VALUE(u >= 0 && u < num_src, "edge_src[", e, "] = ", u, " is outside [0, num_src = ", num_src,
+                      "); pass one input row per source node");
+    ++p[u + 1];
+  }
+  for (int64_t u = 0; u < num_src; ++u) p[u + 1] += p[u];
+  std::vector<int64_t> fill(p, p + num_src);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t j = fill[s[e]]++;
+    q[j] = e;
+    c[j] = d[e];
+  }
+  return {indptr, perm, col};
+}
+
+namespace {
+
+template <typename T>
+void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, const T* __restrict__ x,
+               T* __restrict__ out, int64_t rows, int64_t F) {
+#pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
+  for (int64_t i = 0; i < rows; ++i) {
+    T* __restrict__ o = out + i * F;
+    std::fill(o, o + F, T(0));
+    const int64_t end = p[i + 1];
+    for (int64_t j = p[i]; j < end; ++j) {
+      // Source rows are scattered over x: ask for a later one while this one is summed.
+      if (j + kAhead < end) prefetch_row(x + col[j + kAhead] * F, F);
+      const T* __restrict__ xr = x + col[j] * F;
+      for (int64_t f = 0; f < F; ++f) o[f] += xr[f];
+    }
+  }
+}
+
+}  // namespace
+
+// out[i] = sum over j in [indptr[i], indptr[i+1]) of x[col[j]]: one CSR row per output row.
+// Forward of copy_u_sum: (dst row pointers, edge_src); its backward: (src row pointers, their destinations).
+torch::Tensor spmm_sum(torch::Tensor indptr, torch::Tensor col, torch::Tensor x) {
+  check_index(indptr, "indptr");
+  check_index(col, "col");
+  check_values(x, "x", 2);
+  auto xc = x.contiguous();
+  const int64_t rows = indptr.numel() - 1, F = xc.size(1);
+  auto out = torch::empty({rows, F}, xc.options());
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "spmm_sum", [&] {
+    spmm_rows<scalar_t>(indptr.data_ptr<int64_t>(), col.data_ptr<int64_t>(), xc.data_ptr<scalar_t>(),
+                        out.data_ptr<scalar_t>(), rows, F);
+  });
+  return out;
+}
+
+namespace {
+
+template <typename scalar_t>
+void gat_forward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
+                      const scalar_t* __restrict__ zp, const scalar_t* __restrict__ lp,
+                      const scalar_t* __restrict__ rp, scalar_t* __restrict__ op, scalar_t* __restrict__ ap,
+                      int64_t nd, int64_t H, int64_t D, scalar_t sl) {
+  const int64_t HD = H * D;
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<scalar_t> buf(2 * H);  // per thread: running maximum and sum of each head
+    scalar_t* __restrict__ mx = buf.data();
+    scalar_t* __restrict__ sm = mx + H;
+#pragma omp for schedule(dynamic, kChunk)
+    for (int64_t v = 0; v < nd; ++v) {
+      const int64_t b = p[v], f = p[v + 1];
+      scalar_t* __restrict__ o = op + v * HD;
+      std::fill(o, o + HD, scalar_t(0));
+      if (b == f) continue;
+      const scalar_t* __restrict__ r = rp + v * H;
+      std::fill(mx, mx + H, -std::numeric_limits<scalar_t>::infinity());
+      std::fill(sm, sm + H, scalar_t(0));
+      for (int64_t e = b; e < f; ++e) {
+        const scalar_t* __restrict__ l = lp + src[e] * H;
+        scalar_t* __restrict__ a = ap + e * H;
+        for (int64_t k = 0; k < H; ++k) {
+          const scalar_t s = l[k] + r[k];
+          a[k] = s > 0 ? s : s * sl;
+          mx[k] = std::max(mx[k], a[k]);
+        }
+      }
+      for (int64_t e = b; e < f; ++e) {
+        scalar_t* __restrict__ a = ap + e * H;
+        for (int64_t k = 0; k < H; ++k) {
+          a[k] = std::exp(a[k] - mx[k]);
+          sm[k] += a[k];
+        }
+      }
+      for (int64_t e = b; e < f; ++e) {
+        if (e + kAhead < f) prefetch_row(zp + src[e + kAhead] * HD, HD);
+        scalar_t* __restrict__ a = ap + e * H;
+        const scalar_t* __restrict__ zr = zp + src[e] * HD;
+        for (int64_t k = 0; k < H; ++k) {
+          a[k] /= sm[k];  // sm >= 1: the maximum contributes exp(0)
+          const scalar_t w = a[k];
+          for (int64_t d = 0; d < D; ++d) o[k * D + d] += w * zr[k * D + d];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// GAT forward for every destination row v and head k: scores s_e = leaky_relu(el[u_e, k] + er[v, k]),
+// alpha = stable softmax of s over v's edges, out[v, k] = sum_e alpha_e z[u_e, k]. Returns (out, alpha).
+std::vector<torch::Tensor> gat_forward(torch::Tensor indptr, torch::Tensor edge_src, torch::Tensor z,
+                                       torch::Tensor el, torch::Tensor er, double slope) {
+  check_index(indptr, "indptr");
+  check_index(edge_src, "edge_src");
+  check_values(z, "z", 3);
+  check_values(el, "el", 2);
+  check_values(er, "er", 2);
+  auto zc = z.contiguous(), elc = el.contiguous(), erc = er.contiguous();
+  const int64_t nd = indptr.numel() - 1, E = edge_src.numel(), H = zc.size(1), D = zc.size(2);
+  TORCH_CHECK_VALUE(erc.size(0) >= nd && erc.size(1) == H && elc.size(1) == H && elc.size(0) == zc.size(0),
+                    "gat_forward: shapes do not fit: z ", zc.sizes(), ", el ", elc.sizes(), ", er ", erc.sizes(),
+                    ", num_dst ", nd);
+  auto out = torch::empty({nd, H, D}, zc.options());
+  auto alpha = torch::empty({E, H}, zc.options());
+  AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "gat_forward", [&] {
+    gat_forward_impl<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(), zc.data_ptr<scalar_t>(),
+                               elc.data_ptr<scalar_t>(), erc.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+                               alpha.data_ptr<scalar_t>(), nd, H, D, static_cast<scalar_t>(slope));
+  });
+  return {out, alpha};
+}
+
+namespace {
+
+template <typename scalar_t>
+void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
+                       const int64_t* __restrict__ dst_t, const int64_t* __restrict__ sp,
+                       const int64_t* __restrict__ q, const scalar_t* __restrict__ gp,
+                       const scalar_t* __restrict__ zp, const scalar_t* __restrict__ lp,
+                       const scalar_t* __restrict__ rp, const scalar_t* __restrict__ ap,
+                       scalar_t* __restrict__ gpre, scalar_t* __restrict__ gzp, scalar_t* __restrict__ glp,
+                       scalar_t* __restrict__ grp, int64_t nd, int64_t ns, int64_t H, int64_t D, scalar_t sl) {
+  const int64_t HD = H * D;
+#pragma omp parallel num_threads(num_threads())
+  {
+    std::vector<scalar_t> dot(H);  // per thread: sum_e alpha_e * dalpha_e, the softmax Jacobian's rank-one term
+#pragma omp for schedule(dynamic, kChunk)
+    for (int64_t v = 0; v < nd; ++v) {
+      const int64_t b = p[v], f = p[v + 1];
+      const scalar_t* __restrict__ gv = gp + v * HD;
+      const scalar_t* __restrict__ r = rp + v * H;
+      std::fill(dot.begin(), dot.end(), scalar_t(0));
+      for (int64_t e = b; e < f; ++e) {  // d loss / d alpha_e = g_v . z_u
+        if (e + kAhead < f) prefetch_row(zp + src[e + kAhead] * HD, HD);
+        const scalar_t* __restrict__ zr = zp + src[e] * HD;
+        const scalar_t* __restrict__ a = ap + e * H;
+        scalar_t* __restrict__ ga = gpre + e * H;
+        for (int64_t k = 0; k < H; ++k) {
+          scalar_t acc = 0;
+          for (int64_t d = 0; d < D; ++d) acc += gv[k * D + d] * zr[k * D + d];
+          ga[k] = acc;
+          dot[k] += a[k] * acc;
+        }
+      }
+      scalar_t* __restrict__ gr = grp + v * H;
+      for (int64_t e = b; e < f; ++e) {  // through the softmax and the leaky_relu
+        const scalar_t* __restrict__ l = lp + src[e] * H;
+        const scalar_t* __restrict__ a = ap + e * H;
+        scalar_t* __restrict__ ga = gpre + e * H;
+        for (int64_t k = 0; k < H; ++k) {
+          const scalar_t gs = a[k] * (ga[k] - dot[k]);
+          ga[k] = l[k] + r[k] > 0 ? gs : gs * sl;
+          gr[k] += ga[k];
+        }
+      }
+    }
+#pragma omp for schedule(dynamic, kChunk)
+    for (int64_t u = 0; u < ns; ++u) {
+      scalar_t* __restrict__ gz = gzp + u * HD;
+      scalar_t* __restrict__ gl = glp + u * H;
+      std::fill(gz, gz + HD, scalar_t(0));
+      std::fill(gl, gl + H, scalar_t(0));
+      const int64_t end = sp[u + 1];
+      for (int64_t j = sp[u]; j < end; ++j) {
+        if (j + kAhead < end) {  // the gradient row and the edge's alpha / grad entries are all scattered
+          prefetch_row(gp + dst_t[j + kAhead] * HD, HD);
+          __builtin_prefetch(ap + q[j + kAhead] * H);
+          __builtin_prefetch(gpre + q[j + kAhead] * H);
+        }
+        const int64_t e = q[j];
+        const scalar_t* __restrict__ gv = gp + dst_t[j] * HD;
+        const scalar_t* __restrict__ a = ap + e * H;
+        const scalar_t* __restrict__ ga = gpre + e * H;
+        for (int64_t k = 0; k < H; ++k) {
+          const scalar_t w = a[k];
+          for (int64_t d = 0; d < D; ++d) gz[k * D + d] += w * gv[k * D + d];
+          gl[k] += ga[k];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// GAT backward from grad_out [nd, H, D]: returns (grad_z [ns, H, D], grad_el [ns, H], grad_er [nd, H]).
+// Pass 1 (rows = destinations): grad of alpha, softmax and leaky_relu per edge, summed into grad_er.
+// Pass 2 (rows = sources, through the transpose src_indptr / perm / dst_t of src_csr): grad_z and grad_el.
+std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor indptr, torch::Tensor edge_src,
+                                        torch::Tensor src_indptr, torch::Tensor perm, torch::Tensor dst_t,
+                                        torch::Tensor z, torch::Tensor el, torch::Tensor er, torch::Tensor alpha,
+                                        double slope) {
+  check_values(grad_out, "grad_out", 3);
+  auto g = grad_out.contiguous(), zc = z.contiguous(), elc = el.contiguous(), erc = er.contiguous();
+  const int64_t nd = indptr.numel() - 1, ns = src_indptr.numel() - 1, E = edge_src.numel();
+  const int64_t H = zc.size(1), D = zc.size(2);
+  auto grad_z = torch::empty_like(zc);
+  auto grad_el = torch::empty({ns, H}, zc.options());
+  auto grad_er = torch::zeros({erc.size(0), H}, zc.options());
+  auto grad_pre = torch::empty({E, H}, zc.options());
+  AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "gat_backward", [&] {
+    gat_backward_impl<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(),
+                                dst_t.data_ptr<int64_t>(), src_indptr.data_ptr<int64_t>(),
+                                perm.data_ptr<int64_t>(), g.data_ptr<scalar_t>(), zc.data_ptr<scalar_t>(),
+                                elc.data_ptr<scalar_t>(), erc.data_ptr<scalar_t>(), alpha.data_ptr<scalar_t>(),
+                                grad_pre.data_ptr<scalar_t>(), grad_z.data_ptr<scalar_t>(),
+                                grad_el.data_ptr<scalar_t>(), grad_er.data_ptr<scalar_t>(), nd, ns, H, D,
+                                static_cast<scalar_t>(slope));
+  });
+  return {grad_z, grad_el, grad_er};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "gsplit CPU aggregation kernels (CSR by destination, deterministic, no per-edge messages)";
+  m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list; checks all indices");
+  m.def("src_csr", &src_csr, "transpose of the edge list: (source row pointers, edge ids, destinations)");
+  m.def("spmm_sum", &spmm_sum, "out[i] = sum of x[col[j]] over row i's entries");
+  m.def("gat_forward", &gat_forward, "fused GAT edge softmax and weighted sum: (out, alpha)");
+  m.def("gat_backward", &gat_backward, "backward of gat_forward: (grad_z, grad_el, grad_er)");
+}

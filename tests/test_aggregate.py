@@ -1,0 +1,224 @@
+"""gsplit.ops.aggregate: the compiled CPU kernels and the plain-torch fallback against float64 references.
+
+Both paths are tested in every run: ``"compiled"`` calls the public dispatching functions (which use the
+C++ extension on CPU; skipped with a reason when it cannot be built here), ``"torch"`` calls the
+``*_torch`` fallbacks directly.
+"""
+
+import pytest
+import torch
+
+from gsplit.ops import aggregate as agg
+
+DTYPES = [torch.float64, torch.float32]
+TOL = {torch.float64: dict(rtol=1e-10, atol=1e-12), torch.float32: dict(rtol=1e-5, atol=1e-5)}
+
+
+def _require_extension():
+    if not agg.extension_available():
+        pytest.skip("the C++ extension is not built here (no compiler/ninja, or GSPLIT_NO_EXTENSIONS set)")
+
+
+SUM = {"compiled": agg.copy_u_sum, "torch": agg.copy_u_sum_torch}
+MEAN = {"compiled": agg.copy_u_mean, "torch": agg.copy_u_mean_torch}
+GAT = {"compiled": agg.gat_aggregate, "torch": agg.gat_aggregate_torch}
+IMPLS = ["compiled", "torch"]
+
+
+def _edges(num_src, num_dst, num_edges, seed=0, isolated=(0,)):
+    """Destination-grouped random edges with repeated sources and destinations without edges."""
+    g = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([v for v in range(num_dst) if v not in isolated and v != num_dst - 1], dtype=torch.int64)
+    dst = allowed[torch.randint(0, allowed.numel(), (num_edges,), generator=g)] if num_edges else allowed[:0]
+    dst = torch.sort(dst).values
+    src = torch.randint(0, max(num_src // 3, 1), (num_edges,), generator=g)  # few sources: many repeats
+    return src, dst
+
+
+CASES = {  # name: (num_src, num_dst, num_edges)
+    "random": (40, 12, 150),
+    "no_edges": (5, 3, 0),
+    "no_dst": (4, 0, 0),
+    "no_rows": (0, 0, 0),
+}
+
+
+def _ref_sum(x, src, dst, nd):
+    x = x.double()
+    return x.new_zeros((nd,) + tuple(x.shape[1:])).index_add_(0, dst, x.index_select(0, src))
+
+
+def _ref_gat(z, el, er, src, dst, nd, slope):
+    """Row-by-row float64 reference: a dense softmax per destination and head."""
+    z, el, er = z.double(), el.double(), er.double()
+    out = z.new_zeros((nd,) + tuple(z.shape[1:]))
+    for v in range(nd):
+        u = src[dst == v]
+        if u.numel() == 0:
+            continue
+        a = torch.softmax(torch.nn.functional.leaky_relu(el[u] + er[v], slope), 0)  # [deg, H]
+        out[v] = (a.unsqueeze(-1) * z[u]).sum(0)
+    return out
+
+
+def _grads(fn, inputs, weight):
+    inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+    out = fn(*inputs)
+    if not out.requires_grad:  # e.g. a reference over no edges: nothing depends on the inputs
+        return out, tuple(torch.zeros_like(t) for t in inputs)
+    return out, torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True)
+
+
+# ---------------------------------------------------------------------------- sum and mean
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("mean", [False, True], ids=["sum", "mean"])
+def test_copy_u_matches_reference(impl, dtype, case, mean):
+    if impl == "compiled":
+        _require_extension()
+    ns, nd, ne = CASES[case]
+    src, dst = _edges(ns, nd, ne)
+    torch.manual_seed(1)
+    x = torch.randn(ns, 6, dtype=dtype)
+    w = torch.randn(nd, 6, dtype=torch.float64)
+    fn = (MEAN if mean else SUM)[impl]
+    out, (gx,) = _grads(lambda x: fn(x, src, dst, nd), [x], w.to(dtype))
+    assert out.dtype == dtype and out.shape == (nd, 6)
+    deg = torch.bincount(dst, minlength=nd).clamp(min=1).double().unsqueeze(1)
+    ref = _ref_sum(x, src, dst, nd) / (deg if mean else 1)
+    torch.testing.assert_close(out.double(), ref, **TOL[dtype])
+    # d/dx of sum(w * out) = sum over each source's edges of w[dst] (/ deg[dst] for the mean)
+    wd = w / (deg if mean else 1)
+    gref = torch.zeros(ns, 6, dtype=torch.float64).index_add_(0, src, wd.index_select(0, dst))
+    torch.testing.assert_close(gx.double(), gref, **TOL[dtype])
+    if nd:
+        empty = torch.bincount(dst, minlength=nd) == 0
+        assert empty.any() and (out[empty] == 0).all()  # destinations without edges get exact zeros
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("mean", [False, True], ids=["sum", "mean"])
+def test_copy_u_gradcheck(impl, mean):
+    if impl == "compiled":
+        _require_extension()
+    src, dst = _edges(9, 5, 14, seed=3)
+    x = torch.randn(9, 3, dtype=torch.float64, requires_grad=True)
+    fn = (MEAN if mean else SUM)[impl]
+    assert torch.autograd.gradcheck(lambda x: fn(x, src, dst, 5), (x,))
+
+
+def test_compiled_sum_equals_fallback_and_is_deterministic():
+    _require_extension()
+    src, dst = _edges(3000, 800, 20000, seed=5)
+    x = torch.randn(3000, 33)
+    w = torch.randn(800, 33)
+    out, (gx,) = _grads(lambda x: agg.copy_u_sum(x, src, dst, 800), [x], w)
+    out2, (gx2,) = _grads(lambda x: agg.copy_u_sum(x, src, dst, 800), [x], w)
+    assert torch.equal(out, out2) and torch.equal(gx, gx2)  # fixed summation order, whatever the threads do
+    ref, (gref,) = _grads(lambda x: agg.copy_u_sum_torch(x, src, dst, 800), [x], w)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gx, gref, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_rejects_ungrouped_or_out_of_range_edges():
+    _require_extension()
+    x = torch.randn(4, 2)
+    with pytest.raises(ValueError, match="not grouped by destination"):
+        agg.copy_u_sum(x, torch.tensor([0, 1, 2]), torch.tensor([1, 0, 1]), 2)
+    with pytest.raises(ValueError, match=r"edge_dst\[1\] = 5 is outside"):
+        agg.copy_u_sum(x, torch.tensor([0, 1]), torch.tensor([0, 5]), 2)
+    with pytest.raises(ValueError, match=r"edge_src\[0\] = 4 is outside"):
+        agg.copy_u_sum(x, torch.tensor([4]), torch.tensor([0]), 1)
+
+
+@pytest.mark.parametrize("fn", [agg.copy_u_sum, agg.copy_u_sum_torch])
+def test_bad_edge_shapes(fn):
+    with pytest.raises(ValueError, match="equal length"):
+        fn(torch.randn(3, 2), torch.tensor([0, 1]), torch.tensor([0]), 1)
+    with pytest.raises(ValueError, match="num_dst = -1"):
+        fn(torch.randn(3, 2), torch.tensor([0]), torch.tensor([0]), -1)
+
+
+def test_no_extensions_variable_selects_the_fallback(monkeypatch):
+    monkeypatch.setenv("GSPLIT_NO_EXTENSIONS", "1")
+    assert not agg.extension_available()
+    # The fallback does not need grouped edges; the compiled kernel would refuse these.
+    out = agg.copy_u_sum(torch.tensor([[1.0], [2.0]]), torch.tensor([0, 1, 0]), torch.tensor([1, 0, 1]), 2)
+    assert out.flatten().tolist() == [2.0, 2.0]
+
+
+def test_other_dtypes_use_the_fallback():
+    src, dst = _edges(10, 4, 12)
+    x = torch.randn(10, 3).to(torch.bfloat16)
+    torch.testing.assert_close(agg.copy_u_sum(x, src, dst, 4), agg.copy_u_sum_torch(x, src, dst, 4))
+
+
+# ---------------------------------------------------------------------------- GAT
+def _gat_inputs(ns, nd, H, D, dtype, seed=2, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(ns, H, D, generator=g, dtype=torch.float64).to(dtype),
+            (scale * torch.randn(ns, H, generator=g, dtype=torch.float64)).to(dtype),
+            (scale * torch.randn(nd, H, generator=g, dtype=torch.float64)).to(dtype))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_gat_matches_reference(impl, dtype, case):
+    if impl == "compiled":
+        _require_extension()
+    ns, nd, ne = CASES[case]
+    H, D, slope = 3, 4, 0.2
+    src, dst = _edges(ns, nd, ne)
+    z, el, er = _gat_inputs(ns, nd, H, D, dtype)
+    w = torch.randn(nd, H, D, dtype=torch.float64)
+    out, grads = _grads(lambda z, el, er: GAT[impl](z, el, er, src, dst, nd, slope), [z, el, er], w.to(dtype))
+    assert out.dtype == dtype and out.shape == (nd, H, D)
+    ref, ref_grads = _grads(lambda z, el, er: _ref_gat(z, el, er, src, dst, nd, slope),
+                            [z.double(), el.double(), er.double()], w)
+    torch.testing.assert_close(out.double(), ref, **TOL[dtype])
+    for g, gr in zip(grads, ref_grads):
+        torch.testing.assert_close(g.double(), torch.zeros_like(gr) if gr is None else gr, **TOL[dtype])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gat_gradcheck(impl):
+    if impl == "compiled":
+        _require_extension()
+    src, dst = _edges(8, 5, 16, seed=4)
+    z, el, er = (t.requires_grad_(True) for t in _gat_inputs(8, 5, 2, 3, torch.float64))
+    assert torch.autograd.gradcheck(lambda z, el, er: GAT[impl](z, el, er, src, dst, 5, 0.1), (z, el, er))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gat_stable_for_large_scores(impl):
+    if impl == "compiled":
+        _require_extension()
+    src, dst = _edges(30, 6, 60, seed=6)
+    z, el, er = _gat_inputs(30, 6, 2, 3, torch.float32, scale=1000.0)
+    out = GAT[impl](z, el, er, src, dst, 6, 0.2)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), _ref_gat(z, el, er, src, dst, 6, 0.2), rtol=1e-4, atol=1e-4)
+
+
+def test_gat_dropout_only_on_the_fallback():
+    src, dst = _edges(30, 6, 60, seed=7)
+    z, el, er = _gat_inputs(30, 6, 2, 3, torch.float64)
+    plain = agg.gat_aggregate_torch(z, el, er, src, dst, 6, 0.2)
+    dropped = agg.gat_aggregate_torch(z, el, er, src, dst, 6, 0.2, attn_drop=torch.nn.Dropout(0.5))
+    assert not torch.allclose(plain, dropped)
+    with pytest.raises(ValueError, match="gat_aggregate expects z"):
+        agg.gat_aggregate(z[:, 0], el, er, src, dst, 6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_matches_cpu():
+    src, dst = _edges(40, 12, 150)
+    x = torch.randn(40, 5)
+    torch.testing.assert_close(agg.copy_u_mean(x.cuda(), src.cuda(), dst.cuda(), 12).cpu(),
+                               agg.copy_u_mean(x, src, dst, 12), rtol=1e-5, atol=1e-5)
+    z, el, er = _gat_inputs(40, 12, 2, 3, torch.float32)
+    torch.testing.assert_close(agg.gat_aggregate(z.cuda(), el.cuda(), er.cuda(), src.cuda(), dst.cuda(), 12).cpu(),
+                               agg.gat_aggregate(z, el, er, src, dst, 12), rtol=1e-5, atol=1e-5)
