@@ -171,7 +171,8 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
                "--json", log, *common_args]
     else:
         cmd = GSPLIT + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", world,
-                                        "--system", system, "--device", "cpu", "--log", log, *common_args]
+                                        "--system", system, "--device", "cpu", "--log", log, "--eval-every", "0",
+                                        *common_args]
         if system == "split":
             cmd += ["--partition", maps[world]["dir"]]
     wall = run(cmd, log.with_suffix(".log"), args.timeout)

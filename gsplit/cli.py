@@ -227,7 +227,8 @@ def cmd_train(args) -> int:
         raise CliError(f"--ranks-per-host {args.ranks_per_host} does not divide the {ranks} ranks; pass a divisor")
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
-                      seed=args.seed, max_iters=args.max_iters, device=args.device, cache_size=args.cache_size,
+                      seed=args.seed, max_iters=args.max_iters, eval_every=args.eval_every, device=args.device,
+                      cache_size=args.cache_size,
                       prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume)
@@ -359,6 +360,7 @@ _NUMBER_RULES = {
     "epochs": (_non_negative, "must be >= 0"),
     "num_ranks": (_non_negative, "must be >= 0 (0: all GPUs, else 2 CPU ranks)"),
     "max_iters": (_non_negative, "must be >= 0 (0: whole epochs)"),
+    "eval_every": (_non_negative, "must be >= 0 (0: no evaluation)"),
     "seed": (_non_negative, "must be >= 0"),
     "lr": (_finite_positive, "must be a positive finite number"),
     "dropout": (lambda v: 0 <= v < 1, "must be in [0, 1) (a probability of dropping; 1 would drop everything)"),
@@ -418,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="gsplit", choices=METHODS)
     _add_presample_args(p)
     p.add_argument("--max-iters", type=int, default=0, help="stop each epoch after this many iterations")
+    p.add_argument("--eval-every", type=int, default=1,
+                   help="validation/test accuracy every this many epochs (default 1; 0: no evaluation at all, "
+                        "also no final layer-wise evaluation: for timing runs)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--cache-size", default="0",
                    help="split: device memory per rank for its hottest owned features, e.g. 10G or 512M "
