@@ -292,9 +292,8 @@ def _state_bytes(obj) -> bytes:
 
 def _save_checkpoint(cfg: TrainConfig, model, opt, epoch: int, iteration: int, step: int) -> None:
     """Rank 0 saves what an exact resume needs: every rank holds the same model and optimiser state."""
-    counters = {"epoch": epoch, "iteration": iteration, "step": step,
-                # vertex-keyed dropout counts training forward passes; its masks depend on that count
-                "model_step": int(getattr(model, "step", 0))}
+    # the vertex-dropout step counter is in model.state_dict() (the models' extra state)
+    counters = {"epoch": epoch, "iteration": iteration, "step": step}
     save_checkpoint(cfg.checkpoint_dir, model.state_dict(), opt.state_dict(), counters, step=step, rng=rng_state())
 
 
@@ -308,8 +307,6 @@ def _resume(cfg: TrainConfig, model, opt) -> TrainPosition:
     model.load_state_dict(ck.model)
     if ck.optimizer is not None:
         opt.load_state_dict(ck.optimizer)
-    if hasattr(model, "step"):
-        model.step = int(ck.counters["model_step"])
     if ck.rng is not None:
         set_rng_state(ck.rng)
     log.info("resumed from %s at epoch %d, iteration %d (step %d)", cfg.checkpoint_dir, ck.counters["epoch"],

@@ -39,6 +39,14 @@ class _Stack(nn.Module):
         self.step = 0
         """Training forward passes so far; every rank counts the same, which keys the dropout masks."""
 
+    def get_extra_state(self) -> dict:
+        """The dropout step counter travels with ``state_dict()``: a reloaded model draws the masks an
+        uninterrupted run would (checkpoints resume exactly)."""
+        return {"step": self.step}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.step = int(state["step"])
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
