@@ -175,6 +175,29 @@ def check_finite(features: torch.Tensor, what: str = "features") -> None:
                              f"{start}..{start + chunk.shape[0] - 1}); clean the input or drop those vertices")
 
 
+def class_labels(y: torch.Tensor, what: str, num_classes: Optional[int] = None) -> Tuple[torch.Tensor, int]:
+    """Node-classification labels from another library's tensor: int64 ``[N]`` and the number of classes.
+
+    A ``[N, 1]`` column is squeezed; anything else that is not one integer class per vertex is an error
+    (multi-label targets are not supported). ``num_classes`` defaults to ``max + 1``.
+
+    Example:
+        >>> labels, k = class_labels(torch.tensor([[2], [0], [1]]), "y")
+        >>> labels.tolist(), k
+        ([2, 0, 1], 3)
+    """
+    labels = y.detach().cpu()
+    if labels.dim() == 2 and labels.shape[1] == 1:
+        labels = labels.squeeze(1)
+    if labels.dim() != 1 or labels.dtype.is_floating_point:
+        raise ValueError(f"{what} has dtype {labels.dtype} and shape {tuple(y.shape)}; gsplit needs one integer "
+                         "class per vertex (multi-label targets are not supported)")
+    labels = labels.to(torch.int64)
+    if num_classes is None:
+        num_classes = int(labels.max()) + 1 if labels.numel() else 1
+    return labels, int(num_classes)
+
+
 # ---------------------------------------------------------------------------------- splits
 def random_split(
     num_nodes: int,

@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from gsplit.datasets.base import Dataset
+from gsplit.datasets.base import Dataset, class_labels
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.sampling.block import Block, MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
@@ -172,15 +172,7 @@ def from_dgl(g, *, feat: str = "feat", label: str = "label", num_classes: Option
             raise ValueError(f"g.ndata has no {key!r} (it has {sorted(g.ndata.keys())}); name the keys with "
                              f"from_dgl(g, feat=..., label=...)")
     x = g.ndata[feat].detach().cpu()
-    y = g.ndata[label].detach().cpu()
-    if y.dim() == 2 and y.shape[1] == 1:
-        y = y.squeeze(1)
-    if y.dim() != 1 or y.dtype.is_floating_point:
-        raise ValueError(f"g.ndata[{label!r}] has dtype {y.dtype} and shape {tuple(y.shape)}; from_dgl needs one "
-                         "integer class per vertex")
-    y = y.to(torch.int64)
-    if num_classes is None:
-        num_classes = int(y.max()) + 1 if y.numel() else 1
+    y, num_classes = class_labels(g.ndata[label], f"g.ndata[{label!r}]", num_classes)
     splits = {}
     for what in ("train", "val", "test"):
         mask = g.ndata.get(f"{what}_mask")

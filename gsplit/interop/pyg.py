@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from gsplit.datasets.base import Dataset
+from gsplit.datasets.base import Dataset, class_labels
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.sampling.block import Block
 
@@ -92,15 +92,7 @@ def from_pyg(data, *, num_classes: Optional[int] = None, name: str = "pyg") -> D
     if x.shape[0] != num_nodes:
         raise ValueError(f"data.x has {x.shape[0]} rows but data.num_nodes is {num_nodes}")
     graph = Graph.from_edges(edge_index[0].cpu(), edge_index[1].cpu(), num_nodes)
-    labels = y.cpu()
-    if labels.dim() == 2 and labels.shape[1] == 1:
-        labels = labels.squeeze(1)
-    if labels.dim() != 1 or labels.dtype.is_floating_point:
-        raise ValueError(f"data.y has dtype {labels.dtype} and shape {tuple(y.shape)}; from_pyg needs one integer "
-                         "class per vertex (multi-label targets are not supported)")
-    labels = labels.to(torch.int64)
-    if num_classes is None:
-        num_classes = int(labels.max()) + 1 if labels.numel() else 1
+    labels, num_classes = class_labels(y, "data.y", num_classes)
     splits = {what: _ids_from(getattr(data, f"{what}_mask", None), num_nodes, f"{what}_mask")
               for what in ("train", "val", "test")}
     return Dataset(graph=graph, features=x.detach().cpu().to(torch.float32).contiguous(), labels=labels,
