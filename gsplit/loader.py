@@ -35,7 +35,7 @@ from gsplit.interop import dgl as dgl_interop  # imports no dgl: DGL inputs and 
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.prefetch import PREFETCH_DEPTH, Producer
 from gsplit.sampling.batches import BatchSchedule
-from gsplit.sampling.block import Block, MiniBatch
+from gsplit.sampling.block import MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.split.split_sampling import sp_sample
 

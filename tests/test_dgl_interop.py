@@ -27,6 +27,7 @@ import torch.nn.functional as F
 import gsplit
 from gsplit.interop.dgl import block_of, from_dgl, graph_from_dgl, sampler_from_dgl, to_dgl_block
 from gsplit.sampling.batches import epoch_permutation
+from parity_helpers import rel_err
 
 NUM_NODES = 150
 FEAT_DIM = 5
@@ -290,11 +291,6 @@ def reference(model_name, world_size):
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
         opt.step()
     return {"losses": losses, "grads": grads, "params": {n: p.detach() for n, p in model.named_parameters()}}
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-4) -> float:
-    """Relative error; ``floor`` keeps gradients that are zero up to rounding from dividing by ~1e-18."""
-    return float((a - b).norm() / b.norm().clamp_min(floor))
 
 
 @pytest.mark.slow

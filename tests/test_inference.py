@@ -14,6 +14,7 @@ import gsplit
 from gsplit.inference import InferenceResult, accuracy, gather_rows, layerwise_inference
 from gsplit.launch import launch
 from gsplit.nn import build_model
+from parity_helpers import random_graph_problem, rel_err
 
 NUM_NODES = 150
 FEAT_DIM = 5
@@ -24,13 +25,8 @@ CHUNKS = (7, 1000)   # smaller than every rank's owned set, and larger than the 
 
 
 def make_problem():
-    g = torch.Generator().manual_seed(5)
-    n_connected = NUM_NODES - 10  # the last 10 vertices have no edges
-    src = torch.randint(0, n_connected, (500,), generator=g)
-    dst = torch.randint(0, n_connected, (500,), generator=g)
-    graph = gsplit.Graph.from_edges(src, dst, NUM_NODES, symmetric=True, remove_self_loops=True)
-    feats = torch.randn(NUM_NODES, FEAT_DIM, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    # the last 10 vertices have no edges
+    graph, feats, labels, g = random_graph_problem(NUM_NODES, 500, FEAT_DIM, NUM_CLASSES, seed=5, isolated=10)
     eval_ids = torch.randperm(NUM_NODES, generator=g)[:40]
     return graph, feats, labels, eval_ids
 
@@ -83,10 +79,6 @@ def rank_worker(rank, world_size):
     return out
 
 
-def rel_err(a, b):
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_split_inference_equals_single_process(world_size):
     per_rank = [rank_worker(0, 1)] if world_size == 1 else launch(rank_worker, world_size)
@@ -106,9 +98,9 @@ def test_split_inference_equals_single_process(world_size):
             assert torch.equal(got["nodes"], (owner == r).nonzero().squeeze(1)), case
             assert got["output"].shape == (got["nodes"].numel(), NUM_CLASSES), case
             full[got["nodes"]] = got["output"]
-            assert rel_err(got["gathered"], ref[eval_ids]) <= 1e-10, case
+            assert rel_err(got["gathered"], ref[eval_ids], floor=1e-12) <= 1e-10, case
         assert not torch.isnan(full).any(), case
-        assert rel_err(full, ref) <= 1e-10, f"{case}: rel. err {rel_err(full, ref):.2e}"
+        assert rel_err(full, ref, floor=1e-12) <= 1e-10, f"{case}: rel. err {rel_err(full, ref, floor=1e-12):.2e}"
         expected_acc = float((ref[eval_ids].argmax(1) == labels[eval_ids]).double().mean())
         for res in per_rank:
             assert res[(map_name, name, chunk)]["acc"] == pytest.approx(expected_acc, abs=1e-12), case

@@ -24,6 +24,7 @@ from gsplit.launch import launch
 from gsplit.nn import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
 from gsplit.sampling.batches import epoch_permutation
+from parity_helpers import random_graph_problem, rel_err
 
 REPO = Path(__file__).resolve().parents[1]
 NUM_NODES = 240
@@ -42,13 +43,7 @@ PREFETCHED = "sage with prefetch"
 
 
 def make_problem():
-    g = torch.Generator().manual_seed(7)
-    n_connected = NUM_NODES - 20
-    src = torch.randint(0, n_connected, (900,), generator=g)
-    dst = torch.randint(0, n_connected, (900,), generator=g)
-    graph = gsplit.Graph.from_edges(src, dst, NUM_NODES, symmetric=True, remove_self_loops=True)
-    feats = torch.randn(NUM_NODES, FEAT_DIM, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    graph, feats, labels, g = random_graph_problem(NUM_NODES, 900, FEAT_DIM, NUM_CLASSES, seed=7, isolated=20)
     order = torch.randperm(NUM_NODES, generator=g)
     owner = torch.randint(0, RANKS_PER_HOST, (NUM_NODES,), generator=torch.Generator().manual_seed(1))
     return graph, feats, labels, order, owner
@@ -124,10 +119,6 @@ def reference(name, num_targets):
         opt.step()
     out["params"] = {n: p.detach().clone() for n, p in model.named_parameters()}
     return out
-
-
-def rel_err(a, b, floor=1e-4):
-    return float((a - b).norm() / b.norm().clamp_min(floor))
 
 
 def test_two_hosts_of_two_ranks_match_single_process_on_the_union():

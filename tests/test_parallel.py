@@ -21,6 +21,7 @@ from torch import nn
 import gsplit
 from gsplit.nn import GATConv, SAGEConv
 from gsplit.sampling.batches import epoch_permutation
+from parity_helpers import random_graph_problem, rel_err
 
 NUM_NODES = 120
 FEAT_DIM = 5
@@ -89,13 +90,8 @@ MODELS = ("plain_sage", "plain_gat", "gsplit_sage")
 
 
 def make_problem():
-    g = torch.Generator().manual_seed(5)
-    n_connected = NUM_NODES - 10  # a few isolated vertices
-    src = torch.randint(0, n_connected, (400,), generator=g)
-    dst = torch.randint(0, n_connected, (400,), generator=g)
-    graph = gsplit.Graph.from_edges(src, dst, NUM_NODES, symmetric=True, remove_self_loops=True)
-    feats = torch.randn(NUM_NODES, FEAT_DIM, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    # a few isolated vertices
+    graph, feats, labels, g = random_graph_problem(NUM_NODES, 400, FEAT_DIM, NUM_CLASSES, seed=5, isolated=10)
     train_idx = torch.randperm(NUM_NODES, generator=g)[:70]
     return graph, feats, labels, train_idx
 
@@ -167,11 +163,6 @@ def reference(model_name, world_size):
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
         opt.step()
     return {"losses": losses, "grads": grads, "params": {n: p.detach() for n, p in model.named_parameters()}}
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-4) -> float:
-    """Relative error; ``floor`` keeps gradients that are zero up to rounding from dividing by ~1e-18."""
-    return float((a - b).norm() / b.norm().clamp_min(floor))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])

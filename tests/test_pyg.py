@@ -15,6 +15,7 @@ from gsplit.interop.pyg import BlockConv, block_inputs, from_pyg, to_pyg  # noqa
 from gsplit.launch import launch  # noqa: E402
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy  # noqa: E402
 from gsplit.sampling.batches import epoch_permutation  # noqa: E402
+from parity_helpers import random_graph_problem, rel_err  # noqa: E402
 
 NUM_NODES = 160
 FEAT_DIM = 6
@@ -26,12 +27,8 @@ DDP_SEED = 11
 
 
 def make_problem():
-    g = torch.Generator().manual_seed(3)
-    src = torch.randint(0, NUM_NODES - 10, (700,), generator=g)   # the last 10 vertices are isolated
-    dst = torch.randint(0, NUM_NODES - 10, (700,), generator=g)
-    graph = gsplit.Graph.from_edges(src, dst, NUM_NODES, symmetric=True, remove_self_loops=True)
-    feats = torch.randn(NUM_NODES, FEAT_DIM, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    # the last 10 vertices are isolated
+    graph, feats, labels, g = random_graph_problem(NUM_NODES, 700, FEAT_DIM, NUM_CLASSES, seed=3, isolated=10)
     train_idx = torch.randperm(NUM_NODES, generator=g)[:100]
     return graph, feats, labels, train_idx
 
@@ -119,11 +116,6 @@ def train_reference(kind, world_size):
 def reference_blocks(sampler, graph, seeds, iteration=0):
     """The single-process blocks of ``seeds`` (the one place that reads ``sample_blocks``' return value)."""
     return sampler.sample_blocks(graph, seeds, epoch=0, iteration=iteration)
-
-
-def rel_err(a, b, floor=1e-4):
-    a, b = a.detach(), b.detach()
-    return float((a - b).norm() / b.norm().clamp_min(floor))
 
 
 def test_pyg_layers_split_parallel_match_single_process():
