@@ -7,8 +7,10 @@ same launcher, same counters. Every number in the returned log comes from the co
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,7 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gsplit.baselines.data_parallel import DataParallelLoader
-from gsplit.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from gsplit.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state, save_checkpoint, set_rng_state
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
@@ -30,6 +32,7 @@ from gsplit.launch import report_progress, resolve_device
 from gsplit.loader import DataLoader, IterationStats
 from gsplit.nn.loss import split_cross_entropy
 from gsplit.nn.models import build_model
+from gsplit.resume import run_record
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -153,6 +156,14 @@ class TrainConfig:
     resume: bool = False
     """Continue from the newest checkpoint in ``checkpoint_dir`` (a fresh start when there is none): the
     remaining steps are those an uninterrupted run takes."""
+    resume_anyway: bool = False
+    """With ``resume``: continue also when the run's settings differ from the checkpoint's in a way that
+    changes the remaining steps (``gsplit train --resume-anyway``); a new ``lr`` is then applied to the
+    restored optimiser. The CLI checks the differences before any rank starts (:mod:`gsplit.resume`)."""
+    max_loss: float = 1e4
+    """Stop the run when a rank's loss on an iteration exceeds this (cross-entropy of a sane model is
+    around ln(classes): this much means the model diverged, e.g. a too large ``lr``); a non-finite loss
+    always stops it. 0: only non-finite losses stop it."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -167,6 +178,8 @@ class TrainConfig:
             raise ValueError("resume=True needs checkpoint_dir: the folder to resume from")
         if self.ranks_per_host < 0:
             raise ValueError(f"ranks_per_host={self.ranks_per_host}; pass the ranks of one host, or 0 for one host")
+        if not (self.max_loss >= 0):
+            raise ValueError(f"max_loss={self.max_loss}; pass a positive loss limit, or 0 to stop only on NaN/inf")
 
 
 @dataclass
@@ -290,28 +303,65 @@ def _state_bytes(obj) -> bytes:
     return buf.getvalue()
 
 
-def _save_checkpoint(cfg: TrainConfig, model, opt, epoch: int, iteration: int, step: int) -> None:
+@contextlib.contextmanager
+def _expected_work(reports: int, interval_s: float = 1.0):
+    """Keep reporting progress (``reports``: this rank's count so far) while the block runs.
+
+    Rank 0 saves checkpoints alone while the other ranks wait for it in the next collective: without
+    this, the launcher's progress watchdog would take a slow save (a big model, a slow disk) for a hang.
+    """
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval_s):
+            report_progress(reports)
+
+    thread = threading.Thread(target=beat, name="gsplit-save-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _save_checkpoint(cfg: TrainConfig, model, opt, epoch: int, iteration: int, step: int, run: dict,
+                     reports: int = 0) -> None:
     """Rank 0 saves what an exact resume needs: every rank holds the same model and optimiser state."""
     # the vertex-dropout step counter is in model.state_dict() (the models' extra state)
     counters = {"epoch": epoch, "iteration": iteration, "step": step}
-    save_checkpoint(cfg.checkpoint_dir, model.state_dict(), opt.state_dict(), counters, step=step, rng=rng_state())
+    with _expected_work(reports):
+        save_checkpoint(cfg.checkpoint_dir, model.state_dict(), opt.state_dict(), counters, step=step,
+                        rng=rng_state(), run=run)
 
 
 def _resume(cfg: TrainConfig, model, opt) -> TrainPosition:
     """Load the newest checkpoint into ``model`` and ``opt``; the position to continue from (the start if none)."""
-    try:
-        ck = load_checkpoint(cfg.checkpoint_dir)
-    except FileNotFoundError:
-        log.warning("resume: no checkpoint in %s yet; starting from the beginning", cfg.checkpoint_dir)
+    ck = load_checkpoint(cfg.checkpoint_dir)
+    if ck is None:  # a new folder, or the first save was interrupted: TrainConfig.resume's fresh start
+        log.warning("resume: no complete checkpoint in %s yet; starting from the beginning", cfg.checkpoint_dir)
         return TrainPosition()
     model.load_state_dict(ck.model)
     if ck.optimizer is not None:
         opt.load_state_dict(ck.optimizer)
+        if cfg.resume_anyway:  # the user chose the new settings: a restored optimiser must not keep the old lr
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr
     if ck.rng is not None:
         set_rng_state(ck.rng)
     log.info("resumed from %s at epoch %d, iteration %d (step %d)", cfg.checkpoint_dir, ck.counters["epoch"],
              ck.counters["iteration"], ck.counters["step"])
     return TrainPosition(int(ck.counters["epoch"]), int(ck.counters["iteration"]), int(ck.counters["step"]))
+
+
+def _check_loss(cfg: TrainConfig, value: float, rank: int, epoch: int, iteration: int, step: int) -> None:
+    """Stop a run whose loss is NaN/inf or exploded, naming the rank and the iteration."""
+    if math.isfinite(value) and not (cfg.max_loss and value > cfg.max_loss):
+        return
+    what = f"is {value}" if not math.isfinite(value) else f"is {value:.3g}, above max_loss {cfg.max_loss:g}"
+    raise FloatingPointError(f"rank {rank}: the loss {what} at epoch {epoch}, iteration {iteration} (step {step}): "
+                             f"training diverged; lower the learning rate (lr {cfg.lr:g}) or check the input "
+                             f"features for huge values; the last checkpoint, if any, predates it")
 
 
 def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optional[Tuple]:
@@ -340,6 +390,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     spans several hosts (the CLI passes it under torchrun); without it ``cfg.ranks_per_host`` makes them.
     ``owner`` then has one part per rank of a host.
     """
+    if dataset.train_idx.numel() == 0:
+        raise ValueError(f"dataset {dataset.name!r} has no training vertices (train_idx is empty): nothing to train; "
+                         f"check its split options")
     device = resolve_device(cfg.device)
     system = SYSTEMS[cfg.system]
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
@@ -364,7 +417,12 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, owner, device, sampler, False, **eval_options)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
+    if cfg.checkpoint_dir and rank == 0:  # before any work: model.pt and every save go here
+        prepare_checkpoint_dir(cfg.checkpoint_dir)
+    run = run_record(asdict(cfg), world_size, dataset, owner) if cfg.checkpoint_dir and rank == 0 else {}
+    reports = 0  # report_progress calls of this rank (what the watchdog shows while rank 0 saves)
     position = _resume(cfg, model, opt) if cfg.resume else TrainPosition()
+    resumed_at = (position.epoch, position.iteration)
     for epoch in range(position.epoch, cfg.epochs):
         counters = EpochCounters()
         comm.traffic.reset()
@@ -391,6 +449,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             opt.step()
             _sync(device)
             train_s = time.perf_counter() - t0
+            _check_loss(cfg, float(loss.detach()), rank, epoch, it, position.step + 1)
             counters.train_s += train_s
             if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
                 traffic_now = comm.traffic.snapshot()
@@ -403,11 +462,14 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
             local_loss += loss.detach().to(torch.float64)
             position.step += 1
-            done = it + 1 == len(train_loader)
+            # the epoch ends here: its last iteration, or the last one --max-iters lets it run
+            done = it + 1 == len(train_loader) or bool(cfg.max_iters and it + 1 >= cfg.max_iters)
             if cfg.checkpoint_dir and rank == 0 and (position.step % cfg.checkpoint_every == 0 if cfg.checkpoint_every
                                                      else done):
-                _save_checkpoint(cfg, model, opt, epoch + 1 if done else epoch, 0 if done else it + 1, position.step)
+                _save_checkpoint(cfg, model, opt, epoch + 1 if done else epoch, 0 if done else it + 1, position.step,
+                                 run, reports)
             report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
+            reports += 1
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
         epoch_s = time.perf_counter() - t_epoch
@@ -415,6 +477,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
         loss_sum = global_sum(local_loss, job_comm)
         record = {"epoch": epoch, "loss": loss_sum / max(counters.iterations, 1), "epoch_s": epoch_s}
+        if epoch == resumed_at[0] and resumed_at[1] > 0:  # resumed mid-epoch: only the iterations after it
+            record.update(partial=True, first_iteration=resumed_at[1], iterations=counters.iterations)
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0:
             for name, loader in eval_loaders.items():
                 record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)
