@@ -140,3 +140,113 @@ def test_the_launcher_chooses_the_loopback_interface_for_gloo_and_nccl(monkeypat
     other = {}
     launch_mod._bind_to_loopback("10.1.2.3", other)  # many hosts: the user's choice (env) stands
     assert other == {}
+
+
+# ---------------------------------------------------------------- files that must not run code
+class _Payload:
+    """Unpickling this creates the marker file: what a crafted dataset, map or checkpoint would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _assert_refused(call, marker: Path, match: str):
+    with pytest.raises(ValueError, match=match) as info:
+        call()
+    assert "\n" not in str(info.value)
+    assert not marker.exists(), "the crafted file ran code"
+
+
+def test_ogb_processed_file_cannot_run_code(tmp_path):
+    pytest.importorskip("ogb")
+    from gsplit.datasets import load
+
+    marker = tmp_path / "pwned"
+    processed = tmp_path / "root" / "ogbn_arxiv" / "processed"
+    processed.mkdir(parents=True)
+    torch.save({"graph": _Payload(marker), "labels": np.zeros(3)}, processed / "data_processed", pickle_protocol=4)
+    _assert_refused(lambda: load("ogbn-arxiv", root=str(tmp_path / "root"), download=False), marker,
+                    "posix.system|os.system|may be crafted")
+
+
+def test_ogb_numpy_files_still_load(tmp_path):
+    pytest.importorskip("ogb")
+    from gsplit.datasets.ogb import load_numpy_pickle
+
+    graph = {"edge_index": np.array([[0, 1], [1, 2]]), "node_feat": np.ones((3, 2), np.float32), "num_nodes": 3,
+             "edge_feat": None}
+    torch.save({"graph": [graph], "labels": np.array([[1.0], [np.nan], [0.0]])}, tmp_path / "f", pickle_protocol=4)
+    back = load_numpy_pickle(tmp_path / "f")
+    assert back["graph"][0]["num_nodes"] == 3 and back["graph"][0]["node_feat"].dtype == np.float32
+    assert np.isnan(back["labels"][1, 0])
+
+
+def _pickled_npy(path: Path, marker: Path) -> None:
+    arr = np.empty(1, dtype=object)
+    arr[0] = _Payload(marker)
+    with open(path, "wb") as f:
+        np.save(f, arr, allow_pickle=True)
+
+
+def test_npz_with_a_pickled_array_cannot_run_code(tmp_path):
+    from gsplit.datasets import load_npz
+
+    marker = tmp_path / "pwned"
+    obj = np.empty(1, dtype=object)
+    obj[0] = _Payload(marker)
+    np.savez(tmp_path / "g.npz", adj_data=np.ones(1), adj_indices=np.array([1]), adj_indptr=np.array([0, 1, 1]),
+             adj_shape=np.array([2, 2]), labels=obj)
+    with pytest.raises(ValueError):
+        load_npz(tmp_path / "g.npz")
+    assert not marker.exists()
+
+
+def test_map_weights_and_graph_files_cannot_run_code(tmp_path):
+    import gsplit
+    from gsplit.partitioning.presample import PresampleWeights
+
+    marker = tmp_path / "pwned"
+    g = gsplit.Graph.from_edges([0, 1, 2], [1, 2, 0])
+    pmap = gsplit.PartitionMap.from_tensor(torch.tensor([0, 1, 1]), num_parts=2, graph=g)
+    pmap.save(tmp_path / "map")
+    _pickled_npy(tmp_path / "map" / "assignment.npy", marker)
+    _assert_refused(lambda: gsplit.PartitionMap.load(tmp_path / "map"), marker, "assignment.npy")
+    g.save(tmp_path / "graph")
+    victim = next((tmp_path / "graph").glob("*.npy"))
+    _pickled_npy(victim, marker)
+    _assert_refused(lambda: gsplit.Graph.load(tmp_path / "graph"), marker, victim.name)
+    sampler = gsplit.NeighborSampler([2])
+    weights = gsplit.presample(g, torch.tensor([0, 1]), sampler, batch_size=2, epochs=1)
+    weights.save(tmp_path / "w")
+    victim = next((tmp_path / "w").glob("*.npy"))
+    _pickled_npy(victim, marker)
+    _assert_refused(lambda: PresampleWeights.load(tmp_path / "w"), marker, victim.name)
+
+
+def test_a_crafted_checkpoint_cannot_run_code(tmp_path):
+    import hashlib
+    import json
+
+    from gsplit.checkpoint import load_checkpoint, save_checkpoint
+
+    marker = tmp_path / "pwned"
+    folder = save_checkpoint(tmp_path, torch.nn.Linear(2, 1).state_dict(), None, {"step": 1})
+    torch.save({"model": _Payload(marker), "optimizer": None, "counters": {}, "rng": None}, folder / "state.pt")
+    meta = json.loads((folder / "meta.json").read_text())  # a matching checksum: the unpickler itself must refuse
+    meta["files"]["state.pt"] = hashlib.sha256((folder / "state.pt").read_bytes()).hexdigest()
+    (folder / "meta.json").write_text(json.dumps(meta))
+    _assert_refused(lambda: load_checkpoint(tmp_path), marker, "state.pt cannot be read")
+
+
+def test_no_reader_in_the_package_unpickles():
+    """The whole package: no weights_only=False, no pickle.load(s) of files, no allow_pickle=True."""
+    offenders = []
+    for path in (ROOT / "gsplit").rglob("*.py"):
+        text = path.read_text()
+        for needle in ("weights_only=False", "allow_pickle=True", "pickle.load(", "np.load(p)", "torch.load(f)"):
+            if needle in text:
+                offenders.append(f"{path.relative_to(ROOT)}: {needle}")
+    assert not offenders, offenders

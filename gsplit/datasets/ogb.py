@@ -16,7 +16,7 @@ ogb's files but runs no code from them; fixed answers instead of prompts; loggin
 and restored afterwards. Nothing outside ogb is touched.
 
 A dataset folder is data a user points gsplit at, so it must not be able to run code: ogb's own
-``torch.load(weights_only=False)`` would run whatever a crafted ``processed/data_processed`` holds.
+unguarded ``torch.load`` (weights-only off) would run whatever a crafted ``processed/data_processed`` holds.
 :func:`load_numpy_pickle` unpickles only containers, numbers, strings and numpy arrays.
 """
 
@@ -234,7 +234,7 @@ def load_numpy_pickle(path: os.PathLike):
 class _TorchForOgb:
     """Stands in for ``torch`` inside ogb: forwards everything, but ``load`` is :func:`load_numpy_pickle`
     (ogb pickles numpy arrays with protocol 4, which torch's weights-only unpickler cannot read, and
-    ``weights_only=False`` would run any code a crafted file holds)."""
+    switching the weights-only guard off would run any code a crafted file holds)."""
 
     def __init__(self, dataset_dir: Path):
         self._dir = dataset_dir.resolve()
