@@ -7,6 +7,7 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import math
@@ -258,8 +259,7 @@ class ResumeGuard:
     rank starts. Allowed changes are said in one line each; refused ones raise :class:`CliError`."""
 
     def __init__(self, args, config: dict, world_size: int, writer: bool):
-        from gsplit.checkpoint import CheckpointLock, load_checkpoint, prepare_checkpoint_dir, remove_leftovers
-        from gsplit.resume import compare_runs, run_record
+        from gsplit.checkpoint import CheckpointLock, prepare_checkpoint_dir
 
         self.args, self.config, self.world_size = args, config, world_size
         self.lock = None
@@ -268,6 +268,24 @@ class ResumeGuard:
         folder = prepare_checkpoint_dir(args.checkpoint)
         if writer:  # one writer per folder; the kernel drops the lock when this process ends, however
             self.lock = CheckpointLock(folder).acquire()
+        try:
+            self._check(folder, writer)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Let another run write the folder (also done by the kernel when this process ends)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _check(self, folder: Path, writer: bool) -> None:
+        from gsplit.checkpoint import load_checkpoint, remove_leftovers
+        from gsplit.resume import compare_runs, run_record
+
+        args = self.args
+        if writer:
             remove_leftovers(folder)
         latest = load_checkpoint(folder, state=False)
         if latest is None:
@@ -281,7 +299,7 @@ class ResumeGuard:
         if not latest.run and not args.resume_anyway:
             raise CliError(f"the checkpoint in {folder} ({where}) records no run settings (an older gsplit wrote "
                            f"it), so this run cannot be checked against it; pass --resume-anyway to resume it")
-        self._decide(compare_runs(latest.run, run_record(config, world_size)))
+        self._decide(compare_runs(latest.run, run_record(self.config, self.world_size)))
         self.saved = load_checkpoint(folder)  # the checksum and the file, before any rank reads them
         _say(f"gsplit: resume: from {self.saved.path} ({where})")
 
@@ -331,6 +349,11 @@ class ResumeGuard:
 
 
 def cmd_train(args) -> int:
+    with contextlib.ExitStack() as closing:  # the checkpoint folder's lock, released however the run ends
+        return _train(args, closing)
+
+
+def _train(args, closing: contextlib.ExitStack) -> int:
     import gsplit
     from gsplit.comm import hosts as multihost
     from gsplit.feature_store import parse_size
@@ -377,7 +400,12 @@ def cmd_train(args) -> int:
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
     guard = ResumeGuard(args, asdict(cfg), ranks, writer=not torchrun or rank == 0) if args.checkpoint else None
+    if guard is not None:
+        closing.callback(guard.release)
     ds = _load_dataset(args)
+    if ds.train_idx.numel() == 0:
+        raise CliError(f"dataset {ds.name} has no training vertices: nothing to train; check its split options "
+                       f"(e.g. -D split_fractions=0.6,0.2,0.2)")
     if guard is not None:
         guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
     owner, cache_weights = None, None
