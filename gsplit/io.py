@@ -227,7 +227,8 @@ def append_jsonl(path: PathLike, record: Mapping[str, Any]) -> None:
         try:
             written = os.write(fd, line)
             if written != len(line):
-                raise OSError(errno.ENOSPC, f"only {written} of {len(line)} bytes could be written")
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: only {written} of {len(line)} bytes "
+                                            f"could be written")
             os.fsync(fd)
         except OSError as e:
             with contextlib.suppress(OSError):
