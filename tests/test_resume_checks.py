@@ -4,7 +4,6 @@ One rank in this process (fast); one test starts two CPU ranks. Every refusal mu
 ``gsplit: error:`` line with exit code 2, before any rank starts.
 """
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gsplit.checkpoint import CheckpointLock, load_checkpoint
+from gsplit.checkpoint import load_checkpoint
 from gsplit.cli import main
 from gsplit.io import read_run_log
 
@@ -143,6 +142,8 @@ def test_a_new_run_into_a_folder_with_a_checkpoint_is_refused(saved, capsys):
 
 
 def test_one_writer_per_folder(tmp_path, capsys):
+    from gsplit.checkpoint import CheckpointLock
+
     ck = tmp_path / "ck"
     ck.mkdir()
     with CheckpointLock(ck):  # another run holds it
