@@ -109,8 +109,6 @@ def load_npz(
     if missing:
         raise ValueError(f"{str(p)!r} lacks {missing}: expected the gnn-benchmark CSR layout "
                          "(adj_data, adj_indices, adj_indptr, adj_shape, attr_*, labels)")
-    import scipy.sparse as sp
-
     adj = _csr(arrays, "adj", p)
     graph = Graph.from_scipy(adj, symmetric=symmetric, remove_self_loops=remove_self_loops)
     n = graph.num_nodes
