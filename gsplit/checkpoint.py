@@ -203,19 +203,21 @@ class CheckpointLock:
         self.release()
 
 
-def prepare_checkpoint_dir(directory: Union[str, Path]) -> Path:
+def prepare_checkpoint_dir(directory: Union[str, Path], probe: bool = True) -> Path:
     """Create ``directory`` and make sure files can be written and renamed in it, before any work.
 
     Raises a one-line ``ValueError`` (a file in the way, a read-only file system, no permission).
+    ``probe=False`` skips the test write (ranks that only read, while the writer cleans up ``.*.tmp``).
     """
     d = Path(directory)
     if d.exists() and not d.is_dir():
         raise ValueError(f"--checkpoint {d} is a file, not a folder; pass a folder path (it is created if absent)")
     try:
         d.mkdir(parents=True, exist_ok=True)
-        probe = d / f".write-test.{os.getpid()}.tmp"
-        atomic_write_bytes(probe, b"ok")
-        probe.unlink()
+        if probe:
+            test_file = d / f".write-test.{os.getpid()}.tmp"
+            atomic_write_bytes(test_file, b"ok")
+            test_file.unlink(missing_ok=True)
     except OSError as e:
         raise ValueError(f"cannot write checkpoints into {d} ({e.strerror or e}); pass a folder on a writable "
                          f"file system with free space") from None

@@ -265,7 +265,7 @@ class ResumeGuard:
         self.lock = None
         self.saved = None
         """The checkpoint to resume (its state loaded and checked), None for a fresh start."""
-        folder = prepare_checkpoint_dir(args.checkpoint)
+        folder = prepare_checkpoint_dir(args.checkpoint, probe=writer)
         if writer:  # one writer per folder; the kernel drops the lock when this process ends, however
             self.lock = CheckpointLock(folder).acquire()
         try:
