@@ -447,6 +447,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
           flush=True)
     if args.log and (not torchrun or rank == 0):  # under torchrun every rank runs this; rank 0 writes
         resumed = {} if guard is None or guard.saved is None else {"resumed_from": dict(guard.saved.counters)}
+        if not args.resume:  # a new run starts the log afresh; a resumed one appends to its run's log
+            Path(args.log).write_bytes(b"")
         append_jsonl(args.log, {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg),
                                 **resumed})
     report = EpochReport(args.log)

@@ -62,11 +62,27 @@ def atomic_file(path: PathLike) -> Iterator[Any]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _naming(e, path) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """``e`` with the file it was about; a short write that numpy reports without an errno is called ENOSPC
+    when the folder's file system is (nearly) full, as it then is."""
+    code, text = e.errno, e.strerror or str(e)
+    if code is None:
+        with contextlib.suppress(OSError):
+            st = os.statvfs(path.parent)
+            if st.f_bavail * st.f_frsize < (1 << 20):
+                code, text = errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({text})"
+    return OSError(code, text, str(path))
 
 
 def atomic_write_bytes(path: PathLike, data: Union[bytes, str]) -> None:

@@ -653,3 +653,22 @@ def test_an_empty_training_set_fails_in_train_rank():
     ds.train_idx = ds.train_idx[:0]
     with pytest.raises(ValueError, match="no training vertices"):
         train_rank(0, 1, TrainConfig(fanouts=[2], hidden=8, epochs=1, device="cpu"), ds, None)
+
+
+FULL_DISK_PREPARE = textwrap.dedent("""
+    import subprocess, sys
+    p = subprocess.run([sys.executable, "-m", "gsplit", "prepare", "-D", "num_nodes=20000", "--num-parts", "2",
+                        "--method", "random", "--out", sys.argv[1] + "/map"], capture_output=True, text=True, timeout=60)
+    print(p.returncode)
+    print(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "")
+    print("Traceback" in p.stderr)
+""")
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_prepare_is_one_line(tmp_path):
+    proc = _in_private_mount(tmp_path, "mount -t tmpfs -o size=16k tmpfs $D", FULL_DISK_PREPARE)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rc, last, traceback = proc.stdout.strip().splitlines()
+    assert rc == "1" and traceback == "False", proc.stdout
+    assert last.startswith("gsplit: error: No space left on device") and "/map" in last, last
