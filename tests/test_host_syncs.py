@@ -1,0 +1,202 @@
+"""Host-device syncs: the counter itself, and the budget of one split iteration (loader + model).
+
+On a GPU every ``.tolist()``, ``nonzero``, boolean-mask index, ``bincount`` or pageable copy makes the
+host wait until the device has drained its queue. :class:`gsplit.ops.sync_counter.HostSyncCounter`
+counts them per call site; with ``cpu_is_device=True`` it runs here, CPU tensors standing for device
+tensors and the loader's host tables (features, labels, targets) for host memory.
+
+The iteration runs the code a GPU run runs: ``GSPLIT_NO_EXTENSIONS=1`` (aggregation by the torch ops a
+CUDA tensor takes) and, where a C++ compiler exists, sampling and relabelling by the CUDA kernels'
+own wrappers (``gsplit.ops.cuda``) over the kernels compiled for the CPU (``kernel_emulation``); without
+a compiler, by the plain-torch sampler that a GPU without CuPy runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+
+import pytest
+import torch
+
+import gsplit
+from gsplit import ops
+from gsplit.comm.gradients import allreduce_gradients
+from gsplit.launch import launch
+from gsplit.loader import DataLoader
+from gsplit.nn import build_model, split_cross_entropy
+from gsplit.nn.dropout import vertex_dropout
+from gsplit.ops import aggregate
+from gsplit.ops.sync_counter import HostSyncCounter
+
+NUM_LAYERS = 3
+FANOUTS = [4, 3, 2]
+BATCH = 16
+
+SYNC_CALLS = {
+    "item": lambda x, m: x.sum().item(),
+    "tolist": lambda x, m: x.tolist(),
+    "cpu": lambda x, m: x.cpu(),
+    "numpy": lambda x, m: x.numpy(),
+    "__bool__": lambda x, m: bool(x.sum()),
+    "__int__": lambda x, m: int(x.sum()),
+    "__float__": lambda x, m: float(x.sum()),
+    "__index__": lambda x, m: [0, 1, 2][x[1]],
+    "nonzero": lambda x, m: x.nonzero(),
+    "torch.nonzero": lambda x, m: torch.nonzero(m),
+    "where(cond)": lambda x, m: torch.where(m),
+    "bool-mask getitem": lambda x, m: x[m],
+    "bool-mask setitem": lambda x, m: x.__setitem__(m, 0),
+    "masked_select": lambda x, m: torch.masked_select(x, m),
+    "bincount": lambda x, m: torch.bincount(x),
+    "unique": lambda x, m: torch.unique(x),
+    "repeat_interleave": lambda x, m: torch.repeat_interleave(x, x),
+    "tensor from values": lambda x, m: torch.tensor([x[0], x[1]]),
+}
+"""Each of these forces one sync on CUDA and must count exactly once."""
+
+NO_SYNC_CALLS = {
+    "arithmetic": lambda x, m: (x * 2 + 1).sum(),
+    "index_select": lambda x, m: x.index_select(0, x[:2]),
+    "nonzero_static": lambda x, m: torch.nonzero_static(m, size=2),
+    "repeat_interleave with output_size": lambda x, m: torch.repeat_interleave(x, x, output_size=15),
+    "index_add_": lambda x, m: torch.zeros(6, dtype=x.dtype).index_add_(0, x, x),
+    "shape": lambda x, m: x.shape[0] + x.numel(),
+}
+
+
+@pytest.mark.parametrize("name", list(SYNC_CALLS))
+def test_counter_counts_each_sync_call_once(name):
+    counter = HostSyncCounter(cpu_is_device=True)
+    with counter:
+        x = torch.arange(6)
+        mask = x > 3
+        SYNC_CALLS[name](x, mask)
+    assert counter.total == 1, counter.report()
+    assert counter.events[0].site.startswith(f"tests/test_host_syncs.py:"), counter.report()
+
+
+@pytest.mark.parametrize("name", list(NO_SYNC_CALLS))
+def test_counter_ignores_calls_without_sync(name):
+    counter = HostSyncCounter(cpu_is_device=True)
+    with counter:
+        x = torch.arange(6)
+        NO_SYNC_CALLS[name](x, x > 3)
+    assert counter.total == 0, counter.report()
+
+
+def test_counter_tells_host_from_device_tensors():
+    table = torch.arange(10.0)
+    counter = HostSyncCounter(cpu_is_device=True, host=[table])
+    with counter:
+        ids = torch.arange(3)
+        host_ids = ids.cpu()                      # 1: a device-to-host read
+        rows = table[host_ids] * 2                # host work: free
+        rows.tolist()                             # a host tensor: free
+        moved = rows.to(ids.device)               # 2: a blocking copy from pageable memory
+        rows.to(ids.device, non_blocking=True)    # asynchronous: free (pinned on a GPU)
+        moved.tolist()                            # 3: a device tensor again
+        host_ids.new_zeros(2).tolist()            # made from a host tensor: free
+    assert [e.kind for e in counter.events] == ["cpu", "pageable copy", "tolist"], counter.report()
+
+
+def test_counter_sees_python_backward():
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return 2 * x
+
+        @staticmethod
+        def backward(ctx, g):
+            g.tolist()
+            return 2 * g
+
+    counter = HostSyncCounter(cpu_is_device=True)
+    x = torch.ones(3, requires_grad=True)
+    with counter:
+        Twice.apply(x).sum().backward()
+    assert counter.total == 1 and "(backward)" in counter.events[0].site, counter.report()
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_counter_names_the_line():
+    counter = HostSyncCounter(cpu_is_device=True)
+    with counter:
+        torch.arange(3).tolist()
+    assert counter.by_site() == {f"tests/test_host_syncs.py:{test_counter_names_the_line.__code__.co_firstlineno + 3} "
+                                 "(test_counter_names_the_line): tolist": 1}
+
+
+# ------------------------------------------------------------------------ one split iteration
+def make_problem(seed: int = 5):
+    g = torch.Generator().manual_seed(seed)
+    n = 400
+    src = torch.randint(0, n, (2400,), generator=g)
+    dst = torch.randint(0, n, (2400,), generator=g)
+    graph = gsplit.Graph.from_edges(src, dst, n, symmetric=True, remove_self_loops=True)
+    feats = torch.randn(n, 8, generator=g)
+    labels = torch.randint(0, 4, (n,), generator=g)
+    train_idx = torch.randperm(n, generator=g)[:200]
+    return graph, feats, labels, train_idx
+
+
+def use_kernel_emulation(lib_path: str) -> None:
+    """Route sampling and relabelling through gsplit.ops.cuda's wrappers over the kernels built for the CPU
+    (in this process; a spawned rank calls it itself)."""
+    import contextlib
+    import ctypes
+
+    import numpy as np
+    from kernel_emulation import SerialKernel
+
+    from gsplit.ops import cuda
+
+    lib = ctypes.CDLL(lib_path)
+    cuda._function = lambda module, kernel: SerialKernel(lib, kernel)
+    cuda._torch_stream = lambda device: contextlib.nullcontext()
+    cuda._ptr = lambda t: np.uint64(t.data_ptr() if t.numel() else 0)
+    cuda._MAX_BLOCKS = 2
+    ops.sample_neighbors = cuda.sample_neighbors
+    ops.relabel = lambda dst_nodes, src, num_nodes=None: cuda.relabel(dst_nodes, src)
+
+
+def count_iteration(rank: int, world_size: int, model_name: str, lib_path=None):
+    """Syncs of one split iteration on this rank: the loader's batch, forward, loss, backward, gradient sum."""
+    os.environ["GSPLIT_NO_EXTENSIONS"] = "1"
+    if lib_path is not None:
+        use_kernel_emulation(lib_path)
+    graph, feats, labels, train_idx = make_problem()
+    owner = torch.arange(graph.num_nodes) % world_size
+    loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=1), partition=owner,
+                        use_ddp=world_size > 1, batch_size=BATCH, shuffle=True, features=feats, labels=labels)
+    torch.manual_seed(0)
+    model = build_model(model_name, 8, 8, 4, num_layers=NUM_LAYERS, heads=2, dropout=0.4)
+    host = [loader.features, loader.labels, loader.schedule.indices]
+    counter = HostSyncCounter(cpu_is_device=True, host=host)
+    batches = iter(loader)
+    with counter:
+        _, _, blocks = next(batches)
+        logits = model(blocks, blocks[0].srcdata["feat"])
+        loss = split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1])
+        loss.backward()
+        allreduce_gradients(model, loader.comm)
+    return [(e.kind, e.site) for e in counter.events]
+
+
+@pytest.fixture(scope="module")
+def kernel_lib_path(tmp_path_factory):
+    """The CUDA kernels built for the CPU, or None without a C++ compiler (then the torch sampler runs)."""
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        return None
+    from kernel_emulation import build_emulation_lib, make_shim
+    from test_kernels import _ATOMICS
+
+    tmp = tmp_path_factory.mktemp("emu")
+    build_emulation_lib(tmp, make_shim(["sample.cu", "relabel.cu"], extra=_ATOMICS), "libsync_emu.so")
+    return str(tmp / "libsync_emu.so")
+
+
+def report(events) -> str:
+    counts = collections.Counter(f"{site}: {kind}" for kind, site in events)
+    return f"{len(events)} syncs\n" + "\n".join(f"{n:4d}  {k}" for k, n in counts.most_common())
