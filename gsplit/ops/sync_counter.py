@@ -8,8 +8,9 @@ should have as few as its sizes force. :class:`HostSyncCounter` is a ``TorchFunc
 every Python-level torch call, counts the sync-inducing ones and names the line that made each.
 
 It also runs on a machine without a GPU, for tests: with ``cpu_is_device=True`` CPU tensors stand for
-device tensors, except those listed in ``host=`` (e.g. the host feature table) and those that come out
-of a counted device-to-host read (``.cpu()``) or are computed from host tensors only. A copy of a host
+device tensors, except those listed in ``host=`` (e.g. the host feature table), those that come out
+of a counted device-to-host read (``.cpu()``) or are computed from host tensors only, and those made by
+a factory that names no device (``torch.zeros(3)`` is in host memory on a GPU machine too). A copy of a host
 tensor with ``.to(device)`` then counts as a blocking (pageable) copy unless it is ``non_blocking``;
 on a GPU a copy counts unless it is ``non_blocking`` from pinned memory. A ``.to(...)`` of a device
 tensor counts only on a real GPU (a stand-in cannot tell "to the host" from "to the device"): library
@@ -20,7 +21,7 @@ Not seen: syncs inside C++ code (an extension, ``torch.cuda.synchronize``) and i
 Example:
     >>> counter = HostSyncCounter(cpu_is_device=True)
     >>> with counter:
-    ...     n = int(torch.arange(5).sum())             # one read of a device value
+    ...     n = int(torch.arange(5, device="cpu").sum())   # one read of a "device" value
     >>> counter.total, counter.events[0].kind
     (1, '__int__')
 """
@@ -96,7 +97,7 @@ class HostSyncCounter(TorchFunctionMode):
     Example:
         >>> counter = HostSyncCounter(cpu_is_device=True)
         >>> with counter:
-        ...     x = torch.arange(6)
+        ...     x = torch.arange(6, device="cpu")
         ...     y = x[x > 2]                              # a boolean mask: the size is data-dependent
         >>> [(e.kind, e.site.split(" ")[0].rsplit(":", 1)[0]) for e in counter.events]  # doctest: +ELLIPSIS
         [('bool-mask index', ...)]
@@ -179,6 +180,11 @@ class HostSyncCounter(TorchFunctionMode):
                 leaves, _ = tree_flatten(data)
                 if any(self._on_device(x) for x in leaves):
                     return "tensor from device values"
+            if not isinstance(data, torch.Tensor) and kwargs.get("device") is not None:
+                # Python values to the device: a copy from pageable memory
+                target = torch.device(kwargs["device"])
+                if target.type == "cuda" or (self.cpu_is_device and target.type == "cpu"):
+                    return "pageable copy"
             return None
         if func in (torch.Tensor.to, torch.Tensor.cuda):
             return self._copy_kind(args[0], _target_device(func, args, kwargs), _non_blocking(args, kwargs))
