@@ -16,10 +16,10 @@ from typing import Optional, Tuple
 import torch
 
 from gsplit import ops
-from gsplit.ops.aggregate import degrees
-from gsplit.ops.torch_ops import to_device
 from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
+from gsplit.ops.aggregate import degrees
+from gsplit.ops.torch_ops import to_device
 from gsplit.sampling.block import MiniBatch, ShuffleIndex
 from gsplit.sampling.neighbor import NeighborSampler
 
