@@ -564,7 +564,10 @@ def _in_private_mount(tmp_path: Path, mount: str, script: str):
     d = tmp_path / "mnt"
     d.mkdir()
     (tmp_path / "s.py").write_text(script)
-    shell = f"{mount.replace('$D', str(d))} && cd {ROOT} && PYTHONPATH={ROOT} {sys.executable} {tmp_path / 's.py'} {d}"
+    # GSPLIT_NO_EXTENSIONS: a first-use kernel build killed by a test's timeout would leave the shared
+    # build folder locked (torch's FileBaton) for every later process
+    shell = (f"{mount.replace('$D', str(d))} && cd {ROOT} && GSPLIT_NO_EXTENSIONS=1 PYTHONPATH={ROOT} "
+             f"{sys.executable} {tmp_path / 's.py'} {d}")
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
                           capture_output=True, text=True, timeout=120)
     if "Operation not permitted" in proc.stderr and "mount" in proc.stderr:
