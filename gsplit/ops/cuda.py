@@ -326,7 +326,7 @@ _CUDA_HOST_REGISTER_PORTABLE = 1
 _CUDA_HOST_REGISTER_MAPPED = 2
 
 
-def pin_in_place(t: torch.Tensor) -> bool:
+def pin_in_place(t: torch.Tensor, what: str = "host feature tensor") -> bool:
     """Page-lock ``t``'s memory where it is (``cudaHostRegister``) and map it for the GPU; ``False`` if impossible.
 
     No copy: a copy would double host memory for features that may be most of it. The range is
@@ -347,15 +347,13 @@ def pin_in_place(t: torch.Tensor) -> bool:
     try:
         cupy.cuda.runtime.hostRegister(ptr, nbytes, _CUDA_HOST_REGISTER_PORTABLE | _CUDA_HOST_REGISTER_MAPPED)
     except cupy.cuda.runtime.CUDARuntimeError as exc:
-        log.warning("cannot pin the %.1f GiB host feature tensor in place (%s); cache misses are gathered by the "
-                    "CPU instead", nbytes / 2**30, exc)
+        log.warning("cannot pin the %.1f GiB %s in place (%s); the CPU reads it instead", nbytes / 2**30, what, exc)
         return False
     # unregister when the memory goes away (the storage, not this view, owns it)
     weakref.finalize(t.untyped_storage(), _unregister, ptr)
     if _device_pointer(t) is None:
         _unregister(ptr)
-        log.warning("pinned the host feature tensor but CUDA gives it no device-side address; cache misses are "
-                    "gathered by the CPU instead")
+        log.warning("pinned the %s but CUDA gives it no device-side address; the CPU reads it instead", what)
         return False
     return True
 
