@@ -174,3 +174,21 @@ def test_extension_build_folder_depends_on_torch_and_python(monkeypatch, tmp_pat
     monkeypatch.setattr(sys.implementation, "cache_tag", "cpython-310")
     monkeypatch.setattr("sysconfig.get_config_var", lambda name: "cpython-310-x86_64-linux-gnu")
     assert "cpython-310" in str(cpu_ext.build_folder("gsplit_sample_cpu"))
+
+
+# ------------------------------------------------------------------ the first-GPU-run script
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host run experiments/gpu_first_run.sh itself")
+def test_first_gpu_run_script_reports_what_it_skipped_without_a_gpu(tmp_path):
+    report = tmp_path / "report.md"
+    done = subprocess.run(["bash", str(ROOT / "experiments" / "gpu_first_run.sh"), "--quick", "--require-gpu",
+                           "--report", str(report)], env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+                                                          "HOME": str(Path.home())},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr  # --require-gpu: no GPU is a failure
+    text = report.read_text()
+    assert "NOT A GPU RUN" in text
+    for part in ("gpu-tests", "sanitizer", "gpu-kernel-timings", "split-vs-dp"):
+        assert f"| {part} | skipped: no CUDA GPU on this machine |" in text, part
+    for part in ("environment", "suite"):  # what runs without a GPU, runs
+        assert f"| {part} | passed |" in text, part
+    assert "GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu" in text and "compute-sanitizer" in text
