@@ -113,7 +113,7 @@ def environment() -> Part:
     n.update(python=platform.python_version(), torch=torch.__version__, torch_cuda=torch.version.cuda,
              gsplit=gsplit.__version__, cuda_available=torch.cuda.is_available(),
              gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0, cpus=os.cpu_count(),
-             driver_cuda=cuda._driver_cuda_version())
+             driver_cuda=cuda.driver_cuda_version())
     if shutil.which("nvidia-smi"):
         smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_mode",
                               "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
@@ -126,7 +126,7 @@ def environment() -> Part:
         n["cupy"] = f"not importable ({type(exc).__name__})"
     n["cupy_kernels_work"] = bool(torch.cuda.is_available() and cuda.cupy_available())
     if torch.cuda.is_available() and not n["cupy_kernels_work"]:
-        n["cupy_hint"] = cuda.cupy_install_hint(torch.version.cuda, n["driver_cuda"], cuda._installed_cupy())
+        n["cupy_hint"] = cuda.cupy_install_hint(torch.version.cuda, n["driver_cuda"], cuda.installed_cupy())
     part.status = "passed" if n["cupy_kernels_work"] or not torch.cuda.is_available() else \
         "FAILED (CUDA works but the CuPy kernels do not; see cupy_hint)"
     part.seconds = time.monotonic() - t0

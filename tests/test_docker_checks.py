@@ -137,8 +137,8 @@ def test_probe_warning_says_which_cupy_to_install(monkeypatch, caplog, torch_cud
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.version, "cuda", torch_cuda)
     monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
-    monkeypatch.setattr(cuda, "_driver_cuda_version", lambda: driver)
-    monkeypatch.setattr(cuda, "_installed_cupy", lambda: ["cupy-cuda13x"] if extra == "gpu-cuda12" else [])
+    monkeypatch.setattr(cuda, "driver_cuda_version", lambda: driver)
+    monkeypatch.setattr(cuda, "installed_cupy", lambda: ["cupy-cuda13x"] if extra == "gpu-cuda12" else [])
     cuda.cupy_available.cache_clear()
     try:
         with caplog.at_level(logging.WARNING, logger="gsplit.ops.cuda"):

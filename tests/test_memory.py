@@ -167,3 +167,25 @@ def test_a_ranks_loaders_share_one_small_owner_array():
         assert seen["loaders"] == 3 and seen["arrays"] == 1, (rank, seen)   # train, val, test: one array
         assert seen["dtypes"] == ["torch.int8"], (rank, seen)
         assert seen["hashes"] <= 1, (rank, seen)
+
+
+# ------------------------------------------------------------------ the memory model counts what gsplit holds
+def test_memory_model_counts_the_bytes_gsplit_holds(monkeypatch):
+    """experiments/memory.py's model (the README's "Memory at scale") against the tensors of a real dataset."""
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("psutil")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "experiments"))
+    memory = pytest.importorskip("memory")
+    ds = gsplit.datasets.load("synthetic", num_nodes=3000, avg_degree=6, feature_dim=128, seed=0)
+    owner = gsplit.partition(ds.graph, 8, method="random").assignment
+    ids = ds.train_idx.numel() + ds.val_idx.numel() + ds.test_idx.numel()
+    model = memory.memory_model(ds.graph.num_nodes, ds.graph.num_edges, 128, 8, ids, rank_process_bytes=0)
+    held = [ds.graph.indptr, ds.graph.indices, ds.features, ds.labels, ds.train_idx, ds.val_idx, ds.test_idx, owner]
+    assert model["totals"]["host_shared"] == sum(t.numel() * t.element_size() for t in held)
+    graph_row = next(v for k, v in model["rank_gpu"].items() if k.startswith("graph copy"))
+    assert graph_row == ds.graph.indptr.nbytes + ds.graph.indices.nbytes
+    owner_row = next(v for k, v in model["rank_gpu"].items() if k.startswith("owner map"))
+    assert owner_row == owner_tensor(owner, ds.graph, 8).nbytes  # the one narrow array per GPU
+    sys.modules.pop("memory", None)

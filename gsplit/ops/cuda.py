@@ -18,7 +18,7 @@ import importlib.resources
 import logging
 import weakref
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -63,7 +63,7 @@ def cupy_available() -> bool:
     except Exception as exc:  # noqa: BLE001 - ImportError, NVRTC, driver: all mean "no CuPy kernels"
         level = logging.WARNING if torch.cuda.is_available() else logging.DEBUG
         log.log(level, "CuPy kernels unavailable (%s: %s); the GPU path runs plain torch. %s", type(exc).__name__,
-                exc, cupy_install_hint(torch.version.cuda, _driver_cuda_version(), _installed_cupy()))
+                exc, cupy_install_hint(torch.version.cuda, driver_cuda_version(), installed_cupy()))
         return False
 
 
@@ -98,8 +98,15 @@ def cupy_install_hint(torch_cuda: Optional[str], driver_cuda: Optional[int], ins
     return hint
 
 
-def _driver_cuda_version() -> Optional[int]:
-    """The CUDA version the installed driver supports (e.g. 12040), or None when it cannot be asked."""
+def driver_cuda_version() -> Optional[int]:
+    """The CUDA version the installed driver supports (``cuDriverGetVersion``, e.g. 12040 for 12.4), or None
+    without a driver library. Needs no GPU context.
+
+    Example:
+        >>> v = driver_cuda_version()
+        >>> v is None or v >= 10000
+        True
+    """
     try:
         import ctypes
 
@@ -111,8 +118,13 @@ def _driver_cuda_version() -> Optional[int]:
     return None
 
 
-def _installed_cupy() -> list:
-    """Names of the CuPy distributions installed (a mismatched one must be uninstalled first)."""
+def installed_cupy() -> List[str]:
+    """Names of the CuPy distributions installed (a mismatched one must be uninstalled first).
+
+    Example:
+        >>> set(installed_cupy()) <= {"cupy", "cupy-cuda11x", "cupy-cuda12x", "cupy-cuda13x"}
+        True
+    """
     from importlib import metadata
 
     names = ("cupy", "cupy-cuda11x", "cupy-cuda12x", "cupy-cuda13x")
