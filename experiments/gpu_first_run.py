@@ -8,7 +8,7 @@ a time cap inside an overall budget (``--budget``, default 570 s):
 2. ``gpu-tests``: ``GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu`` (a skipped GPU test is a failure).
 3. ``sanitizer``: ``compute-sanitizer --tool memcheck`` on the kernel tests (``tests/test_kernels.py -m gpu``).
 4. ``suite``: the rest of the suite (``-m "not gpu"``; with part 2, the whole suite once). It runs in the
-   background while parts 5-7 run, so their timings share the host's cores with it (said in the report).
+   background from the start, alongside every other part, so their timings share the host's cores with it.
 5. ``gpu-kernel-timings``: the CUDA kernels against torch on the same GPU (sampling from a GPU graph and
    from a pinned host graph, relabelling, the feature gather from pinned memory), results compared.
 6. ``cpu-kernel-timings``: ``experiments/bench_sampler.py`` and ``bench_layers.py`` at small sizes
@@ -88,7 +88,7 @@ def _run(part: Part, argv: List[str], timeout: float, env: Optional[dict] = None
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        part.status = f"FAILED (stopped at its time cap, {timeout:.0f} s)"
+        part.status = f"FAILED (incomplete: stopped at its time cap, {timeout:.0f} s)"
     part.seconds = time.monotonic() - t0
     part.output = _tail(out or "")
 
@@ -277,6 +277,18 @@ def main(argv=None) -> int:
     gpu = bool(parts[0].numbers["cuda_available"])
     print(f"environment: {parts[0].status} {json.dumps(parts[0].numbers, default=str)}", flush=True)
 
+    # the rest of the suite in the background from the start: the longest part, and it needs no GPU
+    suite = Part("suite")
+    suite_argv = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu"]
+    if args.quick:
+        suite_argv += ["tests/test_graph.py"]
+        suite.numbers["note"] = "--quick: tests/test_graph.py stands in for the suite"
+    suite_log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    suite.command = " ".join(suite_argv)
+    suite_t0 = time.monotonic()
+    suite_proc = subprocess.Popen(suite_argv, cwd=ROOT, stdout=suite_log, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True)
+
     gpu_tests = Part("gpu-tests")
     if gpu:
         _run(gpu_tests, [py, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"],
@@ -293,21 +305,10 @@ def main(argv=None) -> int:
         sanitizer.status = "skipped: compute-sanitizer is not on PATH (it comes with the CUDA toolkit)"
     else:
         _run(sanitizer, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", py, "-m", "pytest",
-                         "tests/test_kernels.py", "-m", "gpu", "-q", "-p", "no:cacheprovider"], min(150, budget.left()))
+                         "tests/test_kernels.py", "-m", "gpu", "-x", "-q", "-p", "no:cacheprovider"],
+             min(150, budget.left()))
         _pytest_summary(sanitizer)
     parts.append(sanitizer)
-
-    # the rest of the suite in the background, while the timing parts run
-    suite = Part("suite")
-    suite_argv = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu"]
-    if args.quick:
-        suite_argv += ["tests/test_graph.py"]
-        suite.numbers["note"] = "--quick: tests/test_graph.py stands in for the suite"
-    suite_log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    suite.command = " ".join(suite_argv)
-    suite_t0 = time.monotonic()
-    suite_proc = subprocess.Popen(suite_argv, cwd=ROOT, stdout=suite_log, stderr=subprocess.STDOUT, text=True,
-                                  start_new_session=True)
 
     timings = Part("gpu-kernel-timings")
     if gpu and parts[0].numbers["cupy_kernels_work"]:
@@ -356,7 +357,7 @@ def main(argv=None) -> int:
     suite.output = _tail(suite_log.read())
     os.unlink(suite_log.name)
     _pytest_summary(suite)
-    suite.numbers["ran_alongside"] = "gpu-kernel-timings, cpu-kernel-timings, split-vs-dp"
+    suite.numbers["ran_alongside"] = "every other part (their timings share the host's cores with it)"
     parts.insert(3, suite)
 
     report = Path(args.report)
