@@ -24,8 +24,8 @@ Papers100M scale (the README's "Memory at scale").
 
 from __future__ import annotations
 
+import ctypes
 import os
-import resource
 import threading
 import time
 from typing import Dict, List, Optional
@@ -149,6 +149,16 @@ class Monitor:
         self._thread.join()
 
 
+def _vm_hwm() -> int:
+    """This process's peak RSS (``VmHWM``). Not ``getrusage``'s ``ru_maxrss``: Linux keeps that across
+    ``execve``, so a spawned rank would report its launcher's RSS at the moment it was forked."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner) -> dict:
     """Train, then report this rank's peak RSS (the kernel's own high-water mark), its pid and the bytes of
     the largest mini-batch its loader delivered (every tensor of the ``MiniBatch``, features and labels too)."""
@@ -175,7 +185,10 @@ def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner) 
     loader_module.DataLoader._deliver = counting_deliver
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         log = train_rank(rank, world_size, cfg, dataset, owner)
-    return {"rank": rank, "pid": os.getpid(), "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    uss_end = psutil.Process().memory_full_info().uss
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what of the private memory is only kept by the allocator
+    return {"rank": rank, "pid": os.getpid(), "peak_rss": _vm_hwm(), "uss_end": uss_end,
+            "uss_after_malloc_trim": psutil.Process().memory_full_info().uss,
             "batch_bytes": largest[0], "saved_bytes": largest_saved[0],
             "iterations": sum(e["ranks"][rank]["iterations"] for e in log["epochs"]) if rank == 0 else None}
 
@@ -198,7 +211,8 @@ def run(num_nodes: int, ranks: int, cfg: TrainConfig, seed: int) -> dict:
     train_s = time.perf_counter() - t1
     pids = {r["pid"]: r["rank"] for r in results}
     per_rank = [{"rank": r["rank"], "peak_rss": r["peak_rss"], "batch_bytes": r["batch_bytes"],
-                 "saved_bytes": r["saved_bytes"], **{f"peak_{k}": mon.peak.get(r["pid"], {}).get(k, 0)
+                 "saved_bytes": r["saved_bytes"], "uss_end": r["uss_end"],
+                 "uss_after_malloc_trim": r["uss_after_malloc_trim"], **{f"peak_{k}": mon.peak.get(r["pid"], {}).get(k, 0)
                                                                   for k in ("pss", "uss")}} for r in results]
     parent = next((v for v in mon.peak.values() if v["parent"]), {})
     others = sum(v["pss"] for pid, v in mon.peak.items() if pid not in pids and not v["parent"])
@@ -242,14 +256,16 @@ def main(argv=None) -> int:
     rss_high = rss_low + b["indptr"] + b["indices"] + b["labels"]
     rows = [["dataset + owner map in shared memory (byte count)", shared / GB, sum(b.values()) / GB]]
     for r in big["per_rank"]:
-        rows.append([f"rank {r['rank']} peak RSS (incl. shared pages it read)",
+        rows.append([f"rank {r['rank']} peak RSS (VmHWM; incl. shared pages it read)",
                      f"{rss_low / GB:.2f}-{rss_high / GB:.2f}", r["peak_rss"] / GB])
         rows.append([f"rank {r['rank']} peak private (USS)", model["totals"]["rank_host"] / GB, r["peak_uss"] / GB])
-    rows.append(["launching process (peak PSS; model: its RSS before the data)", parent_private / GB,
-                 big["parent_peak"].get("pss", 0) / GB])
-    rows.append(["host: sum of PSS of every process (peak)", predicted_host / GB, big["host_peak_pss"] / GB])
+        rows.append([f"rank {r['rank']} private at the end / after malloc_trim", None,
+                     f"{r['uss_end'] / GB:.2f} / {r['uss_after_malloc_trim'] / GB:.2f}"])
+    rows.append(["launching process, peak PSS (model: itself + data + the launch copy of the features)",
+                 (parent_private + shared + largest) / GB, big["parent_peak"].get("pss", 0) / GB])
     rows.append(["launching process: RSS after making the data (before the launch)", (shared + parent_private) / GB,
                  big["parent_rss_with_data"] / GB])
+    rows.append(["host: sum of PSS of every process (peak)", predicted_host / GB, big["host_peak_pss"] / GB])
     table = common.format_table(["quantity (GB)", "model", "measured"], rows, floatfmt=".2f")
     print(table)
     paper = papers100m(rank_process)  # its mini-batch working set is on the GPUs: not a host term
