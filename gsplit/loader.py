@@ -278,9 +278,8 @@ class DataLoader(RankLoader):
         owner = owner_tensor(partition, graph, self.comm.world_size)
         self.owner = owner.to(self.sample_device)
         # on the host too: each batch's local targets (and their labels) are picked there, without a device
-        # sync; a narrow copy when the map's own went to the GPU (2 bytes per vertex for up to 32767 ranks)
-        self._host_owner = self.owner if self.owner.device.type == "cpu" else \
-            owner.cpu().to(torch.int16 if self.comm.world_size <= 32767 else torch.int32)
+        # sync; the map itself when it is on the host (owner_tensor keeps its narrow type: 1 byte per vertex)
+        self._host_owner = owner if owner.device.type == "cpu" else owner.cpu()
         node_feats = dgl_interop.named_node_data(dgl_graph, prefetch_node_feats, "prefetch_node_feats", "feat",
                                  features, "features")
         label_data = dgl_interop.named_node_data(dgl_graph, prefetch_labels, "prefetch_labels", "label",
