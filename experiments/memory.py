@@ -75,6 +75,8 @@ def memory_model(num_nodes: int, num_edges: int, feature_dim: int, ranks: int, s
         rank_host.update(batch)
     if cache_bytes:
         rank_host["cache ranking transients (in-degree float64, sort)"] = n * 8 + (n // ranks) * 16
+    if gpu:  # loaders handed the GPU owner array keep a host copy to pick targets without a device sync
+        rank_host["host owner copies of the two evaluation loaders"] = 2 * n * s["owner"]
     rank_gpu = {}
     if gpu:
         rank_gpu.update(batch)
