@@ -18,7 +18,7 @@ each rank's peak RSS (``getrusage``). A first run on a tiny graph measures the f
 process. The table compares measured and predicted numbers; ``papers100m`` in the JSON is the model at
 Papers100M scale (the README's "Memory at scale").
 
-    python experiments/memory.py             # 4M vertices, 60M edges, 2 ranks (~3-5 min on 2 busy cores)
+    python experiments/memory.py             # 4M vertices, 60M edges, 2 ranks (~7 min on 2 busy cores)
     python experiments/memory.py --quick     # 300k vertices
 """
 
