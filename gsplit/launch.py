@@ -354,6 +354,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
             os._exit(1)
     conn.send_bytes(payload)
     conn.close()
+    waits.forget_in_flight()  # the heartbeat thread must not query collectives of a group being destroyed
     if dist.is_initialized():  # fn may have destroyed it itself
         # Tear down together: a rank that closes its connections while a peer's gloo threads still
         # serve them made that peer abort ("terminate called without an active exception") in about

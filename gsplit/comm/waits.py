@@ -120,6 +120,13 @@ def in_flight() -> bool:
         return bool(_WAITS.in_flight)
 
 
+def forget_in_flight() -> None:
+    """Stop tracking every collective (before the process group is destroyed: its Work objects must not be
+    asked about a communicator that is gone)."""
+    with _WAITS.lock:
+        _WAITS.in_flight.clear()
+
+
 def _completed(work) -> bool:
     try:
         return bool(work.is_completed())
