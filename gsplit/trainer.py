@@ -32,6 +32,7 @@ from gsplit.nn.loss import split_cross_entropy
 from gsplit.nn.models import build_model
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
+from gsplit.timing import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +228,21 @@ def _sum_tags(dicts) -> Dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _book_train_time(counters: "EpochCounters", steps) -> None:
+    """Add the ``(per-iteration record index or None, seconds)`` of timed training steps to ``counters``."""
+    for index, seconds in steps:
+        counters.train_s += seconds
+        if index is not None:
+            counters.per_iteration[index]["train_s"] = seconds
+
+
+def _rank_graph(graph, device: torch.device):
+    """The graph this rank samples and evaluates on: on its GPU when it computes on one.
+
+    On a GPU the graph goes to the GPU, so sampling runs there (the CUDA kernels, else torch on the GPU)
+    instead of on the host CPU; a 1M-vertex / 20M-edge graph takes 160 MB.
+    """
+    return graph.to(device) if device.type == "cuda" else graph
 
 
 @torch.no_grad()
@@ -252,8 +265,11 @@ def evaluate(model, loader, comm: Communicator, job_comm: Optional[Communicator]
 
 
 def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Tensor], comm: Communicator,
-                     device: torch.device) -> dict:
+                     device: torch.device, graph=None) -> dict:
     """Validation and test accuracy of the trained model by layer-wise full-graph inference, over all ranks.
+
+    ``graph``: the graph the rank's loaders use (on its GPU when it computes on one; default
+    ``dataset.graph``), so that the neighbourhoods are gathered where the layers run.
 
     ``split``: split-parallel over the training partition map (each rank computes the vertices it owns).
     ``dp`` has no partition map; its ranks split the work the same way over contiguous ranges of vertex
@@ -261,10 +277,11 @@ def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Ten
     only on the model. Every rank gets the same numbers.
     """
     t0 = time.perf_counter()
-    part = SYSTEMS[cfg.system].inference_map(owner, dataset.graph.num_nodes, comm.world_size)
+    graph = dataset.graph if graph is None else graph
+    part = SYSTEMS[cfg.system].inference_map(owner, graph.num_nodes, comm.world_size)
     # chunks of layerwise_inference's default 4096 owned vertices: no backward to keep, so larger
     # chunks than the training batch mean fewer collectives for the same memory
-    result = layerwise_inference(model, dataset.graph, dataset.features, partition=part, group=comm, device=device)
+    result = layerwise_inference(model, graph, dataset.features, partition=part, group=comm, device=device)
     record = {f"final_{name}_acc": accuracy(result, dataset.labels, idx, group=comm)
               for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     record["final_eval_s"] = time.perf_counter() - t0
@@ -348,9 +365,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
-    # On a GPU the graph goes to the GPU, so sampling runs there (the CUDA kernels, else torch on the GPU)
-    # instead of on the host CPU; a 1M-vertex / 20M-edge graph takes 160 MB.
-    graph = dataset.graph.to(device) if device.type == "cuda" else dataset.graph
+    graph = _rank_graph(dataset.graph, device)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
     train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
@@ -373,6 +388,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
         local_loss, t_epoch = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
         traffic_before = comm.traffic.snapshot()
+        # GPU: CUDA events on the current stream, read once complete; no per-iteration device synchronise
+        timer = StepTimer(device)
         batches = train_loader
         if progress and rank == 0:
             # tqdm's default lock is a multiprocessing semaphore, which a rank leaving with os._exit (see
@@ -382,25 +399,25 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         for it, (_, _, blocks) in enumerate(batches, start=position.iteration if epoch == position.epoch else 0):
             stats = train_loader.last_stats
             counters.add_iteration(stats)
-            t0 = time.perf_counter()
+            timer.start()
             opt.zero_grad()
             logits = model(blocks, blocks[0].srcdata["feat"], comm)
             loss = system.loss(logits, blocks[-1].dstdata["label"], blocks[-1], world_size)
             loss.backward()
             allreduce_gradients(model, job_comm)
             opt.step()
-            _sync(device)
-            train_s = time.perf_counter() - t0
-            counters.train_s += train_s
+            timer.stop(len(counters.per_iteration) if cfg.log_iterations else None)
             if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
                 traffic_now = comm.traffic.snapshot()
                 delta = TrafficCounter.delta(traffic_now, traffic_before)
                 traffic_before = traffic_now
-                counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": train_s,
+                # train_s is filled in once the step's end event is reached (at the latest at the epoch's end)
+                counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": 0.0,
                                                "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"],
                                                "gradient_bytes": job_comm.traffic.bytes[GRADIENT_TAG]
                                                - counters.gradient_bytes})
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
+            _book_train_time(counters, timer.ready())
             local_loss += loss.detach().to(torch.float64)
             position.step += 1
             done = it + 1 == len(train_loader)
@@ -410,6 +427,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
+        _book_train_time(counters, timer.finish())  # waits for the epoch's last step on the current stream
         epoch_s = time.perf_counter() - t_epoch
         traffic = comm.traffic.snapshot()
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
@@ -439,7 +457,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             report(record)
     if cfg.checkpoint_dir and rank == 0:  # the trained model, whatever the checkpoint schedule
         atomic_write_bytes(Path(cfg.checkpoint_dir) / "model.pt", _state_bytes(model.state_dict()))
-    final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval and cfg.eval_every else {}
+    final = final_evaluation(cfg, model, dataset, owner, comm, device, graph=graph) \
+        if cfg.final_eval and cfg.eval_every else {}
     num_hosts = 1 if hosts is None else train_loader.num_replicas
     return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,
             "ranks_per_host": world_size // num_hosts, "device": str(device), "epochs": history, **final}
