@@ -348,3 +348,68 @@ def test_stats_count_halo_rows_and_cut_edges_by_hand():
     assert s.in_edges == [3, 3] and s.vertices == [2, 2]
     est = estimate_memory(s, 0, feat_dim=4, dims=layer_dims(build_model("sage", 4, 8, 2, 2)))
     assert est.features == 3 * 4 * 4 and est.activations > 0
+
+
+# ---------------------------------------------------------------------------------------------- harness and CLI
+def harness_config():
+    from gsplit.trainer import TrainConfig
+
+    return TrainConfig(model="sage", system="full", fanouts=[-1, -1], hidden=16, epochs=3, lr=0.01, dropout=0.5,
+                       device="cpu", final_eval=False)
+
+
+@pytest.mark.slow
+def test_harness_trains_full_graph_on_one_and_two_ranks_alike():
+    """gsplit train --full-graph's harness: the same losses (float32, vertex dropout, Adam) at 1 and 2 ranks."""
+    from gsplit.trainer import train_rank
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=1500, seed=0)
+    one = train_rank(0, 1, harness_config(), ds, None)
+    pmap = partition_full_graph(ds.graph, 2)
+    two = launch(train_rank, 2, args=(harness_config(), ds, pmap.assignment))[0]
+    losses1, losses2 = [e["loss"] for e in one["epochs"]], [e["loss"] for e in two["epochs"]]
+    assert losses1[-1] < losses1[0], losses1
+    for a, b in zip(losses1, losses2):
+        assert abs(a - b) < 1e-5 * abs(a), (losses1, losses2)
+    for name in ("val_acc", "test_acc"):
+        assert abs(one["epochs"][-1][name] - two["epochs"][-1][name]) < 1e-9
+    assert two["epochs"][-1]["traffic_bytes_by_tag"], "the shuffles of two ranks send rows"
+
+
+def run_cli(argv, capsys):
+    from gsplit.cli import main
+
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_prepare_and_stats_report_cut_edges_and_halo(tmp_path, capsys):
+    data = ["-D", "num_nodes=2000"]
+    code, out, err = run_cli(["prepare", "--full-graph", *data, "--num-parts", "2", "--out", str(tmp_path)], capsys)
+    assert code == 0, err
+    assert "halo rows" in out and "cut edges" in out
+    assert gsplit.PartitionMap.load(tmp_path).method == "full-graph"
+    code, out, err = run_cli(["stats", *data, "--partition", str(tmp_path), "--json", str(tmp_path / "s.json")],
+                             capsys)
+    assert code == 0, err
+    assert "halo rows" in out and "in-edges" in out
+    import json
+
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert saved["num_parts"] == 2 and len(saved["halo_rows"]) == 2 and saved["cut_edges"] > 0
+
+
+def test_cli_refuses_full_graph_with_another_system(capsys):
+    code, out, err = run_cli(["train", "--full-graph", "--system", "dp", "-D", "num_nodes=500"], capsys)
+    assert code == 2 and "cannot be combined with --system dp" in err
+
+
+def test_cli_refuses_a_graph_that_cannot_fit_before_starting_ranks(monkeypatch, capsys):
+    import gsplit.fullgraph as fg
+
+    monkeypatch.setattr(fg, "available_memory", lambda device, ranks_sharing=1: 10_000)
+    code, out, err = run_cli(["train", "--full-graph", "-D", "num_nodes=2000", "--num-ranks", "2", "--device", "cpu",
+                              "--fanouts=-1,-1"], capsys)
+    assert code == 2, (out, err)
+    assert "needs about" in err and "--recompute" in err and "training gcn" not in out
