@@ -207,6 +207,7 @@ def main() -> int:
     p.add_argument("--data-dir", default=str(common.DATA), help=f"folder of cora.npz etc. (default {common.DATA})")
     p.add_argument("--dgl", action="store_true", help="also run DGL's single-process full-graph training")
     p.add_argument("--dgl-python", default=str(DGL_PYTHON))
+    p.add_argument("--name", default="full_graph", help="output file stem under --out (default full_graph)")
     args = p.parse_args()
     if args.quick:
         args.sizes, args.epochs = "20000", min(args.epochs, 5)
@@ -234,7 +235,7 @@ def main() -> int:
                          float("nan"), peer["val_acc"], peer["test_acc"]])
             print(common.format_table(HEADERS, rows[-1:]), flush=True)
     print(common.format_table(HEADERS, rows))
-    stem = common.output_stem(args, "full_graph")
+    stem = common.output_stem(args, args.name)
     common.save_json(stem, {"config": vars(args), "results": results, "table": [dict(zip(HEADERS, r)) for r in rows]})
     return 0
 

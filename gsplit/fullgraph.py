@@ -85,13 +85,14 @@ class MemoryEstimate:
 
 
 def layer_dims(model) -> List[tuple]:
-    """``(in_width, out_width, heads)`` of every layer of ``model.layers`` (gsplit's layers, ``BlockConv``
-    and any layer with ``in_feats``/``out_feats`` attributes); ``None`` widths when a layer does not say.
+    """``(in_width, out_width, heads, attention)`` of every layer of ``model.layers`` (gsplit's layers,
+    ``BlockConv`` and any layer with ``in_feats``/``out_feats`` attributes); ``None`` widths when a layer
+    does not say. ``attention``: the layer keeps per-edge values (GAT's scores).
 
     Example:
         >>> import gsplit
         >>> layer_dims(gsplit.nn.GAT(10, 8, 3, num_layers=2, heads=2))
-        [(10, 8, 2), (8, 3, 1)]
+        [(10, 8, 2, True), (8, 3, 1, True)]
     """
     layers = getattr(model, "layers", None)
     if layers is None:
@@ -102,9 +103,10 @@ def layer_dims(model) -> List[tuple]:
         d_in = getattr(inner, "in_feats", getattr(inner, "in_channels", None))
         d_out = getattr(inner, "out_feats", getattr(inner, "out_channels", None))
         heads = int(getattr(inner, "num_heads", getattr(inner, "heads", 1)) or 1)
+        attention = hasattr(inner, "attn_l") or hasattr(inner, "att_src")
         d_in = d_in if isinstance(d_in, int) else None
         d_out = d_out if isinstance(d_out, int) else None
-        dims.append((d_in, None if d_out is None else d_out * heads, heads))
+        dims.append((d_in, None if d_out is None else d_out * heads, heads, attention))
     return dims
 
 
@@ -113,23 +115,24 @@ def layer_dims(model) -> List[tuple]:
 # torch.autograd.graph.saved_tensors_hooks on gsplit's SAGE, GCN and GAT; tests/test_full_graph.py checks
 # that the estimate stays within a factor 2 of the measured bytes).
 _SAVED_OUT_ROWS = 4
-_SAVED_EDGE_VALUES_PER_HEAD = 3  # GAT: scores, softmax and messages per edge and head
+_SAVED_EDGE_VALUES_PER_HEAD = 3  # attention layers: scores, softmax and messages per edge and head
 
 
 def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Sequence[tuple] = (),
                     dtype_bytes: int = 4, recompute: bool = False) -> MemoryEstimate:
     """What rank ``rank`` needs for full-graph training on the map measured by ``stats``.
 
-    ``dims`` are the model's ``(in, out, heads)`` per layer (:func:`layer_dims`; empty: blocks and
-    features only). ``recompute`` estimates :func:`recompute_layers`: per layer only its input rows are
-    kept, and one layer's intermediates exist at a time in backward.
+    ``dims`` are the model's ``(in, out, heads, attention)`` per layer (:func:`layer_dims`; empty: blocks
+    and features only). ``recompute`` estimates :func:`recompute_layers`: per layer only its input rows
+    are kept, and one layer's intermediates exist at a time in backward. The first layer's input rows
+    are the features (counted once, in ``features``); the input features need no gradient.
 
     Example:
         >>> import gsplit
         >>> g = gsplit.Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
         >>> s = gsplit.partitioning.stats.full_graph_stats(g, torch.tensor([0, 0, 1, 1]), 2)
-        >>> estimate_memory(s, 0, feat_dim=16).features        # 2 owned + 2 halo rows of 16 floats
-        128
+        >>> estimate_memory(s, 0, feat_dim=16).features        # (2 owned + 2 halo rows) x 16 floats x 4 bytes
+        256
     """
     owned = int(stats.vertices[rank])
     rows = owned + int(stats.halo_rows[rank])
@@ -137,25 +140,25 @@ def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Seque
     sent = int(stats.sent_rows[rank]) + owned
     structure = 8 * (3 * edges + rows + rows + sent) + 8 * (owned + rows)  # edges, src ids, plan, masks/labels
     features = rows * int(feat_dim) * dtype_bytes
-    kept, peak_layer = 0, 0
-    for d_in, d_out, heads in dims:
+    kept, peak_layer, grad_rows = 0, 0, 0
+    for i, dim in enumerate(dims):
+        d_in, d_out, heads = dim[:3]
+        attention = bool(dim[3]) if len(dim) > 3 else heads > 1
         d_in = int(d_in or feat_dim)
         d_out = int(d_out or d_in)
-        inputs = rows * d_in * dtype_bytes
-        inner = (_SAVED_OUT_ROWS * owned * d_out + (_SAVED_EDGE_VALUES_PER_HEAD * edges * heads if heads > 1 or
-                                                    d_out != d_in else 0)) * dtype_bytes
-        shuffle_buffers = 2 * sent * d_in * dtype_bytes
+        inputs = 0 if i == 0 else rows * d_in * dtype_bytes  # layer 0 reads the features
+        inner = (_SAVED_OUT_ROWS * owned * d_out
+                 + (_SAVED_EDGE_VALUES_PER_HEAD * edges * heads if attention else 0)) * dtype_bytes
+        shuffle_buffers = 0 if i == 0 else 2 * sent * d_in * dtype_bytes
+        if i > 0:  # backward: the gradient of this layer's input rows and of the previous layer's output rows
+            grad_rows = max(grad_rows, (rows + owned) * d_in * dtype_bytes)
         if recompute:
             kept += inputs + owned * d_out * dtype_bytes
             peak_layer = max(peak_layer, inner + shuffle_buffers)
         else:
             kept += inputs + inner
             peak_layer = max(peak_layer, shuffle_buffers)
-    # gradients in backward: one layer's input and output rows at a time
-    if dims:
-        widest = max(int(d or feat_dim) for dim in dims for d in dim[:2])
-        peak_layer += 2 * rows * widest * dtype_bytes
-    return MemoryEstimate(structure=structure, features=features, activations=kept, transient=peak_layer)
+    return MemoryEstimate(structure=structure, features=features, activations=kept, transient=peak_layer + grad_rows)
 
 
 def available_memory(device: Union[str, torch.device, None], ranks_sharing: int = 1) -> Optional[int]:
@@ -354,6 +357,7 @@ class FullGraphLoader:
     def __init__(self, graph: Graph, num_layers: int, *, partition=None, features=None, labels=None,
                  train_idx=None, group=None, device: Union[str, torch.device, None] = None,
                  memory_limit: Union[str, int, None] = "auto", feat_key: str = "feat", label_key: str = "label"):
+        self._skip = False
         if int(num_layers) < 1:
             raise ValueError(f"num_layers={num_layers}; pass the number of layers of the model (at least 1)")
         self.graph = graph
@@ -467,7 +471,7 @@ class FullGraphLoader:
         return 1
 
     def __iter__(self) -> Iterator[MiniBatch]:
-        if getattr(self, "_skip", False):
+        if self._skip:
             self._skip = False
             return
         batch = MiniBatch(self.full_graph.nodes, self.blocks[-1].dst_nodes, self.blocks)
