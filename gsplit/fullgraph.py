@@ -72,7 +72,9 @@ class MemoryEstimate:
     activations: int
     """Tensors kept for backward over all layers (with ``recompute``: each layer's input rows only)."""
     transient: int
-    """The largest per-layer working set that is freed again (one layer's messages, shuffle buffers)."""
+    """The largest per-layer working set that is freed again: one layer's per-edge messages (where the
+    aggregation gathers them: on a GPU, or on a CPU without the compiled kernel, so an upper bound
+    there), its shuffle buffers, and the gradient rows of backward."""
 
     @property
     def total(self) -> int:
@@ -150,14 +152,17 @@ def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Seque
         inner = (_SAVED_OUT_ROWS * owned * d_out
                  + (_SAVED_EDGE_VALUES_PER_HEAD * edges * heads if attention else 0)) * dtype_bytes
         shuffle_buffers = 0 if i == 0 else 2 * sent * d_in * dtype_bytes
+        # one message row per edge where aggregation gathers and scatters (GPU, or CPU without the compiled
+        # kernel); SAGE and GCN aggregate at the narrower width, GAT at its output width
+        messages = edges * (d_out if attention else min(d_in, d_out)) * dtype_bytes
         if i > 0:  # backward: the gradient of this layer's input rows and of the previous layer's output rows
             grad_rows = max(grad_rows, (rows + owned) * d_in * dtype_bytes)
         if recompute:
             kept += inputs + owned * d_out * dtype_bytes
-            peak_layer = max(peak_layer, inner + shuffle_buffers)
+            peak_layer = max(peak_layer, inner + shuffle_buffers + messages)
         else:
             kept += inputs + inner
-            peak_layer = max(peak_layer, shuffle_buffers)
+            peak_layer = max(peak_layer, shuffle_buffers + messages)
     return MemoryEstimate(structure=structure, features=features, activations=kept, transient=peak_layer + grad_rows)
 
 
