@@ -15,7 +15,9 @@ reports, from the code path itself:
 * accuracy on the validation and test vertices after the last epoch (one full-graph forward in eval
   mode), which must equal the single-process run's: split training is exact.
 
-``--recompute both`` also runs every case with :func:`gsplit.recompute_layers` (memory for compute).
+``--recompute both`` also runs every case with :func:`gsplit.recompute_layers` (memory for compute);
+``--overlap both`` with ``FullGraphLoader(overlap=True)`` and ``loader.forward(model)`` (G3's boundary-first
+order, the shuffles overlapped with the interior rows' compute).
 ``--dgl`` runs the same model with DGL's full-graph training on one process
 (``experiments/dgl_full_graph_peer.py`` under ``/work/main/.venv-dgl`` or ``--dgl-python``), on the same
 graph and split, and reports the same columns.
@@ -89,7 +91,7 @@ def rank_run(rank: int, world: int, ds, owner, cfg: dict) -> dict:
         gsplit.recompute_layers(model)
     t0 = time.perf_counter()
     loader = gsplit.FullGraphLoader(ds.graph, cfg["layers"], partition=owner, features=ds.features,
-                                    labels=ds.labels, train_idx=ds.train_idx)
+                                    labels=ds.labels, train_idx=ds.train_idx, overlap=cfg.get("overlap", False))
     build_s = time.perf_counter() - t0
     estimate = loader.check_model(model)
     build_bytes = sum(loader.comm.traffic.snapshot()["bytes"].values())
@@ -102,7 +104,7 @@ def rank_run(rank: int, world: int, ds, owner, cfg: dict) -> dict:
         t = time.perf_counter()
         for _, _, blocks in loader:
             opt.zero_grad()
-            logits = model_par(blocks, blocks[0].srcdata["feat"])
+            logits = loader.forward(model) if cfg.get("overlap") else model_par(blocks, blocks[0].srcdata["feat"])
             loss = gsplit.split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1])
             loss.backward()
             allreduce_gradients(model, loader.comm)
@@ -145,7 +147,7 @@ def run_case(ds, world: int, cfg: dict) -> dict:
         per_rank = gsplit.launch(rank_run, world, args=(ds, owner, cfg), backend="gloo", devices="cpu")
     epochs = [max(r["epoch_s"][e] for r in per_rank) for e in range(cfg["epochs"])]
     timed = epochs[1:] if len(epochs) > 1 else epochs
-    return {"ranks": world, "recompute": cfg["recompute"], "epoch_s": statistics.median(timed),
+    return {"ranks": world, "recompute": cfg["recompute"], "overlap": cfg.get("overlap", False), "epoch_s": statistics.median(timed),
             "first_epoch_s": epochs[0], "build_s": max(r["build_s"] for r in per_rank),
             "shuffle_mib_per_epoch": sum(r["shuffle_bytes_per_epoch"] for r in per_rank) / 2**20,
             "gradient_mib_per_epoch": sum(r["gradient_bytes_per_epoch"] for r in per_rank) / 2**20,
@@ -204,6 +206,8 @@ def main() -> int:
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--recompute", default="off", choices=["off", "on", "both"])
+    p.add_argument("--overlap", default="off", choices=["off", "on", "both"],
+                   help="boundary-first order with the shuffles overlapped (FullGraphLoader(overlap=True))")
     p.add_argument("--data-dir", default=str(common.DATA), help=f"folder of cora.npz etc. (default {common.DATA})")
     p.add_argument("--dgl", action="store_true", help="also run DGL's single-process full-graph training")
     p.add_argument("--dgl-python", default=str(DGL_PYTHON))
@@ -211,18 +215,20 @@ def main() -> int:
     args = p.parse_args()
     if args.quick:
         args.sizes, args.epochs = "20000", min(args.epochs, 5)
-    settings = {"off": [False], "on": [True], "both": [False, True]}[args.recompute]
+    choice = {"off": [False], "on": [True], "both": [False, True]}
+    settings = [(r, o) for r in choice[args.recompute] for o in choice[args.overlap]]
     rows, results = [], []
     for label, ds in load_graphs(args):
         print(f"{label}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train", flush=True)
         for world in [int(r) for r in args.ranks.split(",")]:
-            for recompute in settings:
+            for recompute, overlap in settings:
                 cfg = {"model": args.model, "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
                        "dropout": args.dropout, "lr": args.lr, "epochs": args.epochs, "seed": args.seed,
-                       "recompute": recompute}
+                       "recompute": recompute, "overlap": overlap}
                 res = {"graph": label, "system": "gsplit", **run_case(ds, world, cfg)}
                 results.append(res)
-                rows.append([label, "gsplit", world, "yes" if recompute else "no", res["epoch_s"],
+                rows.append([label, "gsplit", world, "yes" if recompute else "no", "yes" if overlap else "no",
+                             res["epoch_s"],
                              res["shuffle_mib_per_epoch"], res["peak_rss_mib_max_rank"],
                              res["train_extra_mib_max_rank"], res["estimate_mib_max_rank"], res["val_acc"],
                              res["test_acc"]])
@@ -231,7 +237,7 @@ def main() -> int:
             peer = run_dgl(ds, {"hidden": args.hidden, "layers": args.layers, "dropout": args.dropout,
                                 "lr": args.lr, "epochs": args.epochs, "seed": args.seed}, Path(args.dgl_python))
             results.append({"graph": label, "system": "dgl", "ranks": 1, **peer})
-            rows.append([label, "dgl", 1, "no", peer["epoch_s"], 0.0, peer["peak_rss_mib"], peer["train_extra_mib"],
+            rows.append([label, "dgl", 1, "no", "no", peer["epoch_s"], 0.0, peer["peak_rss_mib"], peer["train_extra_mib"],
                          float("nan"), peer["val_acc"], peer["test_acc"]])
             print(common.format_table(HEADERS, rows[-1:]), flush=True)
     print(common.format_table(HEADERS, rows))
@@ -240,7 +246,7 @@ def main() -> int:
     return 0
 
 
-HEADERS = ["graph", "system", "ranks", "recompute", "epoch s", "shuffle MiB/epoch", "peak RSS MiB (max rank)",
+HEADERS = ["graph", "system", "ranks", "recompute", "overlap", "epoch s", "shuffle MiB/epoch", "peak RSS MiB (max rank)",
            "train extra MiB", "estimate MiB", "val acc", "test acc"]
 
 if __name__ == "__main__":

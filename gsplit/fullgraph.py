@@ -39,6 +39,7 @@ from torch import nn
 
 from gsplit.comm.communicator import Communicator, as_communicator, bind_group
 from gsplit.comm.shuffle import shuffle_rows
+from gsplit.fullgraph_overlap import OverlapPlan, boundary_first, build_overlap_plan, overlapped_forward
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.loader import IterationStats
 from gsplit.partitioning.partition_map import owner_tensor
@@ -286,10 +287,13 @@ class FullGraph:
     """Seconds spent building the blocks and loading the features."""
     traffic: Dict[str, dict] = field(default_factory=dict)
     """What building sent (id exchange, feature shuffle), as ``TrafficCounter.snapshot()``."""
+    overlap_plan: Optional[OverlapPlan] = None
+    """With ``overlap=True``: the boundary/interior blocks of :func:`gsplit.fullgraph_overlap.overlapped_forward`
+    (the owned vertices are then ordered boundary first in ``nodes`` and every block)."""
 
 
 def _build(graph: Graph, owner: torch.Tensor, num_layers: int, comm: Communicator, device: torch.device,
-           features: Optional[torch.Tensor], feat_key: str, stats: FullGraphStats) -> FullGraph:
+           features: Optional[torch.Tensor], feat_key: str, stats: FullGraphStats, overlap: bool = False) -> FullGraph:
     t0 = time.perf_counter()
     before = comm.traffic.snapshot()
     seeds = torch.arange(graph.num_nodes, device=graph.device)
@@ -302,7 +306,10 @@ def _build(graph: Graph, owner: torch.Tensor, num_layers: int, comm: Communicato
     if not torch.equal(nodes, base.dst_nodes):
         raise RuntimeError("internal error: the full-graph block's destinations are not the rank's local frontier")
     base = base.to(device)
-    nodes = nodes.to(device)
+    num_boundary = None
+    if overlap:  # boundary vertices first, so that their rows can be computed and sent first
+        base, num_boundary = boundary_first(base, comm.rank)
+    nodes = base.dst_nodes
     blocks = [replace(base, layer=i, shuffle_index=replace(base.shuffle_index, tag=f"shuffle/layer{i}"),
                       srcdata={}, dstdata={}, global_num_dst=None) for i in range(num_layers)]
     if features is not None:
@@ -311,8 +318,9 @@ def _build(graph: Graph, owner: torch.Tensor, num_layers: int, comm: Communicato
         del local
     traffic = {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now.items() if n != before[kind].get(tag, 0)}
                for kind, now in comm.traffic.snapshot().items()}
+    plan = build_overlap_plan(blocks, comm.rank, num_boundary) if overlap else None
     return FullGraph(nodes=nodes, blocks=blocks, num_nodes=graph.num_nodes, world_size=comm.world_size,
-                     stats=stats, build_s=time.perf_counter() - t0, traffic=traffic)
+                     stats=stats, build_s=time.perf_counter() - t0, traffic=traffic, overlap_plan=plan)
 
 
 class FullGraphLoader:
@@ -339,6 +347,9 @@ class FullGraphLoader:
             GPU's free memory, or the host's available memory divided among the ranks; ``None``: no check.
             Checked before anything is allocated (:class:`FullGraphMemoryError`); call
             :meth:`check_model` to check a model's activations too.
+        overlap: order each rank's vertices boundary first (those other ranks read) and build the plan of
+            :meth:`forward`, which computes the boundary rows first and sends them while the interior
+            rows compute (G3's order; backward likewise). ``model(blocks, x)`` still works on the blocks.
 
     Every epoch yields the same batch: ``input_nodes`` and ``output_nodes`` are the rank's owned
     vertices, ``blocks[i]`` computes layer ``i`` for them over all their in-edges. ``len(loader) == 1``.
@@ -361,7 +372,8 @@ class FullGraphLoader:
 
     def __init__(self, graph: Graph, num_layers: int, *, partition=None, features=None, labels=None,
                  train_idx=None, group=None, device: Union[str, torch.device, None] = None,
-                 memory_limit: Union[str, int, None] = "auto", feat_key: str = "feat", label_key: str = "label"):
+                 memory_limit: Union[str, int, None] = "auto", feat_key: str = "feat", label_key: str = "label",
+                 overlap: bool = False):
         self._skip = False
         if int(num_layers) < 1:
             raise ValueError(f"num_layers={num_layers}; pass the number of layers of the model (at least 1)")
@@ -395,7 +407,8 @@ class FullGraphLoader:
             need = estimate_memory(stats, self.comm.rank, 0 if features is None else features.shape[1],
                                    dtype_bytes=4 if features is None else features.element_size())
             _check_fits(need, self.memory_limit, f"this graph ({graph.num_nodes} vertices, {graph.num_edges} edges)")
-            full = _build(graph, self.owner, self.num_layers, self.comm, self.device, features, feat_key, stats)
+            full = _build(graph, self.owner, self.num_layers, self.comm, self.device, features, feat_key, stats,
+                          overlap)
             log.info("full graph built in %.2fs: rank %d owns %d vertices, %d in-edges, %d halo rows",
                      full.build_s, self.comm.rank, full.nodes.numel(), full.blocks[0].num_edges(),
                      full.blocks[0].num_src_nodes() - full.nodes.numel())
@@ -489,6 +502,22 @@ class FullGraphLoader:
         self._first = False
         self._epoch += 1
         yield batch
+
+    def forward(self, model: nn.Module, x: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``model``'s output over this rank's vertices, boundary rows first with their shuffle overlapped
+        (needs ``overlap=True``; the model follows :mod:`gsplit.inference`'s protocol, as gsplit's do).
+        Equals ``model(blocks, blocks[0].srcdata["feat"])``; ``x`` replaces the input rows.
+
+        Example:
+            >>> logits = loader.forward(model)       # instead of model(blocks, blocks[0].srcdata["feat"])  # doctest: +SKIP
+        """
+        plan = self.full_graph.overlap_plan
+        if plan is None:
+            raise ValueError("loader.forward needs the boundary-first plan; build the loader with overlap=True "
+                             "(or call model(blocks, x) for the plain forward)")
+        if x is None:
+            x = self.blocks[0].srcdata[self.feat_key]
+        return overlapped_forward(model, plan, x, self.comm)
 
     # ------------------------------------------------------------------ checks
     def estimate_memory(self, model: Optional[nn.Module] = None, recompute: Optional[bool] = None,

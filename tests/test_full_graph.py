@@ -75,7 +75,7 @@ def new_model(name):
     torch.manual_seed(0)
     if name == "dglstyle":
         return DGLStyleNet().double()
-    base = name.replace("-recompute", "")
+    base = name.replace("-recompute", "").replace("-overlap", "")
     model = build_model(base, FEAT_DIM, 8, NUM_CLASSES, num_layers=LAYERS, heads=2, dropout=DROPOUT).double()
     return recompute_layers(model) if name.endswith("-recompute") else model
 
@@ -107,7 +107,13 @@ def train_split(model_name, loader):
     for epoch in range(STEPS):
         for input_nodes, output_nodes, blocks in loader:
             opt.zero_grad()
-            if wrapped is not None:
+            if model_name.endswith("-overlap"):  # boundary rows first, their shuffle overlapped (G3's order)
+                logits = loader.forward(model)
+                loss = split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1])
+                loss.backward()
+                allreduce_gradients(model, loader.comm)
+                losses.append(global_sum(loss, loader.comm))
+            elif wrapped is not None:
                 logits = wrapped(blocks, blocks[0].srcdata["feat"])
                 loss = F.cross_entropy(logits, blocks[-1].dstdata["label"])  # the user's plain mean loss
                 loss.backward()
@@ -125,8 +131,9 @@ def train_split(model_name, loader):
             "outputs": outputs}
 
 
-ALL_MODELS = ("sage", "gat", "gcn", "dglstyle", "sage-recompute", "gat-recompute")
-QUICK = (("metis", "starved"), ("sage", "gat", "dglstyle"))
+ALL_MODELS = ("sage", "gat", "gcn", "dglstyle", "sage-recompute", "gat-recompute", "sage-overlap", "gat-overlap",
+              "gcn-overlap")
+QUICK = (("metis", "starved"), ("sage", "gat", "dglstyle", "gat-overlap"))
 """The fast two-rank case: the METIS map and one whose last rank owns no training vertex, three models."""
 
 
@@ -136,9 +143,10 @@ def rank_worker(rank, world_size, quick=False):
     for map_name, pmap in make_maps(graph, train_idx, world_size).items():
         if quick and map_name not in QUICK[0]:
             continue
-        loader = FullGraphLoader(graph, LAYERS, partition=pmap, features=feats, labels=labels, train_idx=train_idx)
+        loaders = {overlap: FullGraphLoader(graph, LAYERS, partition=pmap, features=feats, labels=labels,
+                                            train_idx=train_idx, overlap=overlap) for overlap in (False, True)}
         for model_name in QUICK[1] if quick else ALL_MODELS:
-            results[(map_name, model_name)] = train_split(model_name, loader)
+            results[(map_name, model_name)] = train_split(model_name, loaders[model_name.endswith("-overlap")])
     return results
 
 
@@ -414,3 +422,50 @@ def test_cli_refuses_a_graph_that_cannot_fit_before_starting_ranks(monkeypatch, 
                               "--fanouts=-1,-1"], capsys)
     assert code == 2, (out, err)
     assert "needs about" in err and "--recompute" in err and "training gcn" not in out
+
+
+def test_overlap_sends_boundary_rows_before_the_interior_computes(monkeypatch):
+    """G3's order, forward and backward: the exchange starts before the interior rows compute and is waited
+    for after; in backward the halo gradients are sent before the interior part's backward runs."""
+    import gsplit.fullgraph_overlap as ov
+
+    graph, feats, labels, train_idx = make_problem()
+    loader = FullGraphLoader(graph, LAYERS, features=feats, labels=labels, train_idx=train_idx, overlap=True)
+    plan = loader.full_graph.overlap_plan
+    events = []
+    start, wait = ov._Exchange.start, ov._Exchange.wait
+    monkeypatch.setattr(ov._Exchange, "start", lambda self, *a: (events.append(("start", self.tag)), start(self, *a))[1])
+    monkeypatch.setattr(ov._Exchange, "wait", lambda self: (events.append(("wait", self.tag)), wait(self))[1])
+    model = new_model("sage")
+    for i, layer in enumerate(model.layers):
+        inner = layer.forward
+
+        def forward(block, h, _inner=inner, _i=i):
+            if block is plan.interior_blocks[_i]:
+                events.append(("interior forward", _i))
+                if h.requires_grad:
+                    h.register_hook(lambda g: events.append(("interior backward", _i)))
+            return _inner(block, h)
+
+        layer.forward = forward
+    logits = loader.forward(model)
+    loss = split_cross_entropy(logits, loader.blocks[-1].dstdata["label"], loader.blocks[-1])
+    loss.backward()
+    at = {e: k for k, e in enumerate(events)}
+    for i in range(LAYERS - 1):
+        fwd, bwd = f"shuffle/layer{i + 1}/overlap/fwd", f"shuffle/layer{i + 1}/overlap/bwd"
+        assert at[("start", fwd)] < at[("interior forward", i)] < at[("wait", fwd)], events
+        assert at[("start", bwd)] < at[("wait", bwd)], events
+    # layer 1's interior backward runs while the halo gradients of the exchange after it travel
+    assert at[("start", "shuffle/layer2/overlap/bwd")] < at[("interior backward", 1)] < \
+        at[("wait", "shuffle/layer2/overlap/bwd")], events
+    # and the result is the plain forward's
+    plain = new_model("sage")
+    assert torch.allclose(plain(loader.blocks, loader.blocks[0].srcdata["feat"]), logits, rtol=1e-12, atol=1e-12)
+
+
+def test_overlap_needs_the_plan():
+    graph, feats, labels, train_idx = make_problem()
+    loader = FullGraphLoader(graph, LAYERS, features=feats, labels=labels, train_idx=train_idx)
+    with pytest.raises(ValueError, match="overlap=True"):
+        loader.forward(new_model("sage"))
