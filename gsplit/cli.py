@@ -257,8 +257,6 @@ def cmd_train(args) -> int:
     if args.full_graph:
         if args.system not in ("split", "full"):
             raise CliError(f"--full-graph trains split-parallel; it cannot be combined with --system {args.system}")
-        if args.ranks_per_host:
-            raise CliError("--full-graph runs in one split group (one host); leave --ranks-per-host out")
         args.system = "full"
     ds = _load_dataset(args)
     fanouts = parse_fanouts(args.fanouts)
@@ -268,6 +266,9 @@ def cmd_train(args) -> int:
     parts = args.ranks_per_host or ranks  # one split group per host: the map has a part per rank of a host
     if ranks % parts:
         raise CliError(f"--ranks-per-host {args.ranks_per_host} does not divide the {ranks} ranks; pass a divisor")
+    if args.system == "full" and parts != ranks:
+        raise CliError(f"full-graph training runs in one split group (one host), but {ranks} ranks make "
+                       f"{ranks // parts} hosts of {parts}; leave --ranks-per-host out or run on one host")
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, eval_every=args.eval_every, device=args.device,

@@ -386,6 +386,8 @@ class FullGraphLoader:
         self._epoch = 0
         self.last_stats = IterationStats()
         self._first = True
+        # bytes this rank may use (None: unchecked); the constructor and check_model compare estimates with it
+        self.memory_limit = self._limit(memory_limit)
         if isinstance(features, FullGraph):
             full = features
             if full.num_nodes != graph.num_nodes or full.world_size != self.comm.world_size or \
@@ -403,7 +405,6 @@ class FullGraphLoader:
                 if features.dtype.is_floating_point and not bool(torch.isfinite(features).all()):
                     raise ValueError("features hold NaN or inf; clean the features before training")
             stats = full_graph_stats(graph, self.owner, self.comm.world_size)
-            self.memory_limit = self._limit(memory_limit)
             need = estimate_memory(stats, self.comm.rank, 0 if features is None else features.shape[1],
                                    dtype_bytes=4 if features is None else features.element_size())
             _check_fits(need, self.memory_limit, f"this graph ({graph.num_nodes} vertices, {graph.num_edges} edges)")
@@ -413,8 +414,6 @@ class FullGraphLoader:
                      full.build_s, self.comm.rank, full.nodes.numel(), full.blocks[0].num_edges(),
                      full.blocks[0].num_src_nodes() - full.nodes.numel())
         self.full_graph = full
-        if not hasattr(self, "memory_limit"):
-            self.memory_limit = self._limit(memory_limit)
         self.blocks = self._with_labels(full, labels, train_idx)
 
     def _limit(self, memory_limit) -> Optional[int]:

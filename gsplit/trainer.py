@@ -1,8 +1,9 @@
 """The training harness shared by ``gsplit train`` and the experiments: one function per rank.
 
-The same loop trains with split parallelism (``system="split"``, :class:`gsplit.DataLoader`) or data
-parallelism (``system="dp"``, :class:`gsplit.baselines.DataParallelLoader`): same models, same data,
-same launcher, same counters. Every number in the returned log comes from the code path itself.
+The same loop trains with split parallelism (``system="split"``, :class:`gsplit.DataLoader`), data
+parallelism (``system="dp"``, :class:`gsplit.baselines.DataParallelLoader`) or full-graph split
+parallelism (``system="full"``, :class:`gsplit.FullGraphLoader`): same models, same data, same
+launcher, same counters. Every number in the returned log comes from the code path itself.
 """
 
 from __future__ import annotations

@@ -469,3 +469,16 @@ def test_overlap_needs_the_plan():
     loader = FullGraphLoader(graph, LAYERS, features=feats, labels=labels, train_idx=train_idx)
     with pytest.raises(ValueError, match="overlap=True"):
         loader.forward(new_model("sage"))
+
+
+def test_cli_trains_full_graph_on_one_rank(tmp_path, capsys):
+    code, out, err = run_cli(["train", "--full-graph", "-D", "num_nodes=600", "--num-ranks", "1", "--device", "cpu",
+                              "--fanouts=-1,-1", "--hidden", "16", "--epochs", "2", "--recompute",
+                              "--log", str(tmp_path / "run.jsonl")], capsys)
+    assert code == 0, err
+    assert "full-graph memory estimate" in out and "training sage with full on 1 rank" in out
+    from gsplit.io import read_run_log
+
+    log = read_run_log(tmp_path / "run.jsonl")
+    assert log["config"]["system"] == "full" and log["config"]["recompute"] is True
+    assert len(log["epochs"]) == 2 and log["complete"] and "final_val_acc" in log
