@@ -1,8 +1,9 @@
 """The training harness shared by ``gsplit train`` and the experiments: one function per rank.
 
-The same loop trains with split parallelism (``system="split"``, :class:`gsplit.DataLoader`) or data
-parallelism (``system="dp"``, :class:`gsplit.baselines.DataParallelLoader`): same models, same data,
-same launcher, same counters. Every number in the returned log comes from the code path itself.
+The same loop trains with split parallelism (``system="split"``, :class:`gsplit.DataLoader`), data
+parallelism (``system="dp"``, :class:`gsplit.baselines.DataParallelLoader`) or full-graph split
+parallelism (``system="full"``, :class:`gsplit.FullGraphLoader`): same models, same data, same
+launcher, same counters. Every number in the returned log comes from the code path itself.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
 from gsplit.feature_store import parse_size
+from gsplit.fullgraph import FullGraphLoader, recompute_layers
 from gsplit.io import atomic_write_bytes
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
@@ -55,6 +57,12 @@ class System:
     def inference_map(self, owner: Optional[torch.Tensor], num_nodes: int, world_size: int) -> torch.Tensor:
         """Which rank computes each vertex in the final layer-wise evaluation (any map gives the same result)."""
         return torch.arange(num_nodes) * world_size // num_nodes  # contiguous ranges of vertex ids
+
+    def prepare_model(self, cfg: "TrainConfig", model, loader):
+        """The model as this system trains it, checked against the training loader before the first forward."""
+        if cfg.recompute:
+            recompute_layers(model)
+        return model
 
 
 class SplitSystem(System):
@@ -96,7 +104,27 @@ class DataParallelSystem(System):
         return torch.nn.functional.cross_entropy(logits, labels) / world_size
 
 
-SYSTEMS = {s.name: s for s in (SplitSystem(), DataParallelSystem())}
+class FullGraphSystem(SplitSystem):
+    """Full-graph training, split-parallel (:class:`gsplit.FullGraphLoader`): every epoch is one step over all
+    vertices and all in-edges; the loss counts the training vertices. ``cfg.fanouts`` give the depth only."""
+
+    name = "full"
+
+    def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
+        if options.get("replica_group") is not None:
+            raise ValueError("full-graph training runs in one split group (one host); leave ranks_per_host at 0")
+        # evaluation loaders get the training loader's feature_store: its built blocks, shared
+        return FullGraphLoader(graph, len(cfg.fanouts), partition=owner, features=options.get("features",
+                               dataset.features), labels=dataset.labels, train_idx=indices, device=device,
+                               group=options.get("group"))
+
+    def prepare_model(self, cfg, model, loader):
+        model = super().prepare_model(cfg, model, loader)
+        loader.check_model(model)  # split-safe layers, depth, and activations that fit, before allocating them
+        return model
+
+
+SYSTEMS = {s.name: s for s in (SplitSystem(), DataParallelSystem(), FullGraphSystem())}
 """The systems ``TrainConfig.system`` names."""
 
 
@@ -121,7 +149,7 @@ class TrainConfig:
     lr: float = 0.003
     """Adam learning rate."""
     system: str = "split"
-    """``split`` (gsplit) or ``dp`` (data-parallel baseline)."""
+    """``split`` (gsplit), ``dp`` (data-parallel baseline) or ``full`` (full-graph training, split-parallel)."""
     seed: int = 0
     """Seed of the model's initialisation, the global order and the sampler."""
     eval_every: int = 1
@@ -154,6 +182,9 @@ class TrainConfig:
     resume: bool = False
     """Continue from the newest checkpoint in ``checkpoint_dir`` (a fresh start when there is none): the
     remaining steps are those an uninterrupted run takes."""
+    recompute: bool = False
+    """Recompute every layer in backward instead of keeping its intermediates (:func:`gsplit.recompute_layers`):
+    less memory, more compute; for full-graph training above all."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -257,8 +288,9 @@ def evaluate(model, loader, comm: Communicator, job_comm: Optional[Communicator]
     for _, _, blocks in loader:
         logits = model(blocks, blocks[0].srcdata["feat"], comm)
         labels = blocks[-1].dstdata["label"]
-        correct[0] += float((logits.argmax(1) == labels).sum())
-        correct[1] += labels.numel()
+        counted = labels >= 0  # full-graph blocks label the vertices outside the evaluated set -100
+        correct[0] += float((logits.argmax(1)[counted] == labels[counted]).sum())
+        correct[1] += int(counted.sum())
     model.train()
     (job_comm or comm).all_reduce_(correct)
     return float(correct[0] / correct[1].clamp_min(1))
@@ -371,6 +403,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
                                       **split_options, **group_options)
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
+    model = system.prepare_model(cfg, model, train_loader)
     eval_options = {"features": getattr(train_loader, "feature_store", dataset.features), **group_options}
     comm = train_loader.comm
     # every rank of the job: gradients, the logged loss, accuracy counts and the per-rank counters. Its own
