@@ -163,7 +163,7 @@ def _candidates():
                 yield an, act
                 continue
             yield (f"{an}(h.{rn})" if an != "identity" else f"h.{rn}"), (lambda h, a=act, r=reshape: a(r(h)))
-            if an != "identity":
+            if an != "identity" and rn != "flatten(1)":  # an elementwise activation commutes with flatten
                 yield f"{an}(h).{rn}", (lambda h, a=act, r=reshape: r(a(h)))
 
 
@@ -171,6 +171,8 @@ def _matching(before: torch.Tensor, after: torch.Tensor) -> List[str]:
     """Names of the candidates ``f`` with ``f(before) == after`` (up to float rounding)."""
     found = []
     for name, f in _candidates():
+        if "flatten(1)" in name and before.dim() <= 2:
+            continue  # a no-op on [rows, features]: the same candidate as without it
         try:
             got = f(before)
         except RuntimeError:
@@ -201,11 +203,17 @@ def infer_between(model, layers: Sequence[nn.Module], blocks: list, x: torch.Ten
         'elu between layers'
     """
     outs, ins = {}, {}
+
+    def record_input(i, args):
+        ins.setdefault(i, args[1] if len(args) > 1 else None)   # returns None: the arguments stay as they are
+
+    def record_output(i, out):
+        outs.setdefault(i, out)
+
     handles = []
     for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(
-            lambda m, args, i=i: ins.setdefault(i, args[1] if len(args) > 1 else None)))
-        handles.append(layer.register_forward_hook(lambda m, args, out, i=i: outs.setdefault(i, out)))
+        handles.append(layer.register_forward_pre_hook(lambda m, args, i=i: record_input(i, args)))
+        handles.append(layer.register_forward_hook(lambda m, args, out, i=i: record_output(i, out)))
     name = type(model).__name__
     try:
         result = model(blocks, x)
