@@ -143,3 +143,23 @@ if __name__ == "__main__":  # rewrite README.md's diff block (and its count) fro
     new = re.sub(r"\d+ changed code lines", f"{n} changed code lines", new)
     readme_path.write_text(new)
     print(f"README.md: diff rewritten ({n} changed code lines)")
+
+
+def test_readme_dgl_snippet():
+    """README's "make the map once" block, as written, with the names the port defines around it."""
+    dgl = pytest.importorskip("dgl", reason="DGL is not installed here; ./dev test-dgl runs this test")
+    import torch
+
+    import gsplit
+    from test_readme_snippets import DGL_PORT, block
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, avg_degree=6, feature_dim=8, seed=0)
+    g = dgl.graph((ds.graph.indices, ds.graph.edge_dst()), num_nodes=ds.num_nodes)
+    g.ndata["feat"], g.ndata["label"] = ds.features, ds.labels
+    g.ndata["train_mask"] = torch.zeros(ds.num_nodes, dtype=torch.bool).index_fill_(0, ds.train_idx, True)
+    namespace = {"dgl": dgl, "gsplit": gsplit, "g": g, "nprocs": 1, "train_idx": ds.train_idx, "device": "cpu",
+                 "DataLoader": gsplit.DataLoader}
+    exec(block(DGL_PORT), namespace)
+    _, output_nodes, blocks = next(iter(namespace["train_dataloader"]))
+    assert all(b.is_block for b in blocks) and "feat" in blocks[0].srcdata and "label" in blocks[-1].dstdata
+    assert namespace["pmap"].num_parts == 1
