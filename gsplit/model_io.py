@@ -45,7 +45,7 @@ def versions() -> Dict[str, str]:
 
     import gsplit
 
-    return {"gsplit": gsplit.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+    return {"gsplit": str(gsplit.__version__), "torch": str(torch.__version__), "numpy": str(numpy.__version__),
             "python": platform.python_version(), "platform": platform.platform(),
             "cuda": str(torch.version.cuda), "argv": " ".join(sys.argv)}
 
