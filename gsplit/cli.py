@@ -115,6 +115,7 @@ def _print_stats(stats: dict) -> None:
 
 def cmd_prepare(args) -> int:
     ds = _load_dataset(args)
+    _prepare_kernels()
     fanouts = parse_fanouts(args.fanouts)
     out = Path(args.out)
     from gsplit.partitioning import prepare_partition
@@ -224,6 +225,7 @@ def cmd_train(args) -> int:
         print(f"rank {rank} of {ranks} (host {os.environ.get('GROUP_RANK', '?')}, local rank "
               f"{os.environ['LOCAL_RANK']} of {args.ranks_per_host}) on {device}", flush=True)
     ds = _load_dataset(args)
+    _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
     fanouts = parse_fanouts(args.fanouts)
     ranks = ranks if torchrun else (args.num_ranks or default_num_ranks())
     parts = args.ranks_per_host or ranks  # one split group per host: the map has a part per rank of a host
@@ -337,6 +339,25 @@ def _version_text() -> str:
     return f"gsplit {gsplit.__version__} (torch {torch.__version__}, python {sys.version.split()[0]})"
 
 
+def _prepare_kernels() -> None:
+    """Build or load the compiled CPU kernels now, before any timed work, and say how it went, once."""
+    from gsplit import ops
+
+    if os.environ.get("GSPLIT_NO_EXTENSIONS"):
+        return
+    print("preparing the compiled CPU kernels (the first build takes about a minute, then they are cached) ...",
+          flush=True)
+    report = ops.prepare_kernels()
+    if report.ready:
+        state = "built" if report.seconds > 3 else "loaded from the cache"
+        print(f"  compiled CPU kernels {', '.join(report.ready)} {state} in {report.seconds:.1f}s", flush=True)
+    for name, reason in report.failed.items():
+        print(f"gsplit: warning: compiled CPU kernel {name} is unavailable ({reason}); running the plain-torch "
+              f"kernels instead (same results, slower)", file=sys.stderr, flush=True)
+    if report.failed:  # the ranks (spawned: they inherit the environment) neither retry nor warn again
+        os.environ["GSPLIT_SKIP_EXTENSIONS"] = ",".join(report.failed)
+
+
 def _run_record(args, ds, ranks: int, cfg) -> dict:
     """The log's first record: everything needed to run it again (dataset and its options, every option,
     seeds, versions, the command line)."""
@@ -447,6 +468,7 @@ def _run_inference(args, ds, id_sets, predict_ids=None):
     from gsplit.predict import evaluate_model
 
     ranks = args.num_ranks or default_num_ranks()
+    _prepare_kernels()
     print(f"layer-wise inference on {ranks} rank(s)", flush=True)
     path = args.checkpoint if not Path(args.checkpoint).is_dir() else str(Path(args.checkpoint) / "model.pt")
     return evaluate_model(path, ds, id_sets, predict_ids, num_ranks=ranks, device=args.device,
