@@ -182,3 +182,85 @@ def test_reuse_commands_refuse_mistakes_in_one_line(trained, tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("gsplit: error:") and message in err[0], (argv, err)
+
+
+def test_kernels_are_prepared_before_any_timed_work_and_a_failure_is_said_once(tmp_path, monkeypatch, capsys):
+    """Fails on the old main: the first-use build ran silently inside the first epoch (or the split
+    statistics), and every rank warned about a failed build on its own."""
+    from gsplit.ops import aggregate, cpu_ext
+
+    monkeypatch.delenv("GSPLIT_NO_EXTENSIONS", raising=False)
+    monkeypatch.delenv("GSPLIT_SKIP_EXTENSIONS", raising=False)
+    calls = []
+
+    def failing_build(name, sources):
+        calls.append(name)
+        raise RuntimeError(f"no compiler for {name}\nsecond line of the compiler's output")
+
+    monkeypatch.setattr(cpu_ext, "_build", failing_build)
+    monkeypatch.setattr(cpu_ext, "_failed_before", {})
+    cpu_ext._build_or_none.cache_clear()
+    aggregate._cached_extension.cache_clear()
+    try:
+        argv = ["train", *DATA, "--epochs", "1", "--batch-size", "64", "--fanouts", "4,4", "--num-ranks", "1",
+                "--device", "cpu", "--hidden", "8", "--eval-every", "0"]
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        assert sorted(calls) == ["gsplit_aggregate", "gsplit_sample_cpu"]   # tried once each, by the CLI only
+        said = [line for line in err.splitlines() if "compiled CPU kernel" in line or "cannot build" in line]
+        assert len(said) == 2 and all("RuntimeError: no compiler for" in line and "plain-torch" in line
+                                      for line in said), err
+        assert "second line" not in err
+        lines = out.splitlines()
+        first_kernel = next(i for i, line in enumerate(lines) if line.startswith("preparing the compiled CPU kernels"))
+        assert first_kernel < next(i for i, line in enumerate(lines) if line.startswith("training sage"))
+        import os
+        assert set(os.environ["GSPLIT_SKIP_EXTENSIONS"].split(",")) == {"gsplit_aggregate", "gsplit_sample_cpu"}
+    finally:
+        cpu_ext._build_or_none.cache_clear()
+        aggregate._cached_extension.cache_clear()
+
+
+def test_kernels_report_when_they_load(monkeypatch, capsys):
+    from gsplit.cli import _prepare_kernels
+
+    monkeypatch.delenv("GSPLIT_NO_EXTENSIONS", raising=False)
+    monkeypatch.delenv("GSPLIT_SKIP_EXTENSIONS", raising=False)
+    _prepare_kernels()
+    out = capsys.readouterr()
+    assert "compiled CPU kernels gsplit_sample_cpu, gsplit_aggregate" in out.out or "unavailable" in out.err
+
+
+SPAWN_WITH_TQDM = '''
+import gsplit
+from tqdm import tqdm
+from tqdm.auto import tqdm as auto_tqdm
+
+
+def run(rank):
+    for _ in tqdm(range(3), disable=rank != 0):
+        pass
+    for _ in auto_tqdm(range(3)):
+        pass
+
+
+if __name__ == "__main__":
+    gsplit.spawn(run, nprocs=2)
+    print("done")
+'''
+
+
+def test_tqdm_in_ranks_leaks_no_semaphore(tmp_path):
+    """Fails on the old main: resource_tracker: There appear to be 2 leaked semaphore objects."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "bars.py").write_text(SPAWN_WITH_TQDM)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "bars.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "done" in proc.stdout, proc.stderr
+    assert "leaked semaphore" not in proc.stderr, proc.stderr
