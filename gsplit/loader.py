@@ -40,7 +40,8 @@ from gsplit.prefetch import PREFETCH_DEPTH, Producer
 from gsplit.sampling.batches import BatchSchedule
 from gsplit.sampling.block import MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
-from gsplit.split.split_sampling import sp_sample
+from gsplit.ops.torch_ops import to_device
+from gsplit.split.split_sampling import local_targets, sp_sample
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,12 @@ class DataLoader(RankLoader):
         self.sample_device = ops.sampling_device(graph, self.device)
         if partition is None and self.comm.world_size > 1:  # as DGL's call site: no map given, make one
             partition = default_partition(graph, self.schedule.indices, sampler, batch_size, self.comm)
-        self.owner = owner_tensor(partition, graph, self.comm.world_size).to(self.sample_device)
+        owner = owner_tensor(partition, graph, self.comm.world_size)
+        self.owner = owner.to(self.sample_device)
+        # on the host too: each batch's local targets (and their labels) are picked there, without a device
+        # sync; a narrow copy when the map's own went to the GPU (2 bytes per vertex for up to 32767 ranks)
+        self._host_owner = self.owner if self.owner.device.type == "cpu" else \
+            owner.cpu().to(torch.int16 if self.comm.world_size <= 32767 else torch.int32)
         node_feats = dgl_interop.named_node_data(dgl_graph, prefetch_node_feats, "prefetch_node_feats", "feat",
                                  features, "features")
         label_data = dgl_interop.named_node_data(dgl_graph, prefetch_labels, "prefetch_labels", "label",
@@ -357,8 +363,9 @@ class DataLoader(RankLoader):
         t0 = time.perf_counter()
         # seeds: the whole global mini-batch (the union over replicas); this host splits its slice
         mine = self.schedule.replica_slice(seeds, self.replica_rank) if self.num_replicas > 1 else seeds
-        batch = sp_sample(self.graph, mine.to(self.sample_device), self.owner, self.sampler, comm,
-                          epoch=epoch, iteration=it, num_global_targets=seeds.numel())
+        targets = local_targets(mine, self._host_owner, self.rank)  # on the host: no device sync
+        batch = sp_sample(self.graph, mine, self.owner, self.sampler, comm, epoch=epoch, iteration=it,
+                          num_global_targets=seeds.numel(), targets=to_device(targets, self.sample_device))
         if self.device != self.sample_device:
             batch = batch.to(self.device)
         t1 = time.perf_counter()
@@ -371,7 +378,9 @@ class DataLoader(RankLoader):
             local = table[batch.input_nodes.to(table.device)].to(self.device, non_blocking=True)
             batch.blocks[0].srcdata[key] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
         for key, table in self.label_data.items():
-            batch.blocks[-1].dstdata[key] = table[batch.output_nodes.to(table.device)].to(self.device)
+            # host labels are gathered with the host targets and copied once, asynchronously
+            ids = targets if table.device.type == "cpu" else batch.output_nodes.to(table.device)
+            batch.blocks[-1].dstdata[key] = to_device(table[ids], self.device)
         t2 = time.perf_counter()
         stats = IterationStats.of_batch(batch, t1 - t0, t2 - t1, counts)
         traffic = TrafficCounter.delta(comm.traffic.snapshot(), before) if own_group else None

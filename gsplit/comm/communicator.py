@@ -12,7 +12,7 @@ import math
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Union
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -81,14 +81,34 @@ class Communicator:
 
     # ------------------------------------------------------------------ collectives
     def exchange_counts(self, send_counts: torch.Tensor) -> torch.Tensor:
-        """Tell every rank how many rows it will get from us; returns how many we get from each."""
+        """Tell every rank how many rows it will get from us; returns how many we get from each (host int64)."""
+        return torch.tensor(self.exchange_count_lists(send_counts)[1], dtype=torch.int64)
+
+    def exchange_count_lists(self, send_counts: torch.Tensor) -> Tuple[List[int], List[int]]:
+        """``(send, recv)``: ``send_counts`` and how many rows each rank sends us, as lists, with one wait.
+
+        ``send_counts`` may be on the device: NCCL exchanges them there and one copy brings both back
+        (the host waits once, for the sizes it must know); with gloo they go to the host first (the one
+        wait). Host counts bound for NCCL go through pinned memory, asynchronously.
+
+        Example:
+            >>> Communicator().exchange_count_lists(torch.tensor([3]))
+            ([3], [3])
+        """
+        send = send_counts.to(torch.int64)
         if self.world_size == 1:
-            return send_counts.clone()
+            counts = send.tolist()
+            return counts, list(counts)
         # NCCL needs device tensors; gloo needs CPU tensors. Counts follow the backend.
-        dev = self._collective_device(send_counts)
-        recv = torch.empty(self.world_size, dtype=torch.int64, device=dev)
-        dist.all_to_all_single(recv, send_counts.to(dev, torch.int64), group=self.group)
-        return recv.cpu()
+        dev = self._collective_device(send)
+        if dev.type == "cpu" and send.device.type != "cpu":
+            send = send.cpu()
+        elif dev.type == "cuda" and send.device.type == "cpu":
+            send = send.pin_memory().to(dev, non_blocking=True)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=self.group)
+        both = torch.stack([send, recv]).tolist()
+        return both[0], both[1]
 
     def all_to_all_rows(self, x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
                         tag: Optional[str] = None) -> torch.Tensor:

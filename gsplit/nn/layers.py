@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate, gat_aggregate_torch
+from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, degrees, edge_softmax, gat_aggregate, gat_aggregate_torch
 from gsplit.sampling.block import Block
 
 __all__ = ["SAGEConv", "GATConv", "GraphConv", "edge_softmax"]
@@ -53,7 +53,7 @@ def _check_input(layer: nn.Module, block: Block, h: torch.Tensor, in_feats: int)
 
 def _degrees(index: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
     """Edge counts per vertex as a float column of ``like``'s dtype, clamped to at least 1."""
-    return torch.bincount(index, minlength=n).clamp_(min=1).to(like.dtype).unsqueeze(1)
+    return degrees(index, n).clamp_(min=1).to(like.dtype).unsqueeze(1)
 
 
 class SAGEConv(nn.Module):
@@ -118,7 +118,7 @@ class SAGEConv(nn.Module):
             neigh = copy_u_mean(x, src, dst, nd)
             out = self.fc_self(h[:nd]) + (neigh if lin_first else self.fc_neigh(neigh))
         else:  # gcn
-            deg = torch.bincount(dst, minlength=nd).to(h.dtype).unsqueeze(1)
+            deg = degrees(dst, nd).to(h.dtype).unsqueeze(1)
             neigh = (copy_u_sum(x, src, dst, nd) + x[:nd]) / (deg + 1)
             out = neigh if lin_first else self.fc_neigh(neigh)
         if self.bias is not None:

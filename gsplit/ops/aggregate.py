@@ -31,7 +31,7 @@ from torch.autograd.function import once_differentiable
 
 from gsplit.ops import cpu_ext
 
-__all__ = ["copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "copy_u_sum_torch",
+__all__ = ["copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "degrees", "copy_u_sum_torch",
            "copy_u_mean_torch", "gat_aggregate_torch", "extension_available"]
 
 _EXT_NAME = "gsplit_aggregate"
@@ -93,8 +93,20 @@ def copy_u_sum_torch(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Te
     return out.index_add_(0, edge_dst, x.index_select(0, edge_src))
 
 
+def degrees(index: torch.Tensor, size: int) -> torch.Tensor:
+    """How often each of ``0..size-1`` occurs in ``index`` (int64): ``torch.bincount(index, minlength=size)``
+    for indices below ``size``, without the host sync that ``bincount`` makes on CUDA to read the maximum.
+
+    Example:
+        >>> degrees(torch.tensor([0, 0, 2]), 4).tolist()
+        [2, 0, 1, 0]
+    """
+    return torch.zeros(int(size), dtype=torch.int64, device=index.device).index_add_(
+        0, index, torch.ones_like(index, dtype=torch.int64))
+
+
 def _in_degrees(edge_dst: torch.Tensor, num_dst: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.bincount(edge_dst, minlength=int(num_dst)).to(like.dtype).unsqueeze(1)
+    return degrees(edge_dst, num_dst).to(like.dtype).unsqueeze(1)
 
 
 def copy_u_mean_torch(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:

@@ -13,9 +13,23 @@ import torch
 from gsplit.graph import Graph
 from gsplit.sampling import counter_rng
 
-def _segment_arange(counts: torch.Tensor) -> torch.Tensor:
-    """``cat([arange(c) for c in counts])`` without a Python loop."""
-    total = int(counts.sum())
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t.to(device)`` without making the host wait: a host tensor bound for a GPU is pinned first and copied
+    asynchronously (a copy from pageable memory blocks the host until the device's queue has drained).
+
+    Example:
+        >>> to_device(torch.tensor([1, 2]), torch.device("cpu")).tolist()
+        [1, 2]
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and t.device.type == "cpu" and not t.is_pinned():
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
+def _segment_arange(counts: torch.Tensor, total: Optional[int] = None) -> torch.Tensor:
+    """``cat([arange(c) for c in counts])`` without a Python loop; ``total = counts.sum()`` when known."""
+    total = int(counts.sum()) if total is None else int(total)
     if total == 0:
         return torch.zeros(0, dtype=torch.int64, device=counts.device)
     starts = torch.cumsum(counts, 0) - counts
@@ -36,13 +50,16 @@ def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int]
     if _dense_pays_off(dst_nodes.numel() + src.numel(), num_nodes):
         return _relabel_dense(dst_nodes, src, num_nodes)
     nd = dst_nodes.numel()
-    uniq, inv = torch.unique(torch.cat([dst_nodes, src]), return_inverse=True)
-    is_dst = torch.zeros(uniq.numel(), dtype=torch.bool, device=uniq.device)
-    is_dst[inv[:nd]] = True
-    new_nodes = uniq[~is_dst]
+    uniq, inv = torch.unique(torch.cat([dst_nodes, src]), return_inverse=True)  # the one host sync: its size
+    is_dst = torch.zeros(uniq.numel(), dtype=torch.int8, device=uniq.device)
+    is_dst[inv[:nd]] = 1
+    # dst_nodes are unique, so uniq.numel() - nd ids are new; a stable sort puts their positions first, in
+    # order, without the size read of a boolean mask
+    new_pos = torch.sort(is_dst, stable=True).indices[: uniq.numel() - nd]
+    new_nodes = uniq[new_pos]
     pos = torch.empty(uniq.numel(), dtype=torch.int64, device=uniq.device)
     pos[inv[:nd]] = torch.arange(nd, device=uniq.device)
-    pos[~is_dst] = torch.arange(nd, nd + new_nodes.numel(), device=uniq.device)
+    pos[new_pos] = torch.arange(nd, nd + new_nodes.numel(), device=uniq.device)
     return torch.cat([dst_nodes, new_nodes]), pos[inv[nd:]]
 
 
@@ -101,8 +118,9 @@ def sample_neighbors_torch(graph: Graph, nodes: torch.Tensor, fanout: int, repla
     dev = nodes.device
     if k == -1:
         counts = deg
-        dst_index = torch.repeat_interleave(torch.arange(nodes.numel(), device=dev), counts)
-        eids = start[dst_index] + _segment_arange(counts)
+        total = int(counts.sum())  # the one host sync: the output size
+        dst_index = torch.repeat_interleave(torch.arange(nodes.numel(), device=dev), counts, output_size=total)
+        eids = start[dst_index] + _segment_arange(counts, total)
         return graph.indices[eids], dst_index, eids
 
     vkeys = counter_rng.vertex_keys(key, nodes)
@@ -124,6 +142,6 @@ def sample_neighbors_torch(graph: Graph, nodes: torch.Tensor, fanout: int, repla
         pos = torch.where((deg <= k)[:, None], everything, torch.sort(chosen, 1).values)
     valid = pos >= 0  # a prefix of every row
     counts = valid.sum(1)
-    eids = torch.masked_select(start[:, None] + pos, valid)
+    eids = torch.masked_select(start[:, None] + pos, valid)  # the one host sync: the output size
     dst_index = torch.repeat_interleave(torch.arange(n, device=dev), counts, output_size=eids.numel())
     return torch.index_select(graph.indices, 0, eids), dst_index, eids

@@ -115,8 +115,9 @@ class Block:
         return self.edge_src, self.edge_dst
 
     def in_degrees(self) -> torch.Tensor:
-        """Number of sampled in-edges of every destination."""
-        return torch.bincount(self.edge_dst, minlength=self.num_dst)
+        """Number of sampled in-edges of every destination (int64; no host sync, unlike ``torch.bincount`` on CUDA)."""
+        return torch.zeros(self.num_dst, dtype=torch.int64, device=self.edge_dst.device).index_add_(
+            0, self.edge_dst, torch.ones_like(self.edge_dst))
 
     def to(self, device, non_blocking: bool = False) -> "Block":
         mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731

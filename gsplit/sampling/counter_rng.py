@@ -73,6 +73,8 @@ def draws_below(vkeys: torch.Tensor, count: int, bound: torch.Tensor) -> torch.T
     Column ``i`` equals ``draw_below(vkeys, i, bound[:, i])``; one pass over an ``[n, count]`` tensor
     costs far fewer kernel launches than ``count`` passes over ``[n]``.
     """
-    steps = torch.tensor([_signed((i + 1) * GOLDEN) for i in range(count)], dtype=torch.int64, device=vkeys.device)
+    # (i + 1) * GOLDEN with int64 wrap-around: the same bits as the unsigned product, made on the device
+    # (a tensor built from a Python list would be a blocking copy from pageable memory on a GPU)
+    steps = torch.arange(1, count + 1, dtype=torch.int64, device=vkeys.device) * _signed(GOLDEN)
     r = mix64(vkeys[:, None] + steps[None, :])
     return _shr(r, 1) % bound

@@ -18,6 +18,8 @@ import torch
 from gsplit import ops
 from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
+from gsplit.ops.aggregate import degrees
+from gsplit.ops.torch_ops import to_device
 from gsplit.sampling.block import MiniBatch, ShuffleIndex
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -32,21 +34,44 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     back. So the requests this rank *receives* are the rows it will *send* in the shuffle, and the
     requests it sends are the rows it will receive.
     """
+    if comm.world_size == 1:
+        # every id is this rank's: nothing to count or exchange, and the (unique) ids are the new frontier
+        frontier, order = torch.sort(ids, stable=True)
+        counts = [ids.numel()]
+        index = ShuffleIndex(send_idx=torch.argsort(order), send_counts=counts, recv_pos=torch.arange(
+            ids.numel(), device=ids.device), recv_counts=list(counts), num_local=frontier.numel(),
+            num_mixed=ids.numel(), tag=f"shuffle/{tag}")
+        return frontier, index
     order = torch.argsort(owner, stable=True)
-    requests_sent = torch.bincount(owner, minlength=comm.world_size).cpu()
-    requests_received = comm.exchange_counts(requests_sent)
-    requested = comm.all_to_all_rows(ids[order], requests_sent.tolist(), requests_received.tolist(),
-                                      tag=f"ids/{tag}")
+    # counted on the device (bincount would read the maximum first) and read to the host once, with the
+    # counts received: the one wait of the exchange
+    requests_sent, requests_received = comm.exchange_count_lists(degrees(owner, comm.world_size))
+    requested = comm.all_to_all_rows(ids[order], requests_sent, requests_received, tag=f"ids/{tag}")
     frontier = ops.unique_ids(requested, num_nodes)
-    index = ShuffleIndex(send_idx=torch.searchsorted(frontier, requested), send_counts=requests_received.tolist(),
-                         recv_pos=order, recv_counts=requests_sent.tolist(), num_local=frontier.numel(),
+    index = ShuffleIndex(send_idx=torch.searchsorted(frontier, requested), send_counts=requests_received,
+                         recv_pos=order, recv_counts=requests_sent, num_local=frontier.numel(),
                          num_mixed=ids.numel(), tag=f"shuffle/{tag}")
     return frontier, index
 
 
+def local_targets(seeds: torch.Tensor, owner: torch.Tensor, rank: int) -> torch.Tensor:
+    """This rank's targets among ``seeds`` (those ``owner`` gives to ``rank``), in the order of ``seeds``.
+
+    Their number depends on the data, so on a GPU it costs a host sync; with ``seeds`` and ``owner`` on
+    the host (as a loader has them) it costs none.
+
+    Example:
+        >>> local_targets(torch.tensor([4, 1, 2]), torch.tensor([0, 1, 1, 0, 1]), rank=1).tolist()
+        [4, 1, 2]
+    """
+    if owner.device != seeds.device:
+        owner = owner.to(seeds.device)
+    return seeds[torch.nonzero(owner[seeds] == rank).squeeze(1)]
+
+
 def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: NeighborSampler,
               comm: Communicator, epoch: int = 0, iteration: int = 0,
-              num_global_targets: Optional[int] = None) -> MiniBatch:
+              num_global_targets: Optional[int] = None, targets: Optional[torch.Tensor] = None) -> MiniBatch:
     """Sample this rank's split of the global mini-batch ``seeds``.
 
     Args:
@@ -58,6 +83,8 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
         epoch, iteration: counters that, with the sampler seed, fix the mini-batch.
         num_global_targets: the loss denominator (``blocks[-1].global_num_dst``); default
             ``seeds.numel()``. With several hosts, the size of the union of all hosts' mini-batches.
+        targets: this rank's targets, ``local_targets(seeds, owner, comm.rank)``, when the caller has
+            them, on the device to sample from; a loader selects them on the host, which saves a sync.
 
     Returns a :class:`~gsplit.sampling.MiniBatch`: ``input_nodes`` is the rank's bottom local frontier
     (the only features it loads), ``output_nodes`` its local targets in the order of ``seeds``, and
@@ -67,17 +94,20 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
         >>> batch = sp_sample(g, seeds, pmap.assignment, sampler, Communicator())   # doctest: +SKIP
         >>> batch.blocks[-1].dst_nodes                      # this rank's targets    # doctest: +SKIP
     """
-    seeds = seeds.to(ops.sampling_device(graph, seeds.device), torch.int64)
-    owner = owner.to(seeds.device)
     if owner.numel() != graph.num_nodes:
         raise ValueError(f"the partition map covers {owner.numel()} vertices but the graph has {graph.num_nodes}; "
                          "use a map made for this graph")
+    device = ops.sampling_device(graph, (seeds if targets is None else targets).device)
+    if targets is None:
+        seeds = to_device(seeds.to(torch.int64), device)
+        targets = local_targets(seeds, owner, comm.rank)
+    owner = owner.to(device)
 
     def exchange(layer: int, mixed_frontier: torch.Tensor):
         return exchange_ids(mixed_frontier, owner[mixed_frontier].long(), comm, tag=f"layer{layer}",
                             num_nodes=graph.num_nodes)
 
-    batch = sampler.sample_layers(graph, seeds[owner[seeds] == comm.rank], epoch, iteration, exchange)
+    batch = sampler.sample_layers(graph, to_device(targets.to(torch.int64), device), epoch, iteration, exchange)
     # the loss is averaged over the global mini-batch, so the top block knows its global size
     batch.blocks[-1].global_num_dst = seeds.numel() if num_global_targets is None else int(num_global_targets)
     return batch
