@@ -32,8 +32,9 @@ DGL_PORT = "## Porting DGL's multi-GPU node-classification example"
 PYG = "## PyG users"
 OFFLINE = "### Offline preparation: expected weights instead of sampling"
 MANY_HOSTS = "## Many hosts"
+GPUS = "## GPUs"
 
-RUN_HERE = {QUICK_START, OWN_LAYERS, PYG, OFFLINE}
+RUN_HERE = {QUICK_START, OWN_LAYERS, PYG, OFFLINE, GPUS}
 RUN_ELSEWHERE = {
     DGL_PORT: "tests/test_dgl_port.py::test_readme_dgl_snippet (needs DGL: ./dev test-dgl)",
     DDP_RECIPE: "tests/test_split_parity.py::test_ddp_recipe_matches_single_process checks this recipe",
@@ -105,6 +106,25 @@ def test_offline_block_runs():
                  "sampler": gsplit.NeighborSampler([3, 3])}
     exec(block(OFFLINE).replace("epochs=10", "epochs=1"), namespace)  # the sampled variant, one epoch here
     assert namespace["w"].num_batches > 0
+
+
+def test_gpus_block_runs(capsys):
+    """The host-sync counter around one training step (on the CPU it counts no device syncs, but runs)."""
+    ds = gsplit.datasets.load("synthetic", num_nodes=400, avg_degree=6, feature_dim=8, seed=0)
+    loader = gsplit.DataLoader(ds.graph, ds.train_idx, gsplit.NeighborSampler([4, 4]), batch_size=32,
+                               features=ds.features, labels=ds.labels)
+    model = gsplit.SplitParallel(gsplit.nn.SAGE(8, 16, ds.num_classes, num_layers=2), loader)
+
+    def step(batch):
+        blocks = batch.blocks
+        loss = torch.nn.functional.cross_entropy(model(blocks, blocks[0].srcdata["feat"]), blocks[-1].dstdata["label"])
+        loss.backward()
+        return loss
+
+    namespace = {"step": step, "batches": iter(loader)}
+    exec(block(GPUS), namespace)
+    assert namespace["loss"].requires_grad and namespace["counter"].total >= 0
+    capsys.readouterr()
 
 
 def offline_planetoid(root: Path):
