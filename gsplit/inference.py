@@ -199,7 +199,8 @@ def infer_between(model, layers: Sequence[nn.Module], blocks: list, x: torch.Ten
         ...         return self.layers[1](blocks[1], F.elu(self.layers[0](blocks[0], x)))
         >>> g = gsplit.Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
         >>> blocks = gsplit.NeighborSampler([2, 2]).sample_blocks(g, torch.tensor([0, 2]))
-        >>> infer_between(Net(), Net().layers, blocks, torch.randn(blocks[0].num_src_nodes(), 4))[2]
+        >>> net = Net()
+        >>> infer_between(net, net.layers, blocks, torch.randn(blocks[0].num_src_nodes(), 4))[2]
         'elu between layers'
     """
     outs, ins = {}, {}

@@ -38,8 +38,8 @@ def versions() -> Dict[str, str]:
     """The versions a run depends on (for the run log and the model file).
 
     Example:
-        >>> sorted(versions())[:3]
-        ['gsplit', 'numpy', 'platform']
+        >>> {"gsplit", "torch", "python"} <= set(versions())
+        True
     """
     import numpy
 
