@@ -413,7 +413,7 @@ class DataLoader(RankLoader):
         if self._producer is not None:  # an earlier pass that was never finished nor closed
             self._producer.stop()
         producer = Producer(self._prepare, lambda e: self.schedule.numbered_batches(e, start), epoch, self.device,
-                            self.rank)
+                            self.rank, exclusive_collectives=self.sampling_comm.nccl_for_cuda)
         self._producer = producer
         producer.start()
         try:

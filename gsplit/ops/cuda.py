@@ -105,15 +105,25 @@ def _module(name: str):
     return cupy.RawModule(code=kernel_source(name), options=("-std=c++17",))
 
 
-@functools.lru_cache(maxsize=None)
 def _function(module: str, kernel: str):
+    """The kernel loaded on CuPy's current device (inside :func:`_torch_stream`: the kernel's device)."""
+    import cupy
+
+    return _function_on(module, kernel, cupy.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _function_on(module: str, kernel: str, device_index: int):
+    # a loaded function belongs to one device's context: a loader on cuda:1 must not launch cuda:0's
     return _module(module).get_function(kernel)
 
 
 @contextlib.contextmanager
 def _torch_stream(device: torch.device) -> Iterator[None]:
     """Make CuPy launch on ``device`` and on torch's current stream there, so launches and torch ops
-    on the same tensors stay ordered without synchronising."""
+    on the same tensors stay ordered without synchronising. Inside, ``device`` is the current device of
+    the thread (``cupy.cuda.Device`` sets it), so take kernel arguments (:func:`_ptr`) in here: their
+    device check compares with it, and the process's current device may be another GPU."""
     import cupy
 
     with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
@@ -242,8 +252,8 @@ def _relabel_kernel(dst_nodes: torch.Tensor, src: torch.Tensor):
     vals = torch.empty(capacity, dtype=torch.int64, device=device)
     new_ids = torch.empty(ne, dtype=torch.int64, device=device)
     num_new = torch.zeros(1, dtype=torch.int64, device=device)
-    table = (_ptr(keys), _ptr(vals), np.int64(mask), np.int32(shift))
-    with _torch_stream(device):
+    with _torch_stream(device):  # the kernel arguments are checked against the launch device: take them inside
+        table = (_ptr(keys), _ptr(vals), np.int64(mask), np.int32(shift))
         if nd:
             _launch("relabel.cu", "gsplit_relabel_insert_dst", nd, table + (_ptr(dst_nodes), np.int64(nd)))
         _launch("relabel.cu", "gsplit_relabel_insert_src", ne, (
