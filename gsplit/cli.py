@@ -279,7 +279,7 @@ def cmd_train(args) -> int:
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, eval_every=args.eval_every, device=args.device,
                       cache_size=args.cache_size,
-                      prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0,
+                      prefetch=args.prefetch, uva=args.uva, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume, recompute=args.recompute)
     owner, cache_weights = None, None
@@ -720,6 +720,10 @@ def check_numbers(args) -> None:
         parse_fanouts(args.fanouts)
     if getattr(args, "resume", False) and not getattr(args, "checkpoint", None):
         raise CliError("--resume needs --checkpoint DIR: the folder to resume from")
+    if getattr(args, "uva", False) and (args.device == "cpu" or not torch.cuda.is_available()):
+        raise CliError("--uva samples a pinned host graph from the GPUs, but "
+                       + ("--device is cpu" if args.device == "cpu" else "this machine has no CUDA GPU")
+                       + "; leave --uva out")
     if getattr(args, "cache_size", None) is not None:
         from gsplit.feature_store import parse_size
         parse_size(args.cache_size)
@@ -780,6 +784,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "uninterrupted run's")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
+    p.add_argument("--uva", action="store_true",
+                   help="GPUs: keep the graph in host memory, pinned once per host, and sample it from the GPUs "
+                        "(UVA) instead of copying it to every GPU; for graphs too large for each GPU")
     p.add_argument("--full-graph", action="store_true",
                    help="full-graph training, split-parallel: every epoch one step over all vertices and all "
                         "in-edges (the loss over the training vertices); --fanouts gives the number of layers only; "

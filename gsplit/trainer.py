@@ -26,6 +26,7 @@ from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
 from gsplit.feature_store import parse_size
 from gsplit.fullgraph import FullGraphLoader, recompute_layers
+from gsplit.graph import Graph
 from gsplit.io import atomic_write_bytes
 from gsplit.model_io import save_model
 from gsplit.inference import accuracy, layerwise_inference
@@ -166,6 +167,9 @@ class TrainConfig:
     ``"512M"``, bytes; ``"0"``: none)."""
     prefetch: bool = False
     """Split only: sample and load the next mini-batch in a background thread while one trains."""
+    uva: bool = False
+    """On GPUs: keep the graph in host memory, pinned in place once per host, and sample it from the GPUs
+    through UVA, instead of a whole copy of it on every GPU (26 GB each at Papers100M scale)."""
     final_eval: bool = True
     """After the last epoch, compute validation/test accuracy by layer-wise full-graph inference (all
     in-edges, no sampling): ``final_val_acc`` / ``final_test_acc`` in the run log. Skipped when
@@ -198,6 +202,9 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every={self.checkpoint_every}; pass iterations between checkpoints, or 0")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume=True needs checkpoint_dir: the folder to resume from")
+        if self.uva and self.device == "cpu":
+            raise ValueError("uva=True samples a pinned host graph from the GPUs, but device='cpu'; use "
+                             "device='cuda' or 'auto' on a GPU host, or uva=False")
         if self.ranks_per_host < 0:
             raise ValueError(f"ranks_per_host={self.ranks_per_host}; pass the ranks of one host, or 0 for one host")
 
@@ -385,6 +392,21 @@ def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optiona
     return None
 
 
+def rank_graph(graph: Graph, device: torch.device, uva: bool = False) -> Graph:
+    """The graph a rank samples and evaluates on: with ``uva`` on a GPU, the host graph pinned in place
+    (:meth:`Graph.pin_memory`: one copy per host, read by the GPUs over PCIe), else :func:`_rank_graph`'s
+    (a copy on the rank's GPU).
+
+    Example:
+        >>> g = Graph.from_edges([0, 1], [1, 0])
+        >>> rank_graph(g, torch.device("cpu")) is g
+        True
+    """
+    if uva and device.type == "cuda":
+        return graph.pin_memory()
+    return _rank_graph(graph, device)
+
+
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
                report: Optional[Callable[[dict], None]] = None, progress: bool = False,
                cache_weights=None, hosts: Optional[Tuple] = None) -> dict:
@@ -408,7 +430,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
-    graph = _rank_graph(dataset.graph, device)
+    graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
     train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
@@ -420,7 +442,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     # every rank of the job: gradients, the logged loss, accuracy counts and the per-rank counters. Its own
     # Communicator, so that its traffic (the gradient all-reduce) is counted apart from the split group's.
     job_comm = Communicator(hosts[1] if hosts is not None else comm.group)
-    eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, owner, device, sampler, False, **eval_options)
+    # one owner array per device: the evaluation loaders share the training loader's (already checked)
+    eval_owner = getattr(train_loader, "owner", owner)
+    eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, eval_owner, device, sampler, False,
+                                             **eval_options)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
     position = _resume(cfg, model, opt) if cfg.resume else TrainPosition()
