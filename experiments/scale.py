@@ -93,6 +93,11 @@ def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: in
     from gsplit import datasets
     from gsplit.partitioning import prepare_partition
 
+    # build/load the compiled sampling kernels first: their first use compiles them under a lock shared with
+    # every gsplit process on the host (a stage measured during another process's build waits minutes)
+    from gsplit import NeighborSampler
+    tiny = datasets.load("synthetic", num_nodes=500, feature_dim=4)
+    NeighborSampler(fanouts).sample_blocks(tiny.graph, tiny.train_idx[:8])
     meter = StageMeter()
     meter.start("generate")
     ds = datasets.load("synthetic", num_nodes=nodes, avg_degree=AVG_DEGREE, feature_dim=FEATURE_DIM)

@@ -136,17 +136,18 @@ def synthetic_peak_bytes(num_nodes: int, avg_degree: float, feature_dim: int) ->
 
     From the arrays it holds at once, with ``E = num_nodes * avg_degree`` directed edges: at the
     symmetric CSC step, the pair keys (``E / 2`` int64) and the key array of both directions (``E``
-    int64), i.e. 12 B per edge; the features (4 B per entry), which come after the edge temporaries are
-    freed but are counted on top to stay on the safe side; per-vertex arrays (community, propensity,
-    order, cumulative weights, labels: 40 B); and the per-chunk temporaries of the edge draws (~96 MiB).
-    ``experiments/scale.py`` records this estimate next to the measured peak.
+    int64), 12 B per edge, plus allocator slack (16 B in all); the features (4 B per entry), which come
+    after the edge temporaries are freed but are counted on top to stay on the safe side; per-vertex
+    arrays (community, propensity, order, cumulative weights, labels, split: 64 B); and the per-chunk
+    temporaries of the edge draws (160 MiB). Measured by ``experiments/scale.py`` (peak RSS of
+    generation less the interpreter's): 894 MiB at 1M vertices (estimate 938), 2954 MiB at 4M (3273).
 
     Example:
         >>> synthetic_peak_bytes(1_000_000, 15, 128) / 2**30   # doctest: +ELLIPSIS
-        0.7...
+        0.9...
     """
     n, e = int(num_nodes), int(num_nodes * float(avg_degree))
-    return 12 * e + 4 * n * int(feature_dim) + 40 * n + (96 << 20)
+    return 16 * e + 4 * n * int(feature_dim) + 64 * n + (160 << 20)
 
 
 def _sorted_unique(keys: np.ndarray) -> np.ndarray:

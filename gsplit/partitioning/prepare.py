@@ -26,14 +26,15 @@ PRESAMPLING_METHODS = ("gsplit", "node")
 """Partition methods whose vertex (and edge) weights come from pre-sampling."""
 
 
-PREPARE_BYTES_PER_EDGE = 120
+PREPARE_BYTES_PER_EDGE = 144
 """Peak host memory ``prepare_partition`` adds to the loaded dataset, per stored (directed) edge: METIS's
 stage holds the symmetrised graph with int64 ids and weights (``symmetrize``: ~32 B per edge) and METIS
 coarsens copies of it. Measured by ``experiments/scale.py`` (``experiments/results/scale.json``:
-the METIS stage's peak RSS less the RSS before it) and rounded up."""
+the METIS stage's peak RSS less the RSS before it: 111 B per edge at 15M edges, 134 at 60M, growing)
+and rounded up."""
 PREPARE_BYTES_PER_VERTEX = 64
 """Likewise per vertex: weights, degrees, part ids and METIS's per-vertex arrays, int64/float64."""
-PREPARE_NS_PER_EDGE = {"weights": 450, "partition": 2500, "stats": 400}
+PREPARE_NS_PER_EDGE = {"weights": 450, "partition": 2500, "stats": 500}
 """Wall nanoseconds per stored edge of each stage (4 parts, fanouts 15,10,5, batch 1024) on the
 2-core development machine, from ``experiments/results/scale.json``: only for the estimates of the time
 left that the CLI shows, never for decisions."""
@@ -44,7 +45,7 @@ def prepare_peak_bytes(num_nodes: int, num_edges: int) -> int:
 
     Example:
         >>> prepare_peak_bytes(1_000_000, 15_000_000) / 2**30   # doctest: +ELLIPSIS
-        1.7...
+        2.0...
     """
     return PREPARE_BYTES_PER_EDGE * int(num_edges) + PREPARE_BYTES_PER_VERTEX * int(num_nodes)
 
