@@ -6,7 +6,14 @@ that pip picked in an isolated build environment. When the build fails (no compi
 unusual platform) :func:`load` logs a warning once and returns ``None``, and callers run their
 plain-torch fallback, which computes the same results.
 
-``GSPLIT_NO_EXTENSIONS=1`` skips the build (the fallbacks run), e.g. to compare both paths.
+``GSPLIT_NO_EXTENSIONS=1`` skips the build (the fallbacks run), e.g. to compare both paths;
+``GSPLIT_SKIP_EXTENSIONS=name,...`` skips the named ones (``gsplit train`` sets it for its ranks when
+:func:`prebuild` failed in the launching process, so the ranks neither retry nor warn again).
+
+Builds are cached in ``~/.cache/gsplit/extensions/<build key>/<name>`` (or under ``GSPLIT_EXTENSION_DIR``),
+keyed by :func:`build_key`: a library built against one torch does not load in another (torch's C++ ABI
+changes between versions: ``undefined symbol ... incref_pyobject`` when torch 2.2.1 met a 2.13 build), so
+two environments sharing one home folder must never share a build.
 """
 
 from __future__ import annotations
@@ -14,9 +21,13 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
+import sysconfig
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +41,39 @@ def kernel_path(name: str) -> Path:
     return kernel_source_path(name)
 
 
+def build_key() -> str:
+    """What a compiled extension depends on besides its sources: torch version (and its CUDA and C++ ABI
+    flag) and the Python ABI; one cache folder per key.
+
+    Example:
+        >>> build_key().startswith("torch2.")
+        True
+    """
+    import torch
+
+    abi = sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag  # e.g. cpython-311-x86_64-linux-gnu
+    cxx11 = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False)))
+    key = f"torch{torch.__version__}-cuda{torch.version.cuda or 'none'}-cxx11abi{cxx11}-{abi}"
+    return "".join(c if c.isalnum() or c in ".-_" else "_" for c in key)  # '+' of local versions too
+
+
+def build_folder(name: str) -> Path:
+    """The folder where extension ``name`` is built and cached for this torch and Python (see :func:`build_key`).
+
+    Example:
+        >>> build_folder("gsplit_sample_cpu").name
+        'gsplit_sample_cpu'
+    """
+    root = Path(os.environ.get("GSPLIT_EXTENSION_DIR", Path.home() / ".cache" / "gsplit" / "extensions"))
+    return root / build_key() / name
+
+
 @functools.lru_cache(maxsize=None)
 def _build(name: str, sources: tuple):
     import torch.utils.cpp_extension as ext
 
     flags = ["-O3", "-fopenmp"]  # the C++ standard is the one torch builds its headers with
-    build_dir = Path(os.environ.get("GSPLIT_EXTENSION_DIR", Path.home() / ".cache" / "gsplit" / "extensions")) / name
+    build_dir = build_folder(name)
     build_dir.mkdir(parents=True, exist_ok=True)
     return ext.load(name=name, sources=[str(kernel_path(s)) for s in sources], extra_cflags=flags,
                     extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
@@ -47,7 +85,8 @@ def load(name: str, sources: Sequence[str]) -> Optional[object]:
     Example:
         >>> mod = load("gsplit_example", ["example.cpp"])   # doctest: +SKIP
     """
-    if os.environ.get("GSPLIT_NO_EXTENSIONS"):
+    if os.environ.get("GSPLIT_NO_EXTENSIONS") or name in _failed_before or \
+            name in os.environ.get("GSPLIT_SKIP_EXTENSIONS", "").split(","):
         return None
     with _lock:
         return _build_or_none(name, tuple(sources))
@@ -67,3 +106,50 @@ def _build_or_none(name: str, sources: tuple):
 def _warn_once(name: str, reason: str) -> None:
     log.warning("cannot build the C++ extension %s (%s); using the plain-torch kernels instead", name,
                 reason.splitlines()[0] if reason else "unknown error")
+
+
+@dataclass
+class BuildReport:
+    """What :func:`prebuild` did: which extensions are ready, which failed and why, and how long it took."""
+
+    ready: List[str]
+    """Extensions loaded (built now, or found in the cache)."""
+    failed: Dict[str, str]
+    """``name -> reason`` of each extension that could not be built or loaded (its callers fall back to torch)."""
+    seconds: float
+    """Wall time of the whole preparation (a build from scratch takes tens of seconds, a cached load < 1 s)."""
+    disabled: bool = False
+    """``GSPLIT_NO_EXTENSIONS`` is set: nothing was tried."""
+
+
+def prebuild(extensions: Sequence[Tuple[str, Sequence[str]]]) -> BuildReport:
+    """Build (or load from the cache) every extension of ``extensions`` now, instead of at first use.
+
+    Called before training starts (``gsplit train`` does, through :func:`gsplit.ops.prepare_kernels`), so
+    that a first-use build is not timed as part of the first epoch and its outcome is said once. A
+    failure is reported in the result (not logged) and remembered: later :func:`load` calls in this
+    process return ``None`` without retrying.
+
+    Example:
+        >>> prebuild([]).ready
+        []
+    """
+    t0 = time.perf_counter()
+    if os.environ.get("GSPLIT_NO_EXTENSIONS"):
+        return BuildReport(ready=[], failed={}, seconds=0.0, disabled=True)
+    ready, failed = [], {}
+    with _lock:
+        for name, sources in extensions:
+            try:
+                _build(name, tuple(sources))
+                ready.append(name)
+            except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch fallback
+                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                failed[name] = reason
+                _failed_before[name] = reason
+    return BuildReport(ready=ready, failed=failed, seconds=time.perf_counter() - t0)
+
+
+# name -> reason, for extensions prebuild() could not build: load() then gives None without a retry or a
+# second warning (the caller of prebuild has said it once).
+_failed_before: Dict[str, str] = {}
