@@ -163,6 +163,53 @@ def check_output_folder(path: str, option: str) -> Path:
     return p
 
 
+class _StageProgress:
+    """``prepare``'s progress callback: prints each message and, while a long stage runs, a tqdm bar of its
+    elapsed seconds against the seconds estimated from measured per-edge costs, so tqdm shows the time left."""
+
+    _STAGES = (("expected pre-sampling", "weights"), ("partitioning into", "partition"), ("split statistics", "stats"))
+    _MIN_SECONDS = 2.0  # no bar for stages expected to be quicker
+
+    def __init__(self, num_edges: int):
+        self.num_edges = num_edges
+        self._bar = None
+        self._stop = None
+
+    def __call__(self, message: str) -> None:
+        self.close()
+        print(message, flush=True)
+        stage = next((s for prefix, s in self._STAGES if message.startswith(prefix)), None)
+        if stage is None:
+            return
+        from gsplit.partitioning.prepare import estimated_stage_seconds
+
+        total = estimated_stage_seconds(stage, self.num_edges)
+        if total >= self._MIN_SECONDS:
+            self._start(stage, total)
+
+    def _start(self, stage: str, total: float) -> None:
+        import threading
+        from tqdm import tqdm
+
+        bar = tqdm(total=round(total, 1), desc=f"  {stage} (time estimated from per-edge costs)",
+                   bar_format="{desc}: {bar} {elapsed} elapsed, about {remaining} left", leave=False)
+        stop, t0 = threading.Event(), time.perf_counter()
+
+        def tick() -> None:
+            while not stop.wait(0.5):  # past the estimate the bar stays full and "left" reads 00:00
+                bar.n = min(round(time.perf_counter() - t0, 1), bar.total)
+                bar.refresh()
+
+        threading.Thread(target=tick, daemon=True).start()
+        self._bar, self._stop = bar, stop
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._stop.set()
+            self._bar.close()
+            self._bar = self._stop = None
+
+
 def _print_full_graph_stats(stats) -> None:
     """Per rank: vertices, in-edges, halo rows (received per layer), rows sent per layer; cut and balance."""
     print(f"{'rank':>5} {'vertices':>10} {'in-edges':>11} {'halo rows':>10} {'sent rows':>10}")
@@ -199,8 +246,12 @@ def cmd_prepare(args) -> int:
     fanouts = parse_fanouts(args.fanouts)
     from gsplit.partitioning import prepare_partition
 
-    prepared = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
-                                 args.presample_epochs, out, progress=_say, presample_method=args.presample)
+    progress = _StageProgress(ds.graph.num_edges)
+    try:
+        prepared = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
+                                     args.presample_epochs, out, progress=progress, presample_method=args.presample)
+    finally:
+        progress.close()
     print(f"map written to {out}")
     _print_stats(prepared.report["stats"])
     return 0
