@@ -60,14 +60,8 @@ def partition_full_graph(graph: Graph, num_parts: int, *, balance: str = "two", 
         >>> pm.method, pm.part_sizes().tolist(), pm.metadata["metis_edgecut"]
         ('full-graph', [3, 3], 0)
     """
-    num_parts = int(num_parts)
+    num_parts = metis.check_part_args(num_parts, graph.num_nodes, ufactor)
     n = graph.num_nodes
-    if num_parts < 1:
-        raise ValueError(f"num_parts={num_parts}; pass the world size (number of ranks), at least 1")
-    if num_parts > n:
-        raise ValueError(f"num_parts={num_parts} but the graph has only {n} vertices; use at most {n} parts")
-    if not 0 <= int(ufactor) <= 10_000:
-        raise ValueError(f"ufactor={ufactor}; pass the allowed imbalance in thousandths, e.g. 30 for 3%")
     t0 = time.perf_counter()
     vw = full_graph_vertex_weights(graph, balance)
     meta = {"seed": int(seed), "balance": balance, "ufactor": int(ufactor)}

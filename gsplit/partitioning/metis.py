@@ -417,6 +417,24 @@ def _per_rank_batch(weights: PresampleWeights, num_parts: int) -> Optional[int]:
     return None
 
 
+def check_part_args(num_parts: int, num_nodes: int, ufactor: int) -> int:
+    """Validate the arguments every partitioner shares; returns ``num_parts`` as an int.
+
+    Example:
+        >>> check_part_args(2, 10, 30)
+        2
+    """
+    num_parts = int(num_parts)
+    if num_parts < 1:
+        raise ValueError(f"num_parts={num_parts}; pass the world size (number of ranks), at least 1")
+    if num_parts > num_nodes:
+        raise ValueError(f"num_parts={num_parts} but the graph has only {num_nodes} vertices; "
+                         f"use at most {num_nodes} parts")
+    if not 0 <= int(ufactor) <= 10_000:
+        raise ValueError(f"ufactor={ufactor}; pass the allowed imbalance in thousandths, e.g. 30 for 3%")
+    return num_parts
+
+
 def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Optional[PresampleWeights] = None,
               train_idx=None, seed: int = 0, sampler=None, batch_size: Optional[int] = None, *,
               epochs: int = 10, ufactor: int = 30, balance: str = "layers",
@@ -456,14 +474,8 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
         raise ValueError(f"unknown partition method {method!r}; use one of {', '.join(METHODS)}")
     if balance not in BALANCE_MODES:
         raise ValueError(f"unknown balance {balance!r}; use one of {', '.join(BALANCE_MODES)}")
-    num_parts = int(num_parts)
+    num_parts = check_part_args(num_parts, graph.num_nodes, ufactor)
     n = graph.num_nodes
-    if num_parts < 1:
-        raise ValueError(f"num_parts={num_parts}; pass the world size (number of GPUs), at least 1")
-    if num_parts > n:
-        raise ValueError(f"num_parts={num_parts} but the graph has only {n} vertices; use at most {n} parts")
-    if not 0 <= int(ufactor) <= 10_000:
-        raise ValueError(f"ufactor={ufactor}; pass the allowed imbalance in thousandths, e.g. 30 for 3%")
     t0 = time.perf_counter()
     fingerprint = graph.fingerprint()
     meta = {"seed": int(seed)}
