@@ -148,10 +148,15 @@ def _print_stats(stats: dict) -> None:
 
 
 def check_output_folder(path: str, option: str) -> Path:
-    """Create ``path`` and check that files can be written in it, before the work that fills it."""
+    """Check, before the work that fills it, that files can be written in folder ``path``.
+
+    A folder that has to be created for the check is removed again, so that a run stopped before its
+    output (a later check, too little memory) leaves nothing behind; the writers create it themselves.
+    """
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise CliError(f"{option} {p} is a file, not a folder; pass a folder path (it is created if absent)")
+    created = [d for d in [p, *p.parents] if not d.exists()]  # deepest first
     try:
         p.mkdir(parents=True, exist_ok=True)
         probe = p / f".write-test.{os.getpid()}.tmp"
@@ -160,6 +165,10 @@ def check_output_folder(path: str, option: str) -> Path:
     except OSError as e:
         raise CliError(f"cannot write into {option} {p} ({e.strerror or e}); pass a folder on a writable file "
                        f"system") from None
+    finally:
+        for d in created:
+            with contextlib.suppress(OSError):
+                d.rmdir()
     return p
 
 
@@ -601,9 +610,12 @@ def _check_full_graph_memory(args, ds, owner, parts: int) -> None:
     model = build_model(args.model, ds.features.shape[1], args.hidden, ds.num_classes,
                         num_layers=len(parse_fanouts(args.fanouts)), heads=args.heads)
     dims = layer_dims(model)
-    need = [estimate_memory(stats, r, ds.features.shape[1], dims, 4, args.recompute) for r in range(parts)]
-    worst = max(range(parts), key=lambda r: need[r].total)
     on_gpu = torch.cuda.is_available() and args.device != "cpu"
+    from gsplit.ops.aggregate import extension_available
+
+    fused = not on_gpu and extension_available()
+    need = [estimate_memory(stats, r, ds.features.shape[1], dims, 4, args.recompute, fused) for r in range(parts)]
+    worst = max(range(parts), key=lambda r: need[r].total)
     limit = available_memory("cuda" if on_gpu else "cpu", 1 if on_gpu else parts)
     print(f"full-graph memory estimate: {need[worst].describe()} on rank {worst} "
           f"(the largest of {parts}; {'recompute' if args.recompute else 'activations kept'})", flush=True)
@@ -743,8 +755,8 @@ def _add_reuse_commands(sub) -> None:
             p.add_argument("--out", required=True, metavar="FILE",
                            help=".csv (vertex,prediction), .npy (predicted class per vertex of --ids) or .npz "
                                 "(ids, prediction, logits)")
-        p.add_argument("--num-ranks", type=int, default=0,
-                       help="ranks that split the inference (0: all GPUs, else 2 CPU processes)")
+        p.add_argument("--num-ranks", type=int, default=None,
+                       help="ranks that split the inference (default: all GPUs, else 2 CPU processes)")
         p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the layers run")
         p.add_argument("--batch-size", type=int, default=4096, help="vertices per rank per inference chunk")
         p.set_defaults(func=cmd_eval if name == "eval" else cmd_predict)

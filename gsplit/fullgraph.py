@@ -39,9 +39,11 @@ from torch import nn
 
 from gsplit.comm.communicator import Communicator, as_communicator, bind_group
 from gsplit.comm.shuffle import shuffle_rows
+from gsplit.feature_store import first_non_finite_row
 from gsplit.fullgraph_overlap import OverlapPlan, boundary_first, build_overlap_plan, overlapped_forward
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.loader import IterationStats
+from gsplit.ops import aggregate
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.partitioning.stats import FullGraphStats, full_graph_stats
 from gsplit.sampling.block import Block, MiniBatch
@@ -122,13 +124,16 @@ _SAVED_EDGE_VALUES_PER_HEAD = 3  # attention layers: scores, softmax and message
 
 
 def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Sequence[tuple] = (),
-                    dtype_bytes: int = 4, recompute: bool = False) -> MemoryEstimate:
+                    dtype_bytes: int = 4, recompute: bool = False, fused_attention: bool = False) -> MemoryEstimate:
     """What rank ``rank`` needs for full-graph training on the map measured by ``stats``.
 
     ``dims`` are the model's ``(in, out, heads, attention)`` per layer (:func:`layer_dims`; empty: blocks
     and features only). ``recompute`` estimates :func:`recompute_layers`: per layer only its input rows
     are kept, and one layer's intermediates exist at a time in backward. The first layer's input rows
     are the features (counted once, in ``features``); the input features need no gradient.
+    ``fused_attention``: attention layers run the compiled fused kernel (CPU with the extension built),
+    which keeps no per-edge message rows for backward; the gather/scatter path (GPU, or CPU without the
+    kernel) keeps one per edge, so the default (``False``) counts them.
 
     Example:
         >>> import gsplit
@@ -158,6 +163,8 @@ def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Seque
         messages = edges * (d_out if attention else min(d_in, d_out)) * dtype_bytes
         if i > 0:  # backward: the gradient of this layer's input rows and of the previous layer's output rows
             grad_rows = max(grad_rows, (rows + owned) * d_in * dtype_bytes)
+        if attention and not fused_attention:  # the weighted sum's backward needs the per-edge messages
+            inner += messages
         if recompute:
             kept += inputs + owned * d_out * dtype_bytes
             peak_layer = max(peak_layer, inner + shuffle_buffers + messages)
@@ -402,8 +409,9 @@ class FullGraphLoader:
                 if features.dim() != 2 or features.shape[0] != graph.num_nodes:
                     raise ValueError(f"features has shape {tuple(features.shape)} but the graph has {graph.num_nodes} "
                                      "vertices; pass one feature row per vertex")
-                if features.dtype.is_floating_point and not bool(torch.isfinite(features).all()):
-                    raise ValueError("features hold NaN or inf; clean the features before training")
+                bad = first_non_finite_row(features) if features.dtype.is_floating_point else None
+                if bad is not None:  # checked in chunks: no full-size temporary (issue 18)
+                    raise ValueError(f"features hold NaN or inf (row {bad}); clean the features before training")
             stats = full_graph_stats(graph, self.owner, self.comm.world_size)
             need = estimate_memory(stats, self.comm.rank, 0 if features is None else features.shape[1],
                                    dtype_bytes=4 if features is None else features.element_size())
@@ -534,7 +542,8 @@ class FullGraphLoader:
         if recompute is None:
             recompute = model is not None and all(getattr(l, "_gsplit_recompute", False)
                                                   for l in getattr(model, "layers", []))
-        return estimate_memory(self.stats, self.rank, feat_dim, dims, dtype_bytes, recompute)
+        fused = self.device.type == "cpu" and aggregate.extension_available()
+        return estimate_memory(self.stats, self.rank, feat_dim, dims, dtype_bytes, recompute, fused)
 
     def check_model(self, model: nn.Module) -> MemoryEstimate:
         """Before the first forward: refuse a layer that is not split-safe (:func:`check_split_safe`), a
