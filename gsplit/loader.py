@@ -388,8 +388,7 @@ class DataLoader(RankLoader):
                     # while this stream may still read it
                     t.record_stream(stream)
         if item.traffic is not None:
-            for tag, rows in item.traffic["rows"].items():
-                self.comm.traffic.add(tag, rows, item.traffic["bytes"].get(tag, 0))
+            self.comm.traffic.merge(item.traffic)
         self.last_stats = item.stats
         return item.batch
 

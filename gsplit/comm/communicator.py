@@ -26,24 +26,74 @@ class TrafficCounter:
     """Rows sent to other ranks (rows kept on this rank are not counted)."""
     bytes: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """Bytes sent to other ranks."""
+    calls: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Collectives this rank issued, per tag (every rank issues the same ones): each is a point where the
+    faster ranks wait for the slowest."""
 
     def add(self, tag: str, rows: int, nbytes: int) -> None:
         self.rows[tag] += rows
         self.bytes[tag] += nbytes
 
+    def add_call(self, tag: str, n: int = 1) -> None:
+        self.calls[tag] += n
+
+    def merge(self, delta: dict) -> None:
+        """Add a :meth:`delta` (e.g. what a loader's own group sent for a batch) to these counters."""
+        for tag, rows in delta["rows"].items():
+            self.add(tag, rows, delta["bytes"].get(tag, 0))
+        for tag, n in delta.get("calls", {}).items():
+            self.add_call(tag, n)
+
     def reset(self) -> None:
         self.rows.clear()
         self.bytes.clear()
+        self.calls.clear()
 
     def snapshot(self) -> dict:
-        return {"rows": dict(self.rows), "bytes": dict(self.bytes)}
+        return {"rows": dict(self.rows), "bytes": dict(self.bytes), "calls": dict(self.calls)}
 
     @staticmethod
     def delta(now: dict, before: dict) -> dict:
         """Per-tag difference of two :meth:`snapshot` results: what was sent in between."""
-        return {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now[kind].items()
-                       if n != before[kind].get(tag, 0)}
-                for kind in ("rows", "bytes")}
+        return {kind: {tag: n - before.get(kind, {}).get(tag, 0) for tag, n in now.get(kind, {}).items()
+                       if n != before.get(kind, {}).get(tag, 0)}
+                for kind in ("rows", "bytes", "calls")}
+
+
+@dataclass
+class CapacityBook:
+    """Per-peer capacities of the fixed-size slots of :meth:`Communicator.all_to_all_counted`, per tag.
+
+    The capacity of the slot from rank ``i`` to rank ``j`` is a function of the counts ``i`` sent ``j``
+    under that tag so far, which both ``i`` (who sent them) and ``j`` (who received them) know: the two
+    agree on every slot's size without exchanging it.
+    """
+
+    sent: Dict[str, List[List[int]]] = field(default_factory=dict)
+    """Per tag, per destination rank: the last :attr:`HISTORY` counts this rank sent."""
+    received: Dict[str, List[List[int]]] = field(default_factory=dict)
+    """Per tag, per source rank: the last :attr:`HISTORY` counts this rank received."""
+
+    HISTORY = 8
+    HEADROOM = 1.25
+
+    @classmethod
+    def capacity(cls, history: List[int]) -> int:
+        """The slot size after ``history``: the largest recent count and a quarter more (0 before any)."""
+        return math.ceil(cls.HEADROOM * max(history)) if history else 0
+
+    def capacities(self, tag: str, world_size: int) -> Tuple[List[int], List[int]]:
+        """``(send, recv)`` slot capacities per peer for the next exchange under ``tag``."""
+        sent = self.sent.get(tag) or [[] for _ in range(world_size)]
+        received = self.received.get(tag) or [[] for _ in range(world_size)]
+        return [self.capacity(h) for h in sent], [self.capacity(h) for h in received]
+
+    def record(self, tag: str, sent: Sequence[int], received: Sequence[int]) -> None:
+        for book, counts in ((self.sent, sent), (self.received, received)):
+            histories = book.setdefault(tag, [[] for _ in counts])
+            for history, n in zip(histories, counts):
+                history.append(int(n))
+                del history[:-self.HISTORY]
 
 
 class Communicator:
@@ -75,6 +125,7 @@ class Communicator:
         else:
             self.rank, self.world_size = 0, 1
         self.traffic = TrafficCounter()
+        self.capacities = CapacityBook()
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world_size={self.world_size})"
@@ -106,6 +157,7 @@ class Communicator:
         elif dev.type == "cuda" and send.device.type == "cpu":
             send = send.pin_memory().to(dev, non_blocking=True)
         recv = torch.empty_like(send)
+        self.traffic.add_call("counts")
         dist.all_to_all_single(recv, send, group=self.group)
         both = torch.stack([send, recv]).tolist()
         return both[0], both[1]
@@ -130,6 +182,7 @@ class Communicator:
             self.traffic.add(tag, remote, remote * row_bytes)
         if self.world_size == 1:
             return x
+        self.traffic.add_call(tag or "rows")
         x = x.contiguous()
         out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
         dev = self._collective_device(x)
@@ -140,9 +193,100 @@ class Communicator:
         dist.all_to_all_single(out, x, recv_counts, send_counts, group=self.group)
         return out
 
+    def all_to_all_counted(self, x: torch.Tensor, dest: torch.Tensor, tag: str
+                           ) -> Tuple[torch.Tensor, List[int], List[int]]:
+        """Send the 1-D integer rows ``x`` (grouped by destination: ``dest`` ascending, ``dest[i]`` the rank
+        row ``i`` goes to) with their counts in ONE all-to-all; returns ``(received, sent, recv)``.
+
+        ``received`` holds the rows from every rank grouped by source rank, ``sent[j]`` / ``recv[j]`` how
+        many rows went to / came from rank ``j`` (host lists, read in one wait). Every pair of ranks has a
+        slot per tag: a header ``[count, overflow]`` and room for ``capacity`` rows, where the capacity
+        follows the counts that pair exchanged before (:class:`CapacityBook`: both ends know them). Rows
+        beyond a slot's capacity go in a second all-to-all, which every rank runs exactly when any rank
+        overflowed (each header tells whether its sender did). Steady state: one collective instead of
+        a count exchange and a row exchange. The first exchange under a tag always overflows (no
+        history yet), so it takes two, as the counted exchange did.
+
+        Example:
+            >>> Communicator().all_to_all_counted(torch.tensor([5, 7]), torch.tensor([0, 0]), "ids")
+            (tensor([5, 7]), [2], [2])
+        """
+        n = x.numel()
+        if self.world_size == 1:
+            return x, [n], [n]
+        if x.dim() != 1 or x.dtype.is_floating_point:
+            raise ValueError(f"all_to_all_counted sends 1-D integer rows (ids) with their counts in one buffer, "
+                             f"got a {x.dtype} tensor of shape {tuple(x.shape)}; use all_to_all_rows for other rows")
+        world, device = self.world_size, x.device
+        send_cap, recv_cap = self.capacities.capacities(tag, world)
+        send_split = [2 + c for c in send_cap]
+        recv_split = [2 + c for c in recv_cap]
+        send_base = [sum(send_split[:j]) for j in range(world)]
+        recv_base = [sum(recv_split[:j]) for j in range(world)]
+        total = sum(send_split)
+        dest = dest.to(torch.int64)
+        counts = torch.zeros(world, dtype=torch.int64, device=device).index_add_(
+            0, dest, torch.ones_like(dest))
+        starts = torch.cumsum(counts, 0) - counts
+        # the slot layout as device tensors, without a sync (a pinned asynchronous copy on a GPU)
+        layout = torch.tensor([send_base, send_cap], dtype=torch.int64)
+        if device.type == "cuda":
+            layout = layout.pin_memory()
+        base_t, cap_t = layout.to(device, non_blocking=True).unbind(0)
+        within = torch.arange(n, device=device) - starts[dest]
+        fits = within < cap_t[dest]
+        # rows that do not fit go past the end (one place each, so no two writes collide) and are dropped
+        pos = torch.where(fits, base_t[dest] + 2 + within, total + torch.arange(n, device=device))
+        buf = x.new_zeros(total + n, dtype=torch.int64)
+        buf.index_copy_(0, pos, x.to(torch.int64))
+        overflow = (counts > cap_t).any().to(torch.int64)
+        buf.index_copy_(0, base_t, counts)
+        buf.index_copy_(0, base_t + 1, overflow.expand(world))
+        buf = buf[:total]
+        out = buf.new_empty(sum(recv_split))
+        self.traffic.add_call(tag)
+        dev = self._collective_device(buf)
+        if dev != device:  # e.g. CUDA tensors over gloo: stage through host memory
+            host_out = out.to(dev)
+            dist.all_to_all_single(host_out, buf.to(dev), recv_split, send_split, group=self.group)
+            out = host_out.to(device)
+        else:
+            dist.all_to_all_single(out, buf, recv_split, send_split, group=self.group)
+        headers = torch.stack([out[recv_base[j]:recv_base[j] + 2] for j in range(world)], 1)  # [count; overflow]
+        host = torch.cat([counts.unsqueeze(0), headers]).tolist()  # the one wait
+        sent, recv, any_overflow = host[0], host[1], any(host[2])
+        self.capacities.record(tag, sent, recv)
+        remote = sum(sent) - sent[self.rank]
+        self.traffic.add(tag, remote, remote * x.element_size())
+        parts = [out[recv_base[j] + 2:recv_base[j] + 2 + min(recv[j], recv_cap[j])] for j in range(world)]
+        if any_overflow:
+            offsets = [sum(sent[:j]) for j in range(world)]
+            extra_sent = [max(0, sent[j] - send_cap[j]) for j in range(world)]
+            extra_recv = [max(0, recv[j] - recv_cap[j]) for j in range(world)]
+            extra = torch.cat([x[offsets[j] + send_cap[j]:offsets[j] + sent[j]] for j in range(world)
+                               if extra_sent[j]] or [x[:0]])
+            more = self._all_to_all_plain(extra.to(torch.int64), extra_sent, extra_recv, f"{tag}/overflow")
+            more_parts = torch.split(more, extra_recv)
+            parts = [torch.cat([p, m]) for p, m in zip(parts, more_parts)]
+        return torch.cat(parts).to(x.dtype), sent, recv
+
+    def _all_to_all_plain(self, x: torch.Tensor, send_counts: List[int], recv_counts: List[int],
+                          tag: str) -> torch.Tensor:
+        """One counted all-to-all of rows whose counts both sides already know (no traffic rows counted)."""
+        self.traffic.add_call(tag)
+        out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
+        dev = self._collective_device(x)
+        if dev != x.device:
+            host_out = out.to(dev)
+            dist.all_to_all_single(host_out, x.contiguous().to(dev), recv_counts, send_counts, group=self.group)
+            return host_out.to(x.device)
+        dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=self.group)
+        return out
+
     def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks (a no-op at world size 1)."""
         if self.world_size > 1:
+            self.traffic.add_call("allreduce")
             dev = self._collective_device(t)
             if dev != t.device:
                 staged = t.to(dev)
@@ -156,11 +300,13 @@ class Communicator:
         if self.world_size == 1:
             return [obj]
         out: List = [None] * self.world_size
+        self.traffic.add_call("gather")
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def barrier(self) -> None:
         if self.world_size > 1:
+            self.traffic.add_call("barrier")
             dist.barrier(group=self.group)
 
     def _collective_device(self, t: torch.Tensor) -> torch.device:
