@@ -9,6 +9,7 @@ numbers in benchmark logs come from the code path itself.
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,13 +30,18 @@ class TrafficCounter:
     calls: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """Collectives this rank issued, per tag (every rank issues the same ones): each is a point where the
     faster ranks wait for the slowest."""
+    seconds: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """Wall seconds this rank spent inside the all-to-alls, per tag: with gloo (blocking) the transfer and
+    the wait for the slowest peer; with NCCL only the enqueue (the wait then shows where the host syncs)."""
 
     def add(self, tag: str, rows: int, nbytes: int) -> None:
         self.rows[tag] += rows
         self.bytes[tag] += nbytes
 
-    def add_call(self, tag: str, n: int = 1) -> None:
+    def add_call(self, tag: str, n: int = 1, seconds: float = 0.0) -> None:
         self.calls[tag] += n
+        if seconds:
+            self.seconds[tag] += seconds
 
     def merge(self, delta: dict) -> None:
         """Add a :meth:`delta` (e.g. what a loader's own group sent for a batch) to these counters."""
@@ -43,21 +49,25 @@ class TrafficCounter:
             self.add(tag, rows, delta["bytes"].get(tag, 0))
         for tag, n in delta.get("calls", {}).items():
             self.add_call(tag, n)
+        for tag, sec in delta.get("seconds", {}).items():
+            self.seconds[tag] += sec
 
     def reset(self) -> None:
         self.rows.clear()
         self.bytes.clear()
         self.calls.clear()
+        self.seconds.clear()
 
     def snapshot(self) -> dict:
-        return {"rows": dict(self.rows), "bytes": dict(self.bytes), "calls": dict(self.calls)}
+        return {"rows": dict(self.rows), "bytes": dict(self.bytes), "calls": dict(self.calls),
+                "seconds": dict(self.seconds)}
 
     @staticmethod
     def delta(now: dict, before: dict) -> dict:
         """Per-tag difference of two :meth:`snapshot` results: what was sent in between."""
         return {kind: {tag: n - before.get(kind, {}).get(tag, 0) for tag, n in now.get(kind, {}).items()
                        if n != before.get(kind, {}).get(tag, 0)}
-                for kind in ("rows", "bytes", "calls")}
+                for kind in ("rows", "bytes", "calls", "seconds")}
 
 
 @dataclass
@@ -182,16 +192,7 @@ class Communicator:
             self.traffic.add(tag, remote, remote * row_bytes)
         if self.world_size == 1:
             return x
-        self.traffic.add_call(tag or "rows")
-        x = x.contiguous()
-        out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
-        dev = self._collective_device(x)
-        if dev != x.device:  # e.g. CUDA tensors over gloo: stage through host memory
-            host_out = out.to(dev)
-            dist.all_to_all_single(host_out, x.to(dev), recv_counts, send_counts, group=self.group)
-            return host_out.to(x.device)
-        dist.all_to_all_single(out, x, recv_counts, send_counts, group=self.group)
-        return out
+        return self._all_to_all(x, send_counts, recv_counts, tag or "rows")
 
     def all_to_all_counted(self, x: torch.Tensor, dest: torch.Tensor, tag: str
                            ) -> Tuple[torch.Tensor, List[int], List[int]]:
@@ -243,15 +244,7 @@ class Communicator:
         buf.index_copy_(0, base_t, counts)
         buf.index_copy_(0, base_t + 1, overflow.expand(world))
         buf = buf[:total]
-        out = buf.new_empty(sum(recv_split))
-        self.traffic.add_call(tag)
-        dev = self._collective_device(buf)
-        if dev != device:  # e.g. CUDA tensors over gloo: stage through host memory
-            host_out = out.to(dev)
-            dist.all_to_all_single(host_out, buf.to(dev), recv_split, send_split, group=self.group)
-            out = host_out.to(device)
-        else:
-            dist.all_to_all_single(out, buf, recv_split, send_split, group=self.group)
+        out = self._all_to_all(buf, send_split, recv_split, tag)
         headers = torch.stack([out[recv_base[j]:recv_base[j] + 2] for j in range(world)], 1)  # [count; overflow]
         host = torch.cat([counts.unsqueeze(0), headers]).tolist()  # the one wait
         sent, recv, any_overflow = host[0], host[1], any(host[2])
@@ -265,22 +258,25 @@ class Communicator:
             extra_recv = [max(0, recv[j] - recv_cap[j]) for j in range(world)]
             extra = torch.cat([x[offsets[j] + send_cap[j]:offsets[j] + sent[j]] for j in range(world)
                                if extra_sent[j]] or [x[:0]])
-            more = self._all_to_all_plain(extra.to(torch.int64), extra_sent, extra_recv, f"{tag}/overflow")
+            more = self._all_to_all(extra.to(torch.int64), extra_sent, extra_recv, f"{tag}/overflow")
             more_parts = torch.split(more, extra_recv)
             parts = [torch.cat([p, m]) for p, m in zip(parts, more_parts)]
         return torch.cat(parts).to(x.dtype), sent, recv
 
-    def _all_to_all_plain(self, x: torch.Tensor, send_counts: List[int], recv_counts: List[int],
-                          tag: str) -> torch.Tensor:
-        """One counted all-to-all of rows whose counts both sides already know (no traffic rows counted)."""
-        self.traffic.add_call(tag)
+    def _all_to_all(self, x: torch.Tensor, send_counts: List[int], recv_counts: List[int],
+                    tag: str) -> torch.Tensor:
+        """One all-to-all of rows whose counts both sides know; counted (call, seconds) under ``tag``."""
+        t0 = time.perf_counter()
+        x = x.contiguous()
         out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
         dev = self._collective_device(x)
-        if dev != x.device:
+        if dev != x.device:  # e.g. CUDA tensors over gloo: stage through host memory
             host_out = out.to(dev)
-            dist.all_to_all_single(host_out, x.contiguous().to(dev), recv_counts, send_counts, group=self.group)
-            return host_out.to(x.device)
-        dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts, group=self.group)
+            dist.all_to_all_single(host_out, x.to(dev), recv_counts, send_counts, group=self.group)
+            out = host_out.to(x.device)
+        else:
+            dist.all_to_all_single(out, x, recv_counts, send_counts, group=self.group)
+        self.traffic.add_call(tag, seconds=time.perf_counter() - t0)
         return out
 
     def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
