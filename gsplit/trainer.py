@@ -413,7 +413,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         train_loader.set_epoch(epoch, position.iteration if epoch == position.epoch else 0)
         # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
         local_loss, t_epoch = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
-        traffic_before, job_before = comm.traffic.snapshot(), job_comm.traffic.snapshot()
+        traffic_before, job_before = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
         batches = train_loader
         if progress and rank == 0:
             # tqdm's default lock is a multiprocessing semaphore, which a rank leaving with os._exit (see
@@ -434,7 +434,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             train_s = time.perf_counter() - t0
             counters.train_s += train_s
             if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
-                traffic_now, job_now = comm.traffic.snapshot(), job_comm.traffic.snapshot()
+                traffic_now, job_now = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
                 delta = TrafficCounter.delta(traffic_now, traffic_before)
                 calls = _sum_tags([delta["calls"], TrafficCounter.delta(job_now, job_before)["calls"]])
                 traffic_before, job_before = traffic_now, job_now

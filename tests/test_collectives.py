@@ -78,7 +78,7 @@ def _sampling_collectives(rank, world_size):
                 if next(batches, None) is None:
                     break
             per_iteration.append(dict(spy.calls))
-        out[name] = {"spied": per_iteration, "logged": dict(loader.comm.traffic.calls)}
+        out[name] = {"spied": per_iteration, "logged": dict(getattr(loader.comm.traffic, "calls", {}))}
     return out
 
 

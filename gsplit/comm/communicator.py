@@ -58,9 +58,11 @@ class TrafficCounter:
         self.calls.clear()
         self.seconds.clear()
 
-    def snapshot(self) -> dict:
-        return {"rows": dict(self.rows), "bytes": dict(self.bytes), "calls": dict(self.calls),
-                "seconds": dict(self.seconds)}
+    def snapshot(self, seconds: bool = False) -> dict:
+        """The counts so far (``rows``, ``bytes``, ``calls`` per tag), and with ``seconds=True`` the timings,
+        which differ from run to run."""
+        counts = {"rows": dict(self.rows), "bytes": dict(self.bytes), "calls": dict(self.calls)}
+        return {**counts, "seconds": dict(self.seconds)} if seconds else counts
 
     @staticmethod
     def delta(now: dict, before: dict) -> dict:
