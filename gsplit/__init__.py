@@ -7,13 +7,15 @@ all-to-all shuffle per layer. See README.md for a quick start and DESIGN.md for 
 from gsplit import datasets
 from gsplit.comm import Communicator, allreduce_gradients, global_sum, host_groups, shuffle
 from gsplit.feature_store import FeatureStore
+from gsplit.fullgraph import FullGraphLoader, recompute_layers
 from gsplit.graph import Graph
 from gsplit.inference import InferenceResult, layerwise_inference
 from gsplit.launch import LaunchError, LaunchInterrupted, current_device, launch, report_progress, spawn, world_size
 from gsplit.loader import DataLoader
 from gsplit.nn import sp_forward, split_cross_entropy
 from gsplit.parallel import SplitParallel
-from gsplit.partitioning import PartitionMap, PresampleWeights, partition, prepare_partition, presample, split_stats
+from gsplit.partitioning import (PartitionMap, PresampleWeights, full_graph_stats, partition, partition_full_graph,
+                                 prepare_partition, presample, split_stats)
 from gsplit.sampling import Block, MiniBatch, NeighborSampler, ShuffleIndex
 from gsplit.split import sp_sample
 
@@ -26,5 +28,6 @@ __all__ = [
     "split_cross_entropy", "allreduce_gradients", "global_sum", "host_groups", "DataLoader", "FeatureStore", "launch", "LaunchError", "current_device",
     "LaunchInterrupted", "report_progress", "world_size", "spawn",
     "layerwise_inference", "InferenceResult",
+    "FullGraphLoader", "recompute_layers", "partition_full_graph", "full_graph_stats",
     "__version__",
 ]

@@ -113,8 +113,36 @@ def _print_stats(stats: dict) -> None:
     print(f"input-feature imbalance {stats['input_imbalance']:.3f}")
 
 
+def _print_full_graph_stats(stats) -> None:
+    """Per rank: vertices, in-edges, halo rows (received per layer), rows sent per layer; cut and balance."""
+    print(f"{'rank':>5} {'vertices':>10} {'in-edges':>11} {'halo rows':>10} {'sent rows':>10}")
+    for r in range(stats.num_parts):
+        print(f"{r:>5} {stats.vertices[r]:>10} {stats.in_edges[r]:>11} {stats.halo_rows[r]:>10} {stats.sent_rows[r]:>10}")
+    print(f"cut edges {stats.cut_edges} of {stats.num_edges} ({stats.cut_fraction:.3f}); imbalance (max/mean): "
+          f"vertices {stats.vertex_imbalance:.3f}, in-edges {stats.edge_imbalance:.3f}, halo {stats.halo_imbalance:.3f}")
+
+
+def cmd_prepare_full_graph(args, ds) -> int:
+    """``prepare --full-graph``: METIS balancing in-edges and vertices, minimising cut edges; no pre-sampling."""
+    from gsplit.partitioning import full_graph_stats, partition_full_graph
+
+    out = Path(args.out)
+    print(f"partitioning into {args.num_parts} parts for full-graph training (in-edges and vertices balanced) ...",
+          flush=True)
+    pmap = partition_full_graph(ds.graph, args.num_parts, seed=args.seed)
+    pmap.save(out)
+    stats = full_graph_stats(ds.graph, pmap)
+    atomic_write_json(out / "prepare.json", {"dataset": ds.name, "num_parts": args.num_parts, "method": pmap.method,
+                                             "full_graph_stats": stats.to_dict(), "metadata": pmap.metadata})
+    print(f"map written to {out} ({pmap.metadata['seconds']:.1f}s)")
+    _print_full_graph_stats(stats)
+    return 0
+
+
 def cmd_prepare(args) -> int:
     ds = _load_dataset(args)
+    if args.full_graph:
+        return cmd_prepare_full_graph(args, ds)
     fanouts = parse_fanouts(args.fanouts)
     out = Path(args.out)
     from gsplit.partitioning import prepare_partition
@@ -133,6 +161,13 @@ def cmd_stats(args) -> int:
         check_writable(args.json, "--json file")
     ds = _load_dataset(args)
     pmap = gsplit.PartitionMap.load(args.partition)
+    if args.full_graph or pmap.method == "full-graph":
+        stats = gsplit.full_graph_stats(ds.graph, pmap)
+        print(f"{pmap!r}\nfull-graph training (every layer over all in-edges):")
+        _print_full_graph_stats(stats)
+        if args.json:
+            atomic_write_json(args.json, stats.to_dict())
+        return 0
     fanouts = parse_fanouts(args.fanouts) if args.fanouts else list(pmap.fanouts or [15, 10, 5])
     global_batch = (args.batch_size or pmap.batch_size or 1024) * pmap.num_parts  # the map stores targets per rank
     sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
@@ -219,21 +254,33 @@ def cmd_train(args) -> int:
             raise CliError(f"--num-ranks {args.num_ranks} but torchrun started {ranks} ranks; leave --num-ranks out")
         print(f"rank {rank} of {ranks} (host {os.environ.get('GROUP_RANK', '?')}, local rank "
               f"{os.environ['LOCAL_RANK']} of {args.ranks_per_host}) on {device}", flush=True)
+    if args.full_graph:
+        if args.system not in ("split", "full"):
+            raise CliError(f"--full-graph trains split-parallel; it cannot be combined with --system {args.system}")
+        args.system = "full"
     ds = _load_dataset(args)
     fanouts = parse_fanouts(args.fanouts)
+    if args.system == "full":
+        fanouts = [-1] * len(fanouts)  # every in-edge: --fanouts gives the number of layers only
     ranks = ranks if torchrun else (args.num_ranks or default_num_ranks())
     parts = args.ranks_per_host or ranks  # one split group per host: the map has a part per rank of a host
     if ranks % parts:
         raise CliError(f"--ranks-per-host {args.ranks_per_host} does not divide the {ranks} ranks; pass a divisor")
+    if args.system == "full" and parts != ranks:
+        raise CliError(f"full-graph training runs in one split group (one host), but {ranks} ranks make "
+                       f"{ranks // parts} hosts of {parts}; leave --ranks-per-host out or run on one host")
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, eval_every=args.eval_every, device=args.device,
                       cache_size=args.cache_size,
-                      prefetch=args.prefetch, ranks_per_host=parts if parts != ranks else 0,
+                      prefetch=args.prefetch, uva=args.uva, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
-                      resume=args.resume)
+                      resume=args.resume, recompute=args.recompute)
     owner, cache_weights = None, None
-    if SYSTEMS[args.system].partitioned and parts > 1:
+    if args.system == "full":
+        owner = _full_graph_map(args, ds, parts, torchrun)
+        _check_full_graph_memory(args, ds, owner, parts)
+    elif SYSTEMS[args.system].partitioned and parts > 1:
         pdir = Path(args.partition) if args.partition else None
         if pdir is not None and (pdir / "meta.json").exists():
             pmap = gsplit.PartitionMap.load(pdir)
@@ -281,6 +328,50 @@ def cmd_train(args) -> int:
                                backend=backend, timeout=args.timeout, progress_timeout=args.progress_timeout)[0]
     _finish_log(args, result, ds, t)
     return 0
+
+
+def _full_graph_map(args, ds, parts: int, torchrun: bool):
+    """The owner tensor for ``train --full-graph``: the map in --partition, else a new full-graph map."""
+    import gsplit
+
+    if parts == 1:
+        return None
+    pdir = Path(args.partition) if args.partition else None
+    if pdir is not None and (pdir / "meta.json").exists():
+        pmap = gsplit.PartitionMap.load(pdir)
+        pmap.check_graph(ds.graph)
+        pmap.check_world_size(parts)
+        print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
+    else:
+        print(f"partitioning into {parts} parts for full-graph training ...", flush=True)
+        pmap = gsplit.partition_full_graph(ds.graph, parts, seed=args.seed)
+        if pdir is not None and not torchrun:
+            pmap.save(pdir)
+    _print_full_graph_stats(gsplit.full_graph_stats(ds.graph, pmap))
+    return pmap.assignment
+
+
+def _check_full_graph_memory(args, ds, owner, parts: int) -> None:
+    """Refuse, before any rank starts, a full-graph run whose ranks cannot hold their share of the graph."""
+    from gsplit.fullgraph import available_memory, estimate_memory, layer_dims
+    from gsplit.nn.models import build_model
+    from gsplit.partitioning import full_graph_stats
+
+    stats = full_graph_stats(ds.graph, owner if owner is not None else torch.zeros(ds.graph.num_nodes,
+                                                                                   dtype=torch.int64), parts)
+    model = build_model(args.model, ds.features.shape[1], args.hidden, ds.num_classes,
+                        num_layers=len(parse_fanouts(args.fanouts)), heads=args.heads)
+    dims = layer_dims(model)
+    need = [estimate_memory(stats, r, ds.features.shape[1], dims, 4, args.recompute) for r in range(parts)]
+    worst = max(range(parts), key=lambda r: need[r].total)
+    on_gpu = torch.cuda.is_available() and args.device != "cpu"
+    limit = available_memory("cuda" if on_gpu else "cpu", 1 if on_gpu else parts)
+    print(f"full-graph memory estimate: {need[worst].describe()} on rank {worst} "
+          f"(the largest of {parts}; {'recompute' if args.recompute else 'activations kept'})", flush=True)
+    if limit is not None and need[worst].total > limit:
+        raise CliError(f"full-graph training needs about {need[worst].total / 2**30:.2f} GiB on rank {worst} but "
+                       f"{limit / 2**30:.2f} GiB are available per rank; use more ranks, --recompute, a smaller "
+                       f"--hidden, or mini-batch training (leave out --full-graph)")
 
 
 def _finish_log(args, result: dict, ds, t0: float) -> None:
@@ -381,6 +472,10 @@ def check_numbers(args) -> None:
         parse_fanouts(args.fanouts)
     if getattr(args, "resume", False) and not getattr(args, "checkpoint", None):
         raise CliError("--resume needs --checkpoint DIR: the folder to resume from")
+    if getattr(args, "uva", False) and (args.device == "cpu" or not torch.cuda.is_available()):
+        raise CliError("--uva samples a pinned host graph from the GPUs, but "
+                       + ("--device is cpu" if args.device == "cpu" else "this machine has no CUDA GPU")
+                       + "; leave --uva out")
     if getattr(args, "cache_size", None) is not None:
         from gsplit.feature_store import parse_size
         parse_size(args.cache_size)
@@ -403,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="gsplit", choices=METHODS)
     _add_presample_args(p)
     p.add_argument("--out", required=True, help="folder for the map, its metadata and stats")
+    p.add_argument("--full-graph", action="store_true",
+                   help="a map for full-graph training: METIS balancing in-edges and vertices per rank and "
+                        "minimising cut edges, no pre-sampling (--method, --fanouts and --batch-size are not used)")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("train", help="train a GNN with split (or data) parallelism")
@@ -437,6 +535,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "uninterrupted run's")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
+    p.add_argument("--uva", action="store_true",
+                   help="GPUs: keep the graph in host memory, pinned once per host, and sample it from the GPUs "
+                        "(UVA) instead of copying it to every GPU; for graphs too large for each GPU")
+    p.add_argument("--full-graph", action="store_true",
+                   help="full-graph training, split-parallel: every epoch one step over all vertices and all "
+                        "in-edges (the loss over the training vertices); --fanouts gives the number of layers only; "
+                        "the map is --partition's or a new full-graph one (gsplit prepare --full-graph)")
+    p.add_argument("--recompute", action="store_true",
+                   help="recompute every layer in backward instead of keeping its intermediates (less memory)")
     # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir
     p.add_argument("--log", "--log-file", dest="log",
                    help="append every number here as JSON Lines, one record per epoch as it finishes (read with "
@@ -462,6 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-batches", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the stats here")
+    p.add_argument("--full-graph", action="store_true",
+                   help="full-graph statistics (cut edges, halo rows per rank, balance); the default for a map "
+                        "made with prepare --full-graph")
     p.set_defaults(func=cmd_stats)
 
     p = sub.add_parser("bench", help="time the sampler on a dataset")

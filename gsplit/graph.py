@@ -303,14 +303,48 @@ class Graph:
 
     # ------------------------------------------------------------------ devices
     def to(self, device: Union[str, torch.device]) -> "Graph":
-        return Graph(self.indptr.to(device), self.indices.to(device))
+        """The graph on ``device``, keeping the fingerprint already computed: the structure is the same, and
+        hashing a device graph would copy all of it back to the host (26 GB at Papers100M scale).
+
+        Example:
+            >>> g = Graph.from_edges([0, 1], [1, 0])
+            >>> g.to("cpu").fingerprint() == g.fingerprint()
+            True
+        """
+        moved = Graph(self.indptr.to(device), self.indices.to(device))
+        cached = self.__dict__.get("_fingerprint")
+        if cached is not None:
+            moved.__dict__["_fingerprint"] = cached
+        return moved
 
     def pin_memory(self) -> "Graph":
-        """Page-locked copy so GPU kernels can read it over UVA; a no-op copy without CUDA."""
+        """Page-lock the graph's host arrays where they are, so GPU kernels read them over UVA; returns ``self``.
+
+        The arrays are registered in place (``cudaHostRegister``, mapped, as the feature store pins
+        features), never copied: a copy per rank (``Tensor.pin_memory``) would hold the graph once per
+        GPU in page-locked memory, rounded up to a power of two by torch's pinned allocator, and never
+        freed. Ranks started by :func:`gsplit.launch` receive the graph in shared memory, so every rank
+        of a host registers the same pages: the graph is held once per host. Registering a
+        memory-mapped graph (``Graph.load(mmap=True)``) reads it into memory. Needs CUDA and CuPy;
+        without them (or when the registration fails) the graph is returned unpinned, with a log line,
+        and is sampled where it is (:func:`gsplit.ops.sampling_device`).
+        """
         if not torch.cuda.is_available():
             log.info("pin_memory: CUDA is not available; returning the graph unchanged")
             return self
-        return Graph(self.indptr.pin_memory(), self.indices.pin_memory())
+        if self.device.type != "cpu":
+            raise ValueError(f"pin_memory pins a host graph, but this graph is on {self.device}; "
+                             "call it on the host graph (or keep the graph on the GPU)")
+        from gsplit.ops import cuda as cuda_kernels  # gsplit.ops imports this module
+
+        if not cuda_kernels.cupy_available():
+            log.warning("pin_memory: pinning in place needs CuPy, which does not work here (see the warning of "
+                        "gsplit.ops.cuda); the graph stays in pageable memory and is sampled by the CPU")
+            return self
+        for name, array in (("indptr", self.indptr), ("indices", self.indices)):
+            if not cuda_kernels.pin_in_place(array, what=f"graph {name}"):
+                break  # logged; a half-pinned graph is not readable by the kernels, so it is sampled on the CPU
+        return self
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: Union[str, os.PathLike]) -> None:

@@ -40,6 +40,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from gsplit.comm import waits
+
 log = logging.getLogger(__name__)
 
 __all__ = ["launch", "spawn", "LaunchError", "LaunchInterrupted", "RankFailure", "current_device", "report_progress",
@@ -59,7 +61,7 @@ _WATCHDOG_INTERVAL_S = 0.5
 # How often the launcher checks the ranks' heartbeats and progress.
 _POLL_S = 0.5
 # Per-rank slots of the shared watch array: heartbeat time, last progress time, progress count, and
-# whether the rank's main thread sat in a torch.distributed call at the last heartbeat.
+# whether the rank waited for its peers at the last heartbeat (see _waits_for_peers).
 _HEARTBEAT, _PROGRESS_T, _PROGRESS_N, _IN_COLLECTIVE = range(4)
 _SLOTS = 4
 _DIST_DIR = os.path.join("torch", "distributed") + os.sep
@@ -262,9 +264,20 @@ def _is_communication_error(exc: BaseException) -> bool:
 
 
 def _in_collective(thread_id: int) -> bool:
-    """Whether thread ``thread_id`` currently runs a ``torch.distributed`` call (waits in a collective)."""
+    """Whether thread ``thread_id`` currently runs Python code of ``torch.distributed`` (e.g. a store wait
+    while groups are created): the fallback for blocking calls that go through no ``Work.wait()``."""
     frame = sys._current_frames().get(thread_id)
     return frame is not None and _DIST_DIR in frame.f_code.co_filename
+
+
+def _waits_for_peers(thread_id: int) -> bool:
+    """Whether this rank, with its training thread ``thread_id`` where it is, waits for other ranks.
+
+    The blocking points say so themselves (:mod:`gsplit.comm.waits`): a collective or ``Work.wait()``
+    in that thread or in the thread it waits on (the prefetch queue), or a collective still in flight
+    (NCCL returns at once; the host then blocks in ``.tolist()``, ``.cpu()``, ``synchronize``).
+    """
+    return waits.waits_for_peers(thread_id) or _in_collective(thread_id)
 
 
 def _die_with_parent(parent_pid: int, watch: Optional[_RankWatch]) -> None:
@@ -293,7 +306,7 @@ def _die_with_parent(parent_pid: int, watch: Optional[_RankWatch]) -> None:
         # whether the main thread waits in a collective (tells a rank that hangs from ranks waiting for it).
         while os.getppid() == parent_pid:
             if watch is not None:
-                watch.set(_IN_COLLECTIVE, float(_in_collective(main_id)))
+                watch.set(_IN_COLLECTIVE, float(_waits_for_peers(main_id)))
                 watch.set(_HEARTBEAT, time.monotonic())
             time.sleep(_WATCHDOG_INTERVAL_S)
         sys.stderr.write(f"gsplit rank (pid {os.getpid()}): the launching process {parent_pid} is gone; exiting\n")
@@ -308,6 +321,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     """Entry point of a rank's process: set up, run ``fn``, send back ``("ok", result)`` or an error."""
     global _WATCH
     _WATCH = _RankWatch(slots, rank)
+    waits.mark_work_waits()  # user code's Work.wait() (async_op=True) shows as waiting for peers too
     _die_with_parent(parent_pid, _WATCH)
     try:
         os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "RANK": str(rank),
@@ -315,15 +329,12 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
         dev = torch.device(device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        elif "OMP_NUM_THREADS" not in os.environ:
-            # CPU ranks share the host's cores; torch's default (all cores each) oversubscribes them.
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            torch.set_num_threads(max(1, cores // world_size))
+        limit_threads(world_size)
         # The parent hosts the rendezvous store, so the port cannot be taken between choosing and listening.
         store = dist.TCPStore(master_addr, port, world_size, is_master=False,
                               timeout=datetime.timedelta(seconds=timeout))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=timeout))
+        init_process_group(backend, dev, store=store, rank=rank, world_size=world_size,
+                           timeout=datetime.timedelta(seconds=timeout))
         result = fn(rank, world_size, *args)
         try:
             payload = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
@@ -343,6 +354,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
             os._exit(1)
     conn.send_bytes(payload)
     conn.close()
+    waits.forget_in_flight()  # the heartbeat thread must not query collectives of a group being destroyed
     if dist.is_initialized():  # fn may have destroyed it itself
         # Tear down together: a rank that closes its connections while a peer's gloo threads still
         # serve them made that peer abort ("terminate called without an active exception") in about
@@ -357,6 +369,48 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def limit_threads(ranks_on_host: int) -> Optional[int]:
+    """Give this rank its share of the host's cores for torch's CPU threads, unless ``OMP_NUM_THREADS`` is set.
+
+    Every rank of a host runs CPU work, GPU ranks too (host-side sampling and gathers, the CPU parts of
+    evaluation, the prefetch thread); torch's default of all cores per rank oversubscribes the host
+    ``ranks_on_host`` times. Returns the thread count set, ``None`` when the user's setting stands.
+
+    Example:
+        >>> limit_threads(1) is None or torch.get_num_threads() >= 1
+        True
+    """
+    if "OMP_NUM_THREADS" in os.environ:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // max(1, int(ranks_on_host)))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def init_process_group(backend: Optional[str], device: torch.device, **options) -> None:
+    """``torch.distributed.init_process_group`` for a rank computing on ``device``.
+
+    A CUDA rank passes its GPU as ``device_id`` where torch supports it (2.3+): the NCCL communicator is
+    then created here, by every rank at once, instead of lazily inside the first collective while the
+    first mini-batch is in flight (and later groups split from it). torch 2.2 has no ``device_id``.
+
+    Example:
+        >>> init_process_group("nccl", torch.device("cuda", 1), store=store, rank=1, world_size=8)  # doctest: +SKIP
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is not None and _accepts_device_id():
+        options["device_id"] = device
+    dist.init_process_group(backend, **options)
+
+
+def _accepts_device_id() -> bool:
+    try:
+        return "device_id" in inspect.signature(dist.init_process_group).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _death_message(exitcode: Optional[int]) -> str:
@@ -566,8 +620,8 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
     TCP store that this process hosts on ``master_addr`` (127.0.0.1) at ``master_port``, by default a
     port the OS picks; env ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``
     are set as torchrun sets them), the rank's GPU is made current, ``fn`` runs, its return value is
-    pickled back, and the process group is destroyed. CPU ranks get ``torch.set_num_threads(cores //
-    nprocs)`` unless ``OMP_NUM_THREADS`` is set.
+    pickled back, and the process group is destroyed. Every rank, CPU or GPU, gets ``torch.set_num_threads(cores //
+    nprocs)`` unless ``OMP_NUM_THREADS`` is set; a GPU rank creates its NCCL communicator at start (``device_id``).
 
     Faults: a rank that raises or dies stops the job at once (:class:`LaunchError` names it). A rank
     whose process freezes is found by its heartbeat (``heartbeat_timeout``); a job whose ranks stopped

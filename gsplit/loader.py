@@ -29,7 +29,7 @@ from gsplit import ops
 from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
 from gsplit.comm.hosts import replica_layout
 from gsplit.comm.shuffle import shuffle_rows
-from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
+from gsplit.feature_store import CacheCounts, FeatureStore, first_non_finite_row, parse_size
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.interop import dgl as dgl_interop  # imports no dgl: DGL inputs and DGL's keywords
 from gsplit.partitioning.partition_map import owner_tensor
@@ -278,9 +278,8 @@ class DataLoader(RankLoader):
         owner = owner_tensor(partition, graph, self.comm.world_size)
         self.owner = owner.to(self.sample_device)
         # on the host too: each batch's local targets (and their labels) are picked there, without a device
-        # sync; a narrow copy when the map's own went to the GPU (2 bytes per vertex for up to 32767 ranks)
-        self._host_owner = self.owner if self.owner.device.type == "cpu" else \
-            owner.cpu().to(torch.int16 if self.comm.world_size <= 32767 else torch.int32)
+        # sync; the map itself when it is on the host (owner_tensor keeps its narrow type: 1 byte per vertex)
+        self._host_owner = owner if owner.device.type == "cpu" else owner.cpu()
         node_feats = dgl_interop.named_node_data(dgl_graph, prefetch_node_feats, "prefetch_node_feats", "feat",
                                  features, "features")
         label_data = dgl_interop.named_node_data(dgl_graph, prefetch_labels, "prefetch_labels", "label",
@@ -323,8 +322,8 @@ class DataLoader(RankLoader):
         if features.shape[0] != self.graph.num_nodes:
             raise ValueError(f"features has {features.shape[0]} rows but the graph has {self.graph.num_nodes} "
                              f"vertices; pass one row per vertex")
-        if features.dtype.is_floating_point and not bool(torch.isfinite(features).all()):
-            bad = int((~torch.isfinite(features)).reshape(features.shape[0], -1).any(1).nonzero()[0])
+        bad = first_non_finite_row(features)  # chunked: no full-size temporary
+        if bad is not None:
             raise ValueError(f"features row {bad} holds NaN or inf; clean the features before training")
         owner = self.owner if self.comm.world_size > 1 else None
         # features already on a GPU stay there (the store serves them as they are); rows then move to self.device
@@ -403,7 +402,7 @@ class DataLoader(RankLoader):
         if self._producer is not None:  # an earlier pass that was never finished nor closed
             self._producer.stop()
         producer = Producer(self._prepare, lambda e: self.schedule.numbered_batches(e, start), epoch, self.device,
-                            self.rank)
+                            self.rank, exclusive_collectives=self.sampling_comm.nccl_for_cuda)
         self._producer = producer
         producer.start()
         try:

@@ -20,7 +20,8 @@ global mini-batch:
    :mod:`gsplit.interop.dgl`.
 3. **Loss scale**: each rank's mean loss covers only its local targets. The gradient of the wrapper's
    output is scaled by ``local targets / global targets``, so the ranks' gradients add up to the
-   gradient of the global mini-batch's mean loss.
+   gradient of the global mini-batch's mean loss. In full-graph training the targets are the training
+   vertices (``blocks[-1].num_loss_rows`` of the rank, labelled; the rest carry ``ignore_index``).
 4. **Gradient sum**: parameter gradients are all-reduced in buckets overlapped with backward by a
    ``torch.nn.parallel.DistributedDataParallel`` on a process group of its own (its all-reduces never
    interleave with the shuffles' all-to-alls); DDP's averaging is folded into the scale of step 3.
@@ -341,6 +342,8 @@ class SplitParallel(nn.Module):
                                  f"the logits of blocks[-1]'s destinations")
             self._last_rows = None
             return out
+        # rows the rank's mean loss averages over: all of them, or (full-graph training) its labelled ones
+        rows = rows if top.num_loss_rows is None else top.num_loss_rows
         self._last_rows = rows
         if not out.requires_grad:
             return out

@@ -4,6 +4,16 @@ The consumer *grants* batches and the thread prepares exactly the granted ones, 
 timing, decide how much is prepared, so on every rank the thread runs the same collectives even when
 the consumer stops early. On CUDA the thread works on a side stream and hands each batch over with an
 event. The preparing function must use a process group of its own (see :mod:`gsplit.loader`).
+
+NCCL (``exclusive_collectives``): issuing operations on two NCCL communicators of one GPU from two
+threads at once is not safe, and collectives of different groups must be issued in the same order on
+every rank (NCCL's "Using multiple NCCL communicators concurrently"; the warning on
+``torch.distributed.new_group``). So the thread then prepares only while the consumer waits in
+:meth:`Producer.get`, and ``get`` returns once every granted batch is prepared: on every rank the order
+is "sampling collectives of the granted batches, then the consumer's step", and no two threads issue
+at once. The overlap stays where it matters on a GPU: the thread's host work and its side stream run
+while the GPU still executes the step the consumer issued before (a step that does not wait on the
+device in between, see :class:`gsplit.timing.StepTimer`).
 """
 
 from __future__ import annotations
@@ -14,10 +24,11 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Tuple
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 import torch
 
+from gsplit.comm.waits import waiting_for_thread
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +56,13 @@ class Producer:
 
     def __init__(self, prepare: Callable[[int, int, torch.Tensor], Any],
                  batches: Callable[[int], Iterable[Tuple[int, torch.Tensor]]],
-                 epoch: int, device: torch.device, rank: int = 0):
+                 epoch: int, device: torch.device, rank: int = 0, exclusive_collectives: bool = False):
         self._prepare = prepare
+        # True: prepare only while the consumer waits in get() (collectives over NCCL, see the module doc);
+        # between grant() and get() the consumer must issue no collective.
+        self._exclusive = exclusive_collectives
+        self._waiting_for: Optional[int] = None  # the batch the thread waits to be granted, while it waits
+        self._ended = False
         self._batches = batches
         self._epoch = epoch
         self._device = device
@@ -70,13 +86,24 @@ class Producer:
         with self._cond:
             if n > self._granted:
                 self._granted = n
-                self._cond.notify()
+                self._cond.notify_all()
 
     def _granted_batch(self, j: int) -> bool:
         with self._cond:
+            self._waiting_for = j
+            self._cond.notify_all()  # a consumer in get() may wait for this thread to be idle
             while j >= self._granted and not self._stopping:
                 self._cond.wait()
+            self._waiting_for = None
             return j < self._granted
+
+    def _wait_idle(self) -> None:
+        """Until the thread has prepared every granted batch (it waits for a grant) or has ended."""
+        with self._cond:
+            while not (self._ended or (self._waiting_for is not None and self._waiting_for >= self._granted)):
+                if not self._thread.is_alive():
+                    return
+                self._cond.wait(timeout=1.0)
 
     def _run(self) -> None:
         try:
@@ -100,9 +127,21 @@ class Producer:
             self._queue.put(_Failure(exc))
         else:
             self._queue.put(_END)
+        finally:
+            with self._cond:
+                self._ended = True
+                self._cond.notify_all()
 
     def get(self):
-        """The next batch; re-raises the thread's exception."""
+        """The next batch; re-raises the thread's exception. With ``exclusive_collectives``, returns only
+        once the thread has prepared every granted batch (its collectives are all issued)."""
+        # the consumer waits on this thread: it waits for peers exactly when the thread does (gsplit.launch)
+        with waiting_for_thread(self._thread):
+            if self._exclusive:
+                self._wait_idle()
+            return self._next_item()
+
+    def _next_item(self):
         while True:
             try:
                 item = self._queue.get(timeout=1.0)
@@ -123,7 +162,8 @@ class Producer:
             self._stopping = True
             self._cond.notify()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+            with waiting_for_thread(self._thread):
+                self._thread.join()
         while True:
             try:
                 item = self._queue.get_nowait()

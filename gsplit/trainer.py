@@ -1,8 +1,9 @@
 """The training harness shared by ``gsplit train`` and the experiments: one function per rank.
 
-The same loop trains with split parallelism (``system="split"``, :class:`gsplit.DataLoader`) or data
-parallelism (``system="dp"``, :class:`gsplit.baselines.DataParallelLoader`): same models, same data,
-same launcher, same counters. Every number in the returned log comes from the code path itself.
+The same loop trains with split parallelism (``system="split"``, :class:`gsplit.DataLoader`), data
+parallelism (``system="dp"``, :class:`gsplit.baselines.DataParallelLoader`) or full-graph split
+parallelism (``system="full"``, :class:`gsplit.FullGraphLoader`): same models, same data, same
+launcher, same counters. Every number in the returned log comes from the code path itself.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
 from gsplit.feature_store import parse_size
+from gsplit.fullgraph import FullGraphLoader, recompute_layers
+from gsplit.graph import Graph
 from gsplit.io import atomic_write_bytes
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
@@ -32,6 +35,7 @@ from gsplit.nn.loss import split_cross_entropy
 from gsplit.nn.models import build_model
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
+from gsplit.timing import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +58,12 @@ class System:
     def inference_map(self, owner: Optional[torch.Tensor], num_nodes: int, world_size: int) -> torch.Tensor:
         """Which rank computes each vertex in the final layer-wise evaluation (any map gives the same result)."""
         return torch.arange(num_nodes) * world_size // num_nodes  # contiguous ranges of vertex ids
+
+    def prepare_model(self, cfg: "TrainConfig", model, loader):
+        """The model as this system trains it, checked against the training loader before the first forward."""
+        if cfg.recompute:
+            recompute_layers(model)
+        return model
 
 
 class SplitSystem(System):
@@ -95,7 +105,27 @@ class DataParallelSystem(System):
         return torch.nn.functional.cross_entropy(logits, labels) / world_size
 
 
-SYSTEMS = {s.name: s for s in (SplitSystem(), DataParallelSystem())}
+class FullGraphSystem(SplitSystem):
+    """Full-graph training, split-parallel (:class:`gsplit.FullGraphLoader`): every epoch is one step over all
+    vertices and all in-edges; the loss counts the training vertices. ``cfg.fanouts`` give the depth only."""
+
+    name = "full"
+
+    def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
+        if options.get("replica_group") is not None:
+            raise ValueError("full-graph training runs in one split group (one host); leave ranks_per_host at 0")
+        # evaluation loaders get the training loader's feature_store: its built blocks, shared
+        return FullGraphLoader(graph, len(cfg.fanouts), partition=owner, features=options.get("features",
+                               dataset.features), labels=dataset.labels, train_idx=indices, device=device,
+                               group=options.get("group"))
+
+    def prepare_model(self, cfg, model, loader):
+        model = super().prepare_model(cfg, model, loader)
+        loader.check_model(model)  # split-safe layers, depth, and activations that fit, before allocating them
+        return model
+
+
+SYSTEMS = {s.name: s for s in (SplitSystem(), DataParallelSystem(), FullGraphSystem())}
 """The systems ``TrainConfig.system`` names."""
 
 
@@ -120,7 +150,7 @@ class TrainConfig:
     lr: float = 0.003
     """Adam learning rate."""
     system: str = "split"
-    """``split`` (gsplit) or ``dp`` (data-parallel baseline)."""
+    """``split`` (gsplit), ``dp`` (data-parallel baseline) or ``full`` (full-graph training, split-parallel)."""
     seed: int = 0
     """Seed of the model's initialisation, the global order and the sampler."""
     eval_every: int = 1
@@ -136,6 +166,9 @@ class TrainConfig:
     ``"512M"``, bytes; ``"0"``: none)."""
     prefetch: bool = False
     """Split only: sample and load the next mini-batch in a background thread while one trains."""
+    uva: bool = False
+    """On GPUs: keep the graph in host memory, pinned in place once per host, and sample it from the GPUs
+    through UVA, instead of a whole copy of it on every GPU (26 GB each at Papers100M scale)."""
     final_eval: bool = True
     """After the last epoch, compute validation/test accuracy by layer-wise full-graph inference (all
     in-edges, no sampling): ``final_val_acc`` / ``final_test_acc`` in the run log. Skipped when
@@ -153,6 +186,9 @@ class TrainConfig:
     resume: bool = False
     """Continue from the newest checkpoint in ``checkpoint_dir`` (a fresh start when there is none): the
     remaining steps are those an uninterrupted run takes."""
+    recompute: bool = False
+    """Recompute every layer in backward instead of keeping its intermediates (:func:`gsplit.recompute_layers`):
+    less memory, more compute; for full-graph training above all."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -165,6 +201,9 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every={self.checkpoint_every}; pass iterations between checkpoints, or 0")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume=True needs checkpoint_dir: the folder to resume from")
+        if self.uva and self.device == "cpu":
+            raise ValueError("uva=True samples a pinned host graph from the GPUs, but device='cpu'; use "
+                             "device='cuda' or 'auto' on a GPU host, or uva=False")
         if self.ranks_per_host < 0:
             raise ValueError(f"ranks_per_host={self.ranks_per_host}; pass the ranks of one host, or 0 for one host")
 
@@ -268,9 +307,21 @@ def iteration_balance(per_rank: List[dict]) -> dict:
                                          for r in records) / n}
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _book_train_time(counters: "EpochCounters", steps) -> None:
+    """Add the ``(per-iteration record index or None, seconds)`` of timed training steps to ``counters``."""
+    for index, seconds in steps:
+        counters.train_s += seconds
+        if index is not None:
+            counters.per_iteration[index]["train_s"] = seconds
+
+
+def _rank_graph(graph, device: torch.device):
+    """The graph this rank samples and evaluates on: on its GPU when it computes on one.
+
+    On a GPU the graph goes to the GPU, so sampling runs there (the CUDA kernels, else torch on the GPU)
+    instead of on the host CPU; a 1M-vertex / 20M-edge graph takes 160 MB.
+    """
+    return graph.to(device) if device.type == "cuda" else graph
 
 
 @torch.no_grad()
@@ -285,16 +336,20 @@ def evaluate(model, loader, comm: Communicator, job_comm: Optional[Communicator]
     for _, _, blocks in loader:
         logits = model(blocks, blocks[0].srcdata["feat"], comm)
         labels = blocks[-1].dstdata["label"]
-        correct[0] += float((logits.argmax(1) == labels).sum())
-        correct[1] += labels.numel()
+        counted = labels >= 0  # full-graph blocks label the vertices outside the evaluated set -100
+        correct[0] += float((logits.argmax(1)[counted] == labels[counted]).sum())
+        correct[1] += int(counted.sum())
     model.train()
     (job_comm or comm).all_reduce_(correct)
     return float(correct[0] / correct[1].clamp_min(1))
 
 
 def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Tensor], comm: Communicator,
-                     device: torch.device) -> dict:
+                     device: torch.device, graph=None) -> dict:
     """Validation and test accuracy of the trained model by layer-wise full-graph inference, over all ranks.
+
+    ``graph``: the graph the rank's loaders use (on its GPU when it computes on one; default
+    ``dataset.graph``), so that the neighbourhoods are gathered where the layers run.
 
     ``split``: split-parallel over the training partition map (each rank computes the vertices it owns).
     ``dp`` has no partition map; its ranks split the work the same way over contiguous ranges of vertex
@@ -302,10 +357,11 @@ def final_evaluation(cfg: TrainConfig, model, dataset, owner: Optional[torch.Ten
     only on the model. Every rank gets the same numbers.
     """
     t0 = time.perf_counter()
-    part = SYSTEMS[cfg.system].inference_map(owner, dataset.graph.num_nodes, comm.world_size)
+    graph = dataset.graph if graph is None else graph
+    part = SYSTEMS[cfg.system].inference_map(owner, graph.num_nodes, comm.world_size)
     # chunks of layerwise_inference's default 4096 owned vertices: no backward to keep, so larger
     # chunks than the training batch mean fewer collectives for the same memory
-    result = layerwise_inference(model, dataset.graph, dataset.features, partition=part, group=comm, device=device)
+    result = layerwise_inference(model, graph, dataset.features, partition=part, group=comm, device=device)
     record = {f"final_{name}_acc": accuracy(result, dataset.labels, idx, group=comm)
               for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     record["final_eval_s"] = time.perf_counter() - t0
@@ -366,6 +422,21 @@ def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optiona
     return None
 
 
+def rank_graph(graph: Graph, device: torch.device, uva: bool = False) -> Graph:
+    """The graph a rank samples and evaluates on: with ``uva`` on a GPU, the host graph pinned in place
+    (:meth:`Graph.pin_memory`: one copy per host, read by the GPUs over PCIe), else :func:`_rank_graph`'s
+    (a copy on the rank's GPU).
+
+    Example:
+        >>> g = Graph.from_edges([0, 1], [1, 0])
+        >>> rank_graph(g, torch.device("cpu")) is g
+        True
+    """
+    if uva and device.type == "cuda":
+        return graph.pin_memory()
+    return _rank_graph(graph, device)
+
+
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
                report: Optional[Callable[[dict], None]] = None, progress: bool = False,
                cache_weights=None, hosts: Optional[Tuple] = None) -> dict:
@@ -389,20 +460,22 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
-    # On a GPU the graph goes to the GPU, so sampling runs there (the CUDA kernels, else torch on the GPU)
-    # instead of on the host CPU; a 1M-vertex / 20M-edge graph takes 160 MB.
-    graph = dataset.graph.to(device) if device.type == "cuda" else dataset.graph
+    graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
     train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
                                       **split_options, **group_options)
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
+    model = system.prepare_model(cfg, model, train_loader)
     eval_options = {"features": getattr(train_loader, "feature_store", dataset.features), **group_options}
     comm = train_loader.comm
     # every rank of the job: gradients, the logged loss, accuracy counts and the per-rank counters. Its own
     # Communicator, so that its traffic (the gradient all-reduce) is counted apart from the split group's.
     job_comm = Communicator(hosts[1] if hosts is not None else comm.group)
-    eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, owner, device, sampler, False, **eval_options)
+    # one owner array per device: the evaluation loaders share the training loader's (already checked)
+    eval_owner = getattr(train_loader, "owner", owner)
+    eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, eval_owner, device, sampler, False,
+                                             **eval_options)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
     position = _resume(cfg, model, opt) if cfg.resume else TrainPosition()
@@ -414,6 +487,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
         local_loss, t_epoch = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
         traffic_before, job_before = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
+        # GPU: CUDA events on the current stream, read once complete; no per-iteration device synchronise
+        timer = StepTimer(device)
         batches = train_loader
         if progress and rank == 0:
             # tqdm's default lock is a multiprocessing semaphore, which a rank leaving with os._exit (see
@@ -423,28 +498,28 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         for it, (_, _, blocks) in enumerate(batches, start=position.iteration if epoch == position.epoch else 0):
             stats = train_loader.last_stats
             counters.add_iteration(stats)
-            t0 = time.perf_counter()
+            timer.start()
             opt.zero_grad()
             logits = model(blocks, blocks[0].srcdata["feat"], comm)
             loss = system.loss(logits, blocks[-1].dstdata["label"], blocks[-1], world_size)
             loss.backward()
             allreduce_gradients(model, job_comm)
             opt.step()
-            _sync(device)
-            train_s = time.perf_counter() - t0
-            counters.train_s += train_s
+            timer.stop(len(counters.per_iteration) if cfg.log_iterations else None)
             if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
                 traffic_now, job_now = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
                 delta = TrafficCounter.delta(traffic_now, traffic_before)
                 calls = _sum_tags([delta["calls"], TrafficCounter.delta(job_now, job_before)["calls"]])
                 traffic_before, job_before = traffic_now, job_now
-                counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": train_s,
+                # train_s is filled in once the step's end event is reached (at the latest at the epoch's end)
+                counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": 0.0,
                                                "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"],
                                                "collectives": sum(calls.values()), "collectives_by_tag": calls,
                                                "collective_s_by_tag": delta["seconds"],
                                                "gradient_bytes": job_comm.traffic.bytes[GRADIENT_TAG]
                                                - counters.gradient_bytes})
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
+            _book_train_time(counters, timer.ready())
             local_loss += loss.detach().to(torch.float64)
             position.step += 1
             done = it + 1 == len(train_loader)
@@ -454,6 +529,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
+        _book_train_time(counters, timer.finish())  # waits for the epoch's last step on the current stream
         epoch_s = time.perf_counter() - t_epoch
         traffic = comm.traffic.snapshot()
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
@@ -485,7 +561,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             report(record)
     if cfg.checkpoint_dir and rank == 0:  # the trained model, whatever the checkpoint schedule
         atomic_write_bytes(Path(cfg.checkpoint_dir) / "model.pt", _state_bytes(model.state_dict()))
-    final = final_evaluation(cfg, model, dataset, owner, comm, device) if cfg.final_eval and cfg.eval_every else {}
+    final = final_evaluation(cfg, model, dataset, owner, comm, device, graph=graph) \
+        if cfg.final_eval and cfg.eval_every else {}
     num_hosts = 1 if hosts is None else train_loader.num_replicas
     return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,
             "ranks_per_host": world_size // num_hosts, "device": str(device), "epochs": history, **final}

@@ -4,7 +4,7 @@
 // not in dst_nodes), and src_local[j] is the position of src[j] in src_nodes. The table maps a global
 // id to its local index; only the new ids are sorted (by torch), not dst ++ src as torch.unique does.
 //
-// Launches, driven by gsplit/gpu.py, on a table of `mask + 1` (a power of two, at most half full)
+// Launches, driven by gsplit/ops/cuda.py, on a table of `mask + 1` (a power of two, at most half full)
 // slots whose keys start as GSPLIT_EMPTY (all bits set; vertex ids are never negative):
 //   gsplit_relabel_insert_dst   key dst[i] -> value i                  (dst ids are unique)
 //   gsplit_relabel_insert_src   insert every src id; each id first seen here is appended to new_ids

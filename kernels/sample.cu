@@ -5,7 +5,7 @@
 // gsplit/sampling/counter_rng.py (change both together; tests compare them), the same Floyd's
 // algorithm without replacement, and positions sorted ascending within each destination.
 //
-// Three launches, driven by gsplit/gpu.py:
+// Three launches, driven by gsplit/ops/cuda.py:
 //   gsplit_sample_count   one thread per destination: start, degree and number of picks
 //   (torch.cumsum on the host side's stream: inclusive ends of each destination's output run)
 //   gsplit_sample_fill    one thread per destination: picks, sorted, written as edge ids

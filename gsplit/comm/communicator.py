@@ -3,7 +3,8 @@
 It wraps ``torch.distributed`` (NCCL for CUDA tensors, gloo for CPU tensors) on an explicit process
 group, and degrades to local copies at world size 1 without any process group, so single-process code
 paths need no special cases. It also counts what it sends (:class:`TrafficCounter`), so that the
-numbers in benchmark logs come from the code path itself.
+numbers in benchmark logs come from the code path itself, and tells :mod:`gsplit.comm.waits` where it
+blocks for other ranks (the launcher's progress watchdog reads that).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
+
+from gsplit.comm.waits import track_in_flight, waiting_for_peers
 
 
 @dataclass
@@ -136,6 +139,8 @@ class Communicator:
                 raise ValueError("this process is not a member of the given process group")
         else:
             self.rank, self.world_size = 0, 1
+        self.nccl_for_cuda = self.distributed and serves_cuda_with_nccl(group)
+        """Whether the group sends CUDA tensors over NCCL (else they are staged through host memory)."""
         self.traffic = TrafficCounter()
         self.capacities = CapacityBook()
 
@@ -171,7 +176,8 @@ class Communicator:
         recv = torch.empty_like(send)
         self.traffic.add_call("counts")
         dist.all_to_all_single(recv, send, group=self.group)
-        both = torch.stack([send, recv]).tolist()
+        with waiting_for_peers():  # under NCCL the host blocks here, until every peer has sent its counts
+            both = torch.stack([send, recv]).tolist()
         return both[0], both[1]
 
     def all_to_all_rows(self, x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
@@ -248,7 +254,8 @@ class Communicator:
         buf = buf[:total]
         out = self._all_to_all(buf, send_split, recv_split, tag)
         headers = torch.stack([out[recv_base[j]:recv_base[j] + 2] for j in range(world)], 1)  # [count; overflow]
-        host = torch.cat([counts.unsqueeze(0), headers]).tolist()  # the one wait
+        with waiting_for_peers():  # under NCCL the host blocks here, until every peer has sent its slots
+            host = torch.cat([counts.unsqueeze(0), headers]).tolist()  # the one wait
         sent, recv, any_overflow = host[0], host[1], any(host[2])
         self.capacities.record(tag, sent, recv)
         remote = sum(sent) - sent[self.rank]
@@ -270,14 +277,16 @@ class Communicator:
         """One all-to-all of rows whose counts both sides know; counted (call, seconds) under ``tag``."""
         t0 = time.perf_counter()
         x = x.contiguous()
-        out = x.new_empty((sum(recv_counts),) + tuple(x.shape[1:]))
+        shape = (sum(recv_counts),) + tuple(x.shape[1:])
         dev = self._collective_device(x)
         if dev != x.device:  # e.g. CUDA tensors over gloo: stage through host memory
-            host_out = out.to(dev)
-            dist.all_to_all_single(host_out, x.to(dev), recv_counts, send_counts, group=self.group)
+            # the received rows land in a buffer allocated where the collective writes: nothing to copy in
+            host_out = torch.empty(shape, dtype=x.dtype, device=dev)
+            self._run(dist.all_to_all_single, host_out, x.to(dev), recv_counts, send_counts)
             out = host_out.to(x.device)
         else:
-            dist.all_to_all_single(out, x, recv_counts, send_counts, group=self.group)
+            out = x.new_empty(shape)
+            self._run(dist.all_to_all_single, out, x, recv_counts, send_counts)
         self.traffic.add_call(tag, seconds=time.perf_counter() - t0)
         return out
 
@@ -288,10 +297,10 @@ class Communicator:
             dev = self._collective_device(t)
             if dev != t.device:
                 staged = t.to(dev)
-                dist.all_reduce(staged, group=self.group)
+                self._run(dist.all_reduce, staged)
                 t.copy_(staged)
             else:
-                dist.all_reduce(t, group=self.group)
+                self._run(dist.all_reduce, t)
         return t
 
     def all_gather_object(self, obj) -> List:
@@ -299,19 +308,74 @@ class Communicator:
             return [obj]
         out: List = [None] * self.world_size
         self.traffic.add_call("gather")
-        dist.all_gather_object(out, obj, group=self.group)
+        with waiting_for_peers():
+            dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def barrier(self) -> None:
         if self.world_size > 1:
             self.traffic.add_call("barrier")
-            dist.barrier(group=self.group)
+            self._run(dist.barrier)
+
+    def _run(self, collective, *args) -> None:
+        """Issue ``collective(*args, group=...)`` and wait for it as ``async_op=False`` would, telling
+        :mod:`gsplit.comm.waits` that this thread waits for peers meanwhile. Under NCCL ``wait()`` only
+        orders the current stream after the collective and returns; the collective stays tracked as in
+        flight until it completes, since the host then blocks wherever it next reads device data."""
+        with waiting_for_peers():
+            work = collective(*args, group=self.group, async_op=True)
+            if work is not None:  # None: this rank is not in the group
+                work.wait()
+        track_in_flight(work)
 
     def _collective_device(self, t: torch.Tensor) -> torch.device:
-        backend = dist.get_backend(self.group)
-        if backend == "nccl":
+        if self.nccl_for_cuda:
             return t.device if t.is_cuda else torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
+
+
+def serves_cuda_with_nccl(group: Optional[dist.ProcessGroup] = None) -> bool:
+    """Whether ``group`` (default: the default group) sends CUDA tensors over NCCL.
+
+    A group's backend name says too little: a bare ``init_process_group()`` reports ``"undefined"`` and
+    ``"cpu:gloo,cuda:nccl"`` its whole configuration, yet both send CUDA tensors over NCCL. So ask the
+    group for the backend it registered for device type ``cuda`` (torch >= 2.0), else read its backend
+    configuration (``dist.get_backend_config``: ``"cpu:gloo,cuda:nccl"``, ``"nccl"``), else its name.
+
+    Example:
+        >>> serves_cuda_with_nccl()  # no process group here
+        False
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    get_backend = getattr(pg, "_get_backend", None)
+    if callable(get_backend):
+        try:
+            backend = get_backend(torch.device("cuda"))
+        except RuntimeError:  # "No backend type associated with device type cuda": nothing serves CUDA tensors
+            return False
+        name = backend.name() if callable(getattr(backend, "name", None)) else type(backend).__name__
+        return "nccl" in str(name).lower()
+    get_config = getattr(dist, "get_backend_config", None)
+    config = str(get_config(group) if callable(get_config) else dist.get_backend(group))
+    return device_backend(config, "cuda") == "nccl"
+
+
+def device_backend(config: str, device_type: str) -> Optional[str]:
+    """The backend a configuration string gives ``device_type``: ``"cpu:gloo,cuda:nccl"`` or one name for all.
+
+    Example:
+        >>> device_backend("cpu:gloo,cuda:nccl", "cuda"), device_backend("gloo", "cuda"), device_backend("cpu:gloo", "cuda")
+        ('nccl', 'gloo', None)
+    """
+    for entry in str(config).lower().split(","):
+        dev, sep, name = entry.strip().partition(":")
+        if not sep:  # one backend for every device
+            return dev or None
+        if dev == device_type:
+            return name.strip()
+    return None
 
 
 def as_communicator(group: Union["Communicator", dist.ProcessGroup, None] = None) -> Communicator:

@@ -168,5 +168,7 @@ def init_from_env(device: str = "auto") -> torch.device:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        from gsplit.launch import init_process_group  # here: gsplit.launch imports gsplit.comm
+
+        init_process_group("nccl" if use_cuda else "gloo", dev)  # a GPU's communicator is made now, not mid-batch
     return dev

@@ -7,6 +7,11 @@ unusual platform) :func:`load` logs a warning once and returns ``None``, and cal
 plain-torch fallback, which computes the same results.
 
 ``GSPLIT_NO_EXTENSIONS=1`` skips the build (the fallbacks run), e.g. to compare both paths.
+
+Builds are cached in ``~/.cache/gsplit/extensions/<build key>/<name>`` (or under ``GSPLIT_EXTENSION_DIR``),
+keyed by :func:`build_key`: a library built against one torch does not load in another (torch's C++ ABI
+changes between versions: ``undefined symbol ... incref_pyobject`` when torch 2.2.1 met a 2.13 build), so
+two environments sharing one home folder must never share a build.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
+import sysconfig
 import threading
 from pathlib import Path
 from typing import Optional, Sequence
@@ -30,12 +37,39 @@ def kernel_path(name: str) -> Path:
     return kernel_source_path(name)
 
 
+def build_key() -> str:
+    """What a compiled extension depends on besides its sources: torch version (and its CUDA and C++ ABI
+    flag) and the Python ABI; one cache folder per key.
+
+    Example:
+        >>> build_key().startswith("torch2.")
+        True
+    """
+    import torch
+
+    abi = sysconfig.get_config_var("SOABI") or sys.implementation.cache_tag  # e.g. cpython-311-x86_64-linux-gnu
+    cxx11 = int(bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", False)))
+    key = f"torch{torch.__version__}-cuda{torch.version.cuda or 'none'}-cxx11abi{cxx11}-{abi}"
+    return "".join(c if c.isalnum() or c in ".-_" else "_" for c in key)  # '+' of local versions too
+
+
+def build_folder(name: str) -> Path:
+    """The folder where extension ``name`` is built and cached for this torch and Python (see :func:`build_key`).
+
+    Example:
+        >>> build_folder("gsplit_sample_cpu").name
+        'gsplit_sample_cpu'
+    """
+    root = Path(os.environ.get("GSPLIT_EXTENSION_DIR", Path.home() / ".cache" / "gsplit" / "extensions"))
+    return root / build_key() / name
+
+
 @functools.lru_cache(maxsize=None)
 def _build(name: str, sources: tuple):
     import torch.utils.cpp_extension as ext
 
     flags = ["-O3", "-fopenmp"]  # the C++ standard is the one torch builds its headers with
-    build_dir = Path(os.environ.get("GSPLIT_EXTENSION_DIR", Path.home() / ".cache" / "gsplit" / "extensions")) / name
+    build_dir = build_folder(name)
     build_dir.mkdir(parents=True, exist_ok=True)
     return ext.load(name=name, sources=[str(kernel_path(s)) for s in sources], extra_cflags=flags,
                     extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)

@@ -18,7 +18,7 @@ import importlib.resources
 import logging
 import weakref
 from pathlib import Path
-from typing import Iterator, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -62,8 +62,80 @@ def cupy_available() -> bool:
         return True
     except Exception as exc:  # noqa: BLE001 - ImportError, NVRTC, driver: all mean "no CuPy kernels"
         level = logging.WARNING if torch.cuda.is_available() else logging.DEBUG
-        log.log(level, "CuPy kernels unavailable (%s: %s); the GPU path runs plain torch", type(exc).__name__, exc)
+        log.log(level, "CuPy kernels unavailable (%s: %s); the GPU path runs plain torch. %s", type(exc).__name__,
+                exc, cupy_install_hint(torch.version.cuda, driver_cuda_version(), installed_cupy()))
         return False
+
+
+_CUPY_FOR_CUDA = {12: ("gpu-cuda12", "cupy-cuda12x", 525), 13: ("gpu-cuda13", "cupy-cuda13x", 580)}
+"""CUDA major -> (gsplit extra, CuPy package, oldest NVIDIA driver for that major)."""
+
+
+def cupy_install_hint(torch_cuda: Optional[str], driver_cuda: Optional[int], installed: Sequence[str]) -> str:
+    """What to install so CuPy matches this machine: CuPy's CUDA major must be torch's (``torch.version.cuda``)
+    and the driver must support it (``driver_cuda``: ``cudaDriverGetVersion``, e.g. 12040; None if unknown).
+
+    Example:
+        >>> cupy_install_hint("12.4", 12040, ["cupy-cuda13x"])  # doctest: +ELLIPSIS
+        'torch here is built for CUDA 12.4 ... pip uninstall cupy-cuda13x && pip install "gsplit[gpu-cuda12]" ...'
+    """
+    if not torch_cuda:
+        return "torch here has no CUDA build: install a CUDA build of torch first, then gsplit[gpu-cuda12] or [gpu-cuda13]"
+    major = int(str(torch_cuda).split(".")[0])
+    driver = f"the driver supports CUDA {driver_cuda // 1000}.{driver_cuda % 1000 // 10}" if driver_cuda else \
+        "the driver's CUDA version is unknown"
+    if major not in _CUPY_FOR_CUDA:
+        return (f"torch here is built for CUDA {torch_cuda} ({driver}); install the CuPy package for CUDA {major} "
+                f"(see CuPy's installation guide)")
+    extra, package, min_driver = _CUPY_FOR_CUDA[major]
+    wrong = [p for p in installed if p != package]
+    hint = f"torch here is built for CUDA {torch_cuda} ({driver}), so CuPy must be {package}: "
+    hint += (f"pip uninstall {' '.join(wrong)} && " if wrong else "") + f'pip install "gsplit[{extra}]"'
+    hint += f" (needs NVIDIA driver {min_driver} or newer and CUDA {major}'s NVRTC, e.g. a CUDA {major} toolkit)"
+    if driver_cuda and driver_cuda // 1000 < major:
+        hint += (f"; this driver is too old for CUDA {major}: upgrade it to {min_driver}+ or use a torch built for "
+                 f"CUDA {driver_cuda // 1000} with the matching gsplit extra")
+    return hint
+
+
+def driver_cuda_version() -> Optional[int]:
+    """The CUDA version the installed driver supports (``cuDriverGetVersion``, e.g. 12040 for 12.4), or None
+    without a driver library. Needs no GPU context.
+
+    Example:
+        >>> v = driver_cuda_version()
+        >>> v is None or v >= 10000
+        True
+    """
+    try:
+        import ctypes
+
+        version = ctypes.c_int(0)
+        if ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version)) == 0:
+            return version.value
+    except (OSError, AttributeError):
+        pass  # no driver library: the hint says the version is unknown
+    return None
+
+
+def installed_cupy() -> List[str]:
+    """Names of the CuPy distributions installed (a mismatched one must be uninstalled first).
+
+    Example:
+        >>> set(installed_cupy()) <= {"cupy", "cupy-cuda11x", "cupy-cuda12x", "cupy-cuda13x"}
+        True
+    """
+    from importlib import metadata
+
+    names = ("cupy", "cupy-cuda11x", "cupy-cuda12x", "cupy-cuda13x")
+    found = []
+    for name in names:
+        try:
+            metadata.version(name)
+            found.append(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return found
 
 
 def kernel_source_path(name: str) -> Path:
@@ -105,15 +177,25 @@ def _module(name: str):
     return cupy.RawModule(code=kernel_source(name), options=("-std=c++17",))
 
 
-@functools.lru_cache(maxsize=None)
 def _function(module: str, kernel: str):
+    """The kernel loaded on CuPy's current device (inside :func:`_torch_stream`: the kernel's device)."""
+    import cupy
+
+    return _function_on(module, kernel, cupy.cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=None)
+def _function_on(module: str, kernel: str, device_index: int):
+    # a loaded function belongs to one device's context: a loader on cuda:1 must not launch cuda:0's
     return _module(module).get_function(kernel)
 
 
 @contextlib.contextmanager
 def _torch_stream(device: torch.device) -> Iterator[None]:
     """Make CuPy launch on ``device`` and on torch's current stream there, so launches and torch ops
-    on the same tensors stay ordered without synchronising."""
+    on the same tensors stay ordered without synchronising. Inside, ``device`` is the current device of
+    the thread (``cupy.cuda.Device`` sets it), so take kernel arguments (:func:`_ptr`) in here: their
+    device check compares with it, and the process's current device may be another GPU."""
     import cupy
 
     with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
@@ -242,8 +324,8 @@ def _relabel_kernel(dst_nodes: torch.Tensor, src: torch.Tensor):
     vals = torch.empty(capacity, dtype=torch.int64, device=device)
     new_ids = torch.empty(ne, dtype=torch.int64, device=device)
     num_new = torch.zeros(1, dtype=torch.int64, device=device)
-    table = (_ptr(keys), _ptr(vals), np.int64(mask), np.int32(shift))
-    with _torch_stream(device):
+    with _torch_stream(device):  # the kernel arguments are checked against the launch device: take them inside
+        table = (_ptr(keys), _ptr(vals), np.int64(mask), np.int32(shift))
         if nd:
             _launch("relabel.cu", "gsplit_relabel_insert_dst", nd, table + (_ptr(dst_nodes), np.int64(nd)))
         _launch("relabel.cu", "gsplit_relabel_insert_src", ne, (
@@ -266,7 +348,7 @@ _CUDA_HOST_REGISTER_PORTABLE = 1
 _CUDA_HOST_REGISTER_MAPPED = 2
 
 
-def pin_in_place(t: torch.Tensor) -> bool:
+def pin_in_place(t: torch.Tensor, what: str = "host feature tensor") -> bool:
     """Page-lock ``t``'s memory where it is (``cudaHostRegister``) and map it for the GPU; ``False`` if impossible.
 
     No copy: a copy would double host memory for features that may be most of it. The range is
@@ -287,15 +369,13 @@ def pin_in_place(t: torch.Tensor) -> bool:
     try:
         cupy.cuda.runtime.hostRegister(ptr, nbytes, _CUDA_HOST_REGISTER_PORTABLE | _CUDA_HOST_REGISTER_MAPPED)
     except cupy.cuda.runtime.CUDARuntimeError as exc:
-        log.warning("cannot pin the %.1f GiB host feature tensor in place (%s); cache misses are gathered by the "
-                    "CPU instead", nbytes / 2**30, exc)
+        log.warning("cannot pin the %.1f GiB %s in place (%s); the CPU reads it instead", nbytes / 2**30, what, exc)
         return False
     # unregister when the memory goes away (the storage, not this view, owns it)
     weakref.finalize(t.untyped_storage(), _unregister, ptr)
     if _device_pointer(t) is None:
         _unregister(ptr)
-        log.warning("pinned the host feature tensor but CUDA gives it no device-side address; cache misses are "
-                    "gathered by the CPU instead")
+        log.warning("pinned the %s but CUDA gives it no device-side address; the CPU reads it instead", what)
         return False
     return True
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -129,3 +129,113 @@ def split_stats(graph: Graph, pmap: PartitionMap, sampler, train_idx, batch_size
     log.info("split stats (%s, %d parts, %d batches): cross-edge fraction %s, edge imbalance %s", pmap.method, p,
              num_batches, [round(x, 3) for x in stats.cross_edge_fraction], [round(x, 3) for x in stats.edge_imbalance])
     return stats
+
+
+# ---------------------------------------------------------------------------------------------- full graph
+@dataclass
+class FullGraphStats:
+    """How a partition map splits full-graph training: every layer computes every vertex over all in-edges.
+
+    One layer's numbers; every layer of a full-graph epoch has the same split (forward and backward each
+    move ``sum(halo_rows)`` rows per layer above the first).
+    """
+
+    num_parts: int
+    """Parts (ranks) of the map."""
+    num_nodes: int
+    """Vertices of the graph."""
+    num_edges: int
+    """Edges of the graph (in-edges, counted once each)."""
+    cut_edges: int
+    """Edges whose source and destination are owned by different parts."""
+    vertices: List[int]
+    """Per part: vertices it owns (computes at every layer)."""
+    in_edges: List[int]
+    """Per part: in-edges of its vertices (its aggregation work per layer)."""
+    halo_rows: List[int]
+    """Per part: distinct remote in-neighbours of its vertices (rows it receives per layer)."""
+    sent_rows: List[int]
+    """Per part: rows it sends to other parts per layer (its vertices that other parts read)."""
+
+    @property
+    def cut_fraction(self) -> float:
+        """Fraction of the edges that cross parts."""
+        return self.cut_edges / max(self.num_edges, 1)
+
+    @staticmethod
+    def _imbalance(values: List[int]) -> float:
+        mean = sum(values) / max(len(values), 1)
+        return max(values) / mean if mean > 0 else 1.0
+
+    @property
+    def vertex_imbalance(self) -> float:
+        """max / mean of the parts' vertices."""
+        return self._imbalance(self.vertices)
+
+    @property
+    def edge_imbalance(self) -> float:
+        """max / mean of the parts' in-edges (aggregation work)."""
+        return self._imbalance(self.in_edges)
+
+    @property
+    def halo_imbalance(self) -> float:
+        """max / mean of the parts' halo rows (received rows)."""
+        return self._imbalance(self.halo_rows)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-ready dict of the fields and the derived ratios."""
+        d = asdict(self)
+        d.update(cut_fraction=self.cut_fraction, vertex_imbalance=self.vertex_imbalance,
+                 edge_imbalance=self.edge_imbalance, halo_imbalance=self.halo_imbalance)
+        return d
+
+
+def full_graph_stats(graph: Graph, partition, num_parts: Optional[int] = None, chunk_edges: int = 1 << 22) -> FullGraphStats:
+    """Cut edges, halo rows per part and balance of ``partition`` for full-graph training.
+
+    ``partition`` is a :class:`PartitionMap` or a tensor of owners (then ``num_parts`` is needed). The
+    edges are scanned in chunks of ``chunk_edges``; the halo needs one byte per (part, vertex).
+
+    Example:
+        >>> from gsplit import Graph
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)     # a 4-cycle
+        >>> s = full_graph_stats(g, torch.tensor([0, 0, 1, 1]), 2)
+        >>> s.cut_edges, s.halo_rows, s.sent_rows
+        (4, [2, 2], [2, 2])
+    """
+    if isinstance(partition, PartitionMap):
+        partition.check_graph(graph)
+        num_parts = partition.num_parts
+        owner = partition.assignment
+    else:
+        if num_parts is None:
+            raise ValueError("partition is a tensor of owners; pass num_parts too")
+        owner = torch.as_tensor(partition)
+        if owner.numel() != graph.num_nodes:
+            raise ValueError(f"the partition covers {owner.numel()} vertices but the graph has {graph.num_nodes}; "
+                             "use a map made for this graph")
+    p, n = int(num_parts), graph.num_nodes
+    owner = owner.to(torch.int64).cpu()
+    indptr, indices = graph.indptr.cpu(), graph.indices.cpu()
+    deg = indptr[1:] - indptr[:-1]
+    vertices = torch.bincount(owner, minlength=p)
+    in_edges = torch.bincount(owner, weights=deg.to(torch.float64), minlength=p).round().to(torch.int64)
+    needed = torch.zeros(p * n, dtype=torch.bool)  # needed[r * n + v]: part r reads remote vertex v
+    cut = 0
+    e = indices.numel()
+    for a in range(0, e, int(chunk_edges)):
+        b = min(a + int(chunk_edges), e)
+        pos = torch.arange(a, b)
+        dst = torch.searchsorted(indptr, pos, right=True) - 1
+        src = indices[a:b]
+        r_dst, r_src = owner[dst], owner[src]
+        remote = r_dst != r_src
+        cut += int(remote.sum())
+        needed[r_dst[remote] * n + src[remote]] = True
+    needed = needed.view(p, n)
+    halo = needed.sum(1)
+    sent = torch.zeros(p, dtype=torch.int64)
+    for r in range(p):
+        sent += torch.bincount(owner[needed[r]], minlength=p)
+    return FullGraphStats(num_parts=p, num_nodes=n, num_edges=e, cut_edges=cut, vertices=vertices.tolist(),
+                          in_edges=in_edges.tolist(), halo_rows=halo.tolist(), sent_rows=sent.tolist())

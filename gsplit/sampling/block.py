@@ -80,7 +80,11 @@ class Block:
     """Split parallelism only: how this rank's local rows become this block's ``src_nodes`` rows."""
     global_num_dst: Optional[int] = None
     """Destinations of this layer summed over all ranks: the global mini-batch size on the top block
-    (``split_cross_entropy`` divides by it); ``None`` on lower split blocks, which do not need it."""
+    (``split_cross_entropy`` divides by it); ``None`` on lower split blocks, which do not need it. In
+    full-graph training (:class:`gsplit.FullGraphLoader`) the loss rows over all ranks: the training set."""
+    num_loss_rows: Optional[int] = None
+    """Destinations of this rank whose labels count in the loss (full-graph training: its training
+    vertices; the others are labelled ``-100``); ``None``: all of them."""
     srcdata: Dict[str, torch.Tensor] = field(default_factory=dict)
     """Per-source-row tensors, e.g. ``srcdata["feat"]`` on the first block."""
     dstdata: Dict[str, torch.Tensor] = field(default_factory=dict)

@@ -1,0 +1,375 @@
+"""The first run on a GPU host, in one command and under 10 minutes: everything it must check, one report.
+
+Run it through ``experiments/gpu_first_run.sh`` (which sets the environment). Parts, in order, each with
+a time cap inside an overall budget (``--budget``, default 570 s):
+
+1. ``environment``: GPUs and driver (``nvidia-smi``), torch / CUDA / CuPy versions, the CuPy probe (a
+   kernel compiled and launched) and, when it fails, which CuPy to install.
+2. ``gpu-tests``: ``GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu`` (a skipped GPU test is a failure).
+3. ``sanitizer``: ``compute-sanitizer --tool memcheck`` on the kernel tests (``tests/test_kernels.py -m gpu``).
+4. ``suite``: the rest of the suite (``-m "not gpu"``; with part 2, the whole suite once). It runs in the
+   background from the start, alongside every other part, so their timings share the host's cores with it.
+5. ``gpu-kernel-timings``: the CUDA kernels against torch on the same GPU (sampling from a GPU graph and
+   from a pinned host graph, relabelling, the feature gather from pinned memory), results compared.
+6. ``cpu-kernel-timings``: ``experiments/bench_sampler.py`` and ``bench_layers.py`` at small sizes
+   (the compiled C++ kernels against torch, on the host's CPU).
+7. ``split-vs-dp``: ``gsplit.trainer.train_rank`` on a synthetic graph of ``--big-nodes`` vertices (10M by
+   default), one rank per GPU, split and data-parallel, ``--iters`` iterations each, then split with
+   ``uva`` (graph pinned in host memory).
+
+Without a GPU, the GPU parts are reported as skipped for lack of one (and the run is no GPU run);
+``--require-gpu`` makes that a failure. ``--quick`` (for the test suite) runs a one-file stand-in of the
+suite and skips the slow CPU parts. The report (Markdown, with every number also as one JSON block at
+the end) goes to ``--report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_GPU = "skipped: no CUDA GPU on this machine"
+
+
+@dataclass
+class Part:
+    """One check of the first GPU run and what came of it."""
+
+    name: str
+    """Short name used in the report."""
+    status: str = "not run"
+    """``passed``, ``FAILED``, ``skipped: <why>`` or ``not run: <why>``."""
+    seconds: float = 0.0
+    """Wall time the part took."""
+    command: str = ""
+    """What ran (a shell command, or the Python function for in-process parts)."""
+    numbers: Dict[str, object] = field(default_factory=dict)
+    """Measured numbers (timings, counts, versions)."""
+    output: str = ""
+    """Tail of the part's output."""
+
+
+class Budget:
+    """Seconds left of the overall budget; each part gets at most its cap and what is left."""
+
+    def __init__(self, total: float):
+        self.deadline = time.monotonic() + total
+
+    def left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _run(part: Part, argv: List[str], timeout: float, env: Optional[dict] = None) -> None:
+    """Run ``argv`` for ``part`` with a timeout (its whole process group is stopped at the limit)."""
+    part.command = " ".join(argv)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=max(1.0, timeout))
+        part.status = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        part.status = f"FAILED (incomplete: stopped at its time cap, {timeout:.0f} s)"
+    part.seconds = time.monotonic() - t0
+    part.output = _tail(out or "")
+
+
+def _pytest_summary(part: Part) -> None:
+    for line in reversed(part.output.splitlines()):
+        if " passed" in line or " failed" in line or " error" in line or "no tests ran" in line:
+            part.numbers["pytest"] = line.strip("= ")
+            break
+
+
+# ---------------------------------------------------------------------------------------- parts
+def environment() -> Part:
+    import torch
+
+    import gsplit
+    from gsplit.ops import cuda
+
+    part = Part("environment", command="nvidia-smi; torch/CuPy versions; gsplit.ops.cuda.cupy_available()")
+    t0 = time.monotonic()
+    n = part.numbers
+    n.update(python=platform.python_version(), torch=torch.__version__, torch_cuda=torch.version.cuda,
+             gsplit=gsplit.__version__, cuda_available=torch.cuda.is_available(),
+             gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0, cpus=os.cpu_count(),
+             driver_cuda=cuda.driver_cuda_version())
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_mode",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
+        n["nvidia_smi"] = smi.stdout.strip().splitlines()
+    try:
+        import cupy
+
+        n["cupy"] = cupy.__version__
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        n["cupy"] = f"not importable ({type(exc).__name__})"
+    n["cupy_kernels_work"] = bool(torch.cuda.is_available() and cuda.cupy_available())
+    if torch.cuda.is_available() and not n["cupy_kernels_work"]:
+        n["cupy_hint"] = cuda.cupy_install_hint(torch.version.cuda, n["driver_cuda"], cuda.installed_cupy())
+    part.status = "passed" if n["cupy_kernels_work"] or not torch.cuda.is_available() else \
+        "FAILED (CUDA works but the CuPy kernels do not; see cupy_hint)"
+    part.seconds = time.monotonic() - t0
+    return part
+
+
+def _median_ms(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
+    fn()  # warm-up (compilation, allocator)
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def gpu_kernel_timings(nodes: int, repeats: int) -> Part:
+    """CUDA kernels vs torch on one GPU, same inputs, results compared."""
+    import torch
+
+    import gsplit
+    from gsplit.feature_store import FeatureStore
+    from gsplit.ops import cuda, torch_ops
+    from gsplit.sampling import counter_rng
+
+    part = Part("gpu-kernel-timings", command=f"gpu_kernel_timings(nodes={nodes}, repeats={repeats})")
+    t0 = time.monotonic()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    sync = lambda: torch.cuda.synchronize(dev)  # noqa: E731
+    gen = torch.Generator().manual_seed(0)
+    host = gsplit.Graph.from_edges(torch.randint(0, nodes, (20 * nodes,), generator=gen),
+                                   torch.randint(0, nodes, (20 * nodes,), generator=gen), nodes)
+    on_gpu = host.to(dev)
+    seeds = torch.randint(0, nodes, (8192,), generator=gen).to(dev)
+    key = counter_rng.stream_key(0, 0, 0, 0)
+    n = part.numbers
+    kernel = cuda.sample_neighbors(on_gpu, seeds, 15, False, key)
+    reference = torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key)
+    n["sample_same_edges"] = all(torch.equal(a, b) for a, b in zip(kernel, reference))
+    n["sample_kernel_ms"] = _median_ms(lambda: cuda.sample_neighbors(on_gpu, seeds, 15, False, key), repeats, sync)
+    n["sample_torch_ms"] = _median_ms(lambda: torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key),
+                                      repeats, sync)
+    pinned = gsplit.Graph(host.indptr.clone(), host.indices.clone()).pin_memory()  # in place, UVA
+    if cuda.graph_readable(pinned, dev):
+        n["sample_uva_same_edges"] = all(torch.equal(a, b) for a, b in
+                                         zip(cuda.sample_neighbors(pinned, seeds, 15, False, key), kernel))
+        n["sample_uva_kernel_ms"] = _median_ms(lambda: cuda.sample_neighbors(pinned, seeds, 15, False, key),
+                                               repeats, sync)
+    src = kernel[0]
+    dst = torch.unique(seeds)
+    a, b = cuda.relabel(dst, src), torch_ops.relabel(dst, src)
+    n["relabel_same"] = torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    n["relabel_kernel_ms"] = _median_ms(lambda: cuda.relabel(dst, src), repeats, sync)
+    n["relabel_torch_ms"] = _median_ms(lambda: torch_ops.relabel(dst, src), repeats, sync)
+    feats = torch.randn(nodes, 128, generator=gen)
+    ids = torch.randint(0, nodes, (200_000,), generator=gen)
+    store = FeatureStore(feats, device=dev, cache_size=0)
+    n["gather_mode"] = store.mode
+    n["gather_same_rows"] = torch.equal(store.gather(ids.to(dev)).cpu(), feats[ids])
+    n["gather_store_ms"] = _median_ms(lambda: store.gather(ids.to(dev)), repeats, sync)
+    n["gather_torch_ms"] = _median_ms(lambda: feats[ids].to(dev), repeats, sync)
+    same = [v for k, v in n.items() if k.endswith("_same") or "_same_" in k]
+    part.status = "passed" if all(same) else "FAILED (a kernel's result differs from torch's)"
+    part.seconds = time.monotonic() - t0
+    return part
+
+
+def split_vs_dp(nodes: int, iters: int, budget: Budget) -> Part:
+    """Split vs data parallel (and split with uva) through the trainer, one rank per GPU."""
+    import torch
+
+    import gsplit
+    from gsplit.trainer import TrainConfig, train_rank
+
+    part = Part("split-vs-dp", command=f"train_rank x {{split, dp, split --uva}}, synthetic {nodes} vertices, "
+                                       f"{iters} iterations")
+    t0 = time.monotonic()
+    ranks = torch.cuda.device_count()
+    n = part.numbers
+    ds = gsplit.datasets.load("synthetic", num_nodes=nodes, seed=0)
+    n.update(ranks=ranks, vertices=ds.graph.num_nodes, edges=ds.graph.num_edges, generate_s=time.monotonic() - t0)
+    if ranks == 1:
+        n["note"] = "one GPU: split and dp do the same work at one rank; this times the GPU pipeline only"
+    owner = gsplit.partition(ds.graph, ranks, method="random").assignment if ranks > 1 else None
+    ok = True
+    for name, system, uva in (("split", "split", False), ("dp", "dp", False), ("split_uva", "split", True)):
+        if budget.left() < 60:
+            n[f"{name}"] = f"not run: {budget.left():.0f} s of the budget left"
+            continue
+        cfg = TrainConfig(system=system, uva=uva, epochs=1, max_iters=iters, eval_every=0, device="cuda",
+                          log_iterations=False)
+        t1 = time.monotonic()
+        try:
+            log = train_rank(0, 1, cfg, ds, owner) if ranks == 1 else \
+                gsplit.launch(train_rank, ranks, args=(cfg, ds, owner), timeout=300, progress_timeout=240)[0]
+        except Exception as exc:  # noqa: BLE001 - one failed system must not hide the others' numbers
+            n[name] = f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"
+            ok = False
+            continue
+        epoch = log["epochs"][0]
+        iterations = max(1, min(r["iterations"] for r in epoch["ranks"]))
+        n[name] = {"wall_s": time.monotonic() - t1, "iterations": iterations,
+                   "ms_per_iteration": 1e3 * epoch["epoch_s"] / iterations,
+                   **{k: epoch[k] for k in ("sample_s", "load_s", "train_s", "input_rows", "traffic_bytes")}}
+    part.status = "passed" if ok else "FAILED (see numbers)"
+    part.seconds = time.monotonic() - t0
+    return part
+
+
+# ---------------------------------------------------------------------------------------- driver
+def write_report(path: Path, parts: List[Part], gpu: bool, started: float, args) -> None:
+    lines = ["# gsplit first GPU run", ""]
+    if not gpu:
+        skipped = [p.name for p in parts if p.status == NO_GPU]
+        lines += [f"**NOT A GPU RUN: this machine has no CUDA GPU.** Skipped for lack of a GPU: {', '.join(skipped)}.",
+                  ""]
+    lines += [f"Command: `{' '.join(sys.argv)}`  ", f"Host: {platform.node()}, {os.cpu_count()} CPUs; "
+              f"total {time.monotonic() - started:.0f} s of a {args.budget:.0f} s budget", "",
+              "| part | status | seconds |", "|---|---|---:|"]
+    lines += [f"| {p.name} | {p.status} | {p.seconds:.1f} |" for p in parts]
+    for p in parts:
+        lines += ["", f"## {p.name}: {p.status}", "", f"`{p.command}`" if p.command else ""]
+        if p.numbers:
+            lines += ["", "```json", json.dumps(p.numbers, indent=1, default=str), "```"]
+        if p.output:
+            lines += ["", "```", p.output, "```"]
+    lines += ["", "## All numbers", "", "```json",
+              json.dumps({p.name: asdict(p) for p in parts}, indent=1, default=str), "```", ""]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--report", default=str(ROOT / "experiments" / "results" / "gpu_first_run.md"))
+    p.add_argument("--budget", type=float, default=570.0, help="seconds for everything (default 570)")
+    p.add_argument("--big-nodes", type=int, default=10_000_000, help="vertices of the split-vs-dp graph")
+    p.add_argument("--iters", type=int, default=20, help="iterations per system in split-vs-dp")
+    p.add_argument("--quick", action="store_true", help="stand-in suite (one file), no slow CPU parts")
+    p.add_argument("--require-gpu", action="store_true", help="a machine without a GPU is a failure")
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    budget = Budget(args.budget)
+    py = sys.executable
+    parts: List[Part] = [environment()]
+    gpu = bool(parts[0].numbers["cuda_available"])
+    print(f"environment: {parts[0].status} {json.dumps(parts[0].numbers, default=str)}", flush=True)
+
+    # the rest of the suite in the background from the start: the longest part, and it needs no GPU
+    suite = Part("suite")
+    suite_argv = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu"]
+    if args.quick:
+        suite_argv += ["tests/test_graph.py"]
+        suite.numbers["note"] = "--quick: tests/test_graph.py stands in for the suite"
+    suite_log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    suite.command = " ".join(suite_argv)
+    suite_t0 = time.monotonic()
+    suite_proc = subprocess.Popen(suite_argv, cwd=ROOT, stdout=suite_log, stderr=subprocess.STDOUT, text=True,
+                                  start_new_session=True)
+
+    gpu_tests = Part("gpu-tests")
+    if gpu:
+        _run(gpu_tests, [py, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"],
+             min(150, budget.left()), env={"GSPLIT_REQUIRE_GPU": "1"})
+        _pytest_summary(gpu_tests)
+    else:
+        gpu_tests.status, gpu_tests.command = NO_GPU, "GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu"
+    parts.append(gpu_tests)
+
+    sanitizer = Part("sanitizer", command="compute-sanitizer --tool memcheck python -m pytest tests/test_kernels.py -m gpu")
+    if not gpu:
+        sanitizer.status = NO_GPU
+    elif not shutil.which("compute-sanitizer"):
+        sanitizer.status = "skipped: compute-sanitizer is not on PATH (it comes with the CUDA toolkit)"
+    else:
+        _run(sanitizer, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", py, "-m", "pytest",
+                         "tests/test_kernels.py", "-m", "gpu", "-x", "-q", "-p", "no:cacheprovider"],
+             min(150, budget.left()))
+        _pytest_summary(sanitizer)
+    parts.append(sanitizer)
+
+    timings = Part("gpu-kernel-timings")
+    if gpu and parts[0].numbers["cupy_kernels_work"]:
+        try:
+            timings = gpu_kernel_timings(2_000_000, 10)
+        except Exception as exc:  # noqa: BLE001
+            timings.status = f"FAILED ({type(exc).__name__}: {str(exc)[:300]})"
+    else:
+        timings.status = NO_GPU if not gpu else "skipped: the CuPy kernels do not work (see environment)"
+    parts.append(timings)
+
+    cpu_timings = Part("cpu-kernel-timings")
+    if args.quick:
+        cpu_timings.status = "skipped: --quick"
+    else:
+        with tempfile.TemporaryDirectory() as out:
+            _run(cpu_timings, [py, "experiments/bench_sampler.py", "--quick", "--skip-partition", "--graphs", "uniform",
+                               "--batches", "5", "--out", out], min(120, budget.left()))
+            first = cpu_timings.output
+            if cpu_timings.status == "passed":
+                _run(cpu_timings, [py, "experiments/bench_layers.py", "--quick", "--widths", "64", "--out", out],
+                     min(120, budget.left()))
+                cpu_timings.output = first + "\n" + cpu_timings.output
+    parts.append(cpu_timings)
+
+    big = Part("split-vs-dp")
+    if gpu and budget.left() > 150:
+        try:
+            big = split_vs_dp(args.big_nodes, args.iters, budget)
+        except Exception as exc:  # noqa: BLE001
+            big.status = f"FAILED ({type(exc).__name__}: {str(exc)[:300]})"
+    else:
+        big.status = NO_GPU if not gpu else f"not run: {budget.left():.0f} s of the budget left"
+        big.command = f"split vs dp (and split --uva), synthetic {args.big_nodes} vertices, {args.iters} iterations"
+    parts.append(big)
+
+    try:
+        suite_proc.wait(timeout=max(1.0, budget.left()))
+        suite.status = "passed" if suite_proc.returncode == 0 else f"FAILED (exit {suite_proc.returncode})"
+    except subprocess.TimeoutExpired:
+        os.killpg(suite_proc.pid, signal.SIGKILL)
+        suite_proc.wait()
+        suite.status = "FAILED (stopped at the end of the budget)"
+    suite.seconds = time.monotonic() - suite_t0
+    suite_log.seek(0)
+    suite.output = _tail(suite_log.read())
+    os.unlink(suite_log.name)
+    _pytest_summary(suite)
+    suite.numbers["ran_alongside"] = "every other part (their timings share the host's cores with it)"
+    parts.insert(3, suite)
+
+    report = Path(args.report)
+    write_report(report, parts, gpu, started, args)
+    failed = [p.name for p in parts if p.status.startswith("FAILED")]
+    for p in parts:
+        print(f"{p.name:20s} {p.status} ({p.seconds:.0f} s)", flush=True)
+    print(f"report: {report}" + ("" if gpu else " (NOT A GPU RUN: the GPU parts were skipped for lack of a GPU)"))
+    if failed:
+        return 1
+    return 3 if (args.require_gpu and not gpu) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

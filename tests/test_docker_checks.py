@@ -1,0 +1,194 @@
+"""What a GPU user installs: the Docker image's own checks on a built wheel, the GPU extras and the CuPy
+probe's advice, and the build cache of the compiled CPU kernels (one folder per torch and Python)."""
+
+import logging
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+SRC = "/tmp/gsplit-src"  # where the Dockerfile copies the sources
+
+
+def _dockerfile_steps():
+    """The Dockerfile's RUN commands (continuation lines joined) and its COPY instructions."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    runs, copies = [], []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("RUN "):
+            runs.append(line[4:])
+        elif line.startswith("COPY "):
+            copies.append(line[5:].split())
+    return runs, copies
+
+
+def _check_commands():
+    """The commands of the RUN step that follow the install, split at ``&&``: what the image checks."""
+    runs, _ = _dockerfile_steps()
+    step = next(r for r in runs if "pip install" in r)
+    commands = [shlex.split(c) for c in step.split("&&")]
+    after = next(i for i, c in enumerate(commands) if c[:2] == ["pip", "install"]) + 1
+    return [c for c in commands[after:] if c[:2] != ["rm", "-rf"]]
+
+
+def test_dockerfile_checks_the_install_with_the_real_module():
+    commands = _check_commands()
+    assert ["cd", "/"] in commands
+    scripts = [c for c in commands if c and c[0] == "python"]
+    assert scripts == [["python", f"{SRC}/docker/check_install.py"]]
+    # the script the image runs is copied into the image, and the build context lets it in
+    _, copies = _dockerfile_steps()
+    assert ["docker/check_install.py", f"{SRC}/docker/check_install.py"] in copies
+    assert "!docker/check_install.py" in (ROOT / "docker" / "Dockerfile.dockerignore").read_text().split()
+    # nothing in the image or the kernels names the module that no longer exists
+    for path in [DOCKERFILE, *sorted((ROOT / "kernels").glob("*.cu"))]:
+        assert not re.search(r"gsplit[./]gpu\b|from gsplit import gpu", path.read_text()), path
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """gsplit built into a wheel from what the Dockerfile copies, then installed (no dependencies) in a folder."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    src = tmp / "src"
+    _, copies = _dockerfile_steps()
+    for *sources, dest in copies:  # the same files the image gets, at the same places
+        for s in sources:
+            target = src / dest.replace(SRC, "").lstrip("/")
+            if (ROOT / s).is_dir():
+                shutil.copytree(ROOT / s, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            else:
+                target = target / s if dest.endswith("/") else target
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(ROOT / s, target)
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"), str(src / "")],
+                   check=True, cwd=tmp, timeout=300)
+    wheel = next((tmp / "dist").glob("gsplit-*.whl"))
+    target = tmp / "site"
+    subprocess.run(pip + ["install", "--no-deps", "--target", str(target), str(wheel)], check=True, timeout=300)
+    return wheel, target, src
+
+
+def test_wheel_ships_every_kernel_source(installed_wheel):
+    wheel, _, _ = installed_wheel
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for source in sorted(p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".cu", ".cpp")):
+        assert f"gsplit/_kernels/{source}" in names, sorted(n for n in names if "_kernels" in n)
+
+
+def test_the_images_own_checks_pass_on_the_installed_wheel(installed_wheel):
+    """Runs exactly the Dockerfile's check commands (its `cd /` included), all but the CuPy import."""
+    _, site, src = installed_wheel
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "GSPLIT_CHECK_WITHOUT": "cupy",
+           "HOME": str(Path.home()), "GSPLIT_NO_EXTENSIONS": "1"}
+    cwd = ROOT
+    for command in _check_commands():
+        if command[0] == "cd":
+            cwd = Path(command[1])
+            continue
+        argv = [sys.executable if command[0] == "python" else command[0]] + \
+            [a.replace(SRC, str(src)) for a in command[1:]]
+        done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "check_install: ok" in done.stdout and "left out: cupy" in done.stdout, done.stdout
+
+
+def test_the_check_fails_when_a_kernel_source_is_missing(installed_wheel, tmp_path):
+    """The check is not a formality: the same install without gather.cu fails it, naming the file."""
+    _, site, src = installed_wheel
+    broken = tmp_path / "site"
+    shutil.copytree(site, broken)
+    (broken / "gsplit" / "_kernels" / "gather.cu").unlink()
+    done = subprocess.run([sys.executable, str(src / "docker" / "check_install.py")], cwd="/",
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(broken), "GSPLIT_CHECK_WITHOUT": "cupy",
+                               "HOME": str(Path.home())}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "gather.cu" in done.stderr, done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------ GPU extras and the CuPy probe's advice
+def test_gpu_extras_offer_both_cuda_majors():
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert [r.split(">")[0] for r in extras["gpu-cuda12"]] == ["cupy-cuda12x"]
+    assert [r.split(">")[0] for r in extras["gpu-cuda13"]] == ["cupy-cuda13x"]
+    assert extras["gpu"] == extras["gpu-cuda12"]  # documented: the one every driver from 525 on runs
+    readme = (ROOT / "docker" / "README.md").read_text()
+    for extra, driver in (("gpu-cuda12", "525"), ("gpu-cuda13", "580")):
+        assert re.search(rf"`{extra}`.*\|\s*{driver} or newer", readme), extra
+
+
+@pytest.mark.parametrize("torch_cuda, driver, extra, package", [
+    ("12.4", 12040, "gpu-cuda12", "cupy-cuda12x"),
+    ("13.0", 13000, "gpu-cuda13", "cupy-cuda13x"),
+])
+def test_probe_warning_says_which_cupy_to_install(monkeypatch, caplog, torch_cuda, driver, extra, package):
+    """On a CUDA machine whose CuPy cannot run, the WARNING names the extra for torch's CUDA and the driver."""
+    from gsplit.ops import cuda
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    monkeypatch.setitem(sys.modules, "cupy", None)  # `import cupy` raises ImportError
+    monkeypatch.setattr(cuda, "driver_cuda_version", lambda: driver)
+    monkeypatch.setattr(cuda, "installed_cupy", lambda: ["cupy-cuda13x"] if extra == "gpu-cuda12" else [])
+    cuda.cupy_available.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="gsplit.ops.cuda"):
+            assert cuda.cupy_available() is False
+    finally:
+        cuda.cupy_available.cache_clear()
+    text = " ".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    assert f"CUDA {torch_cuda}" in text and f'pip install "gsplit[{extra}]"' in text and package in text, text
+    if extra == "gpu-cuda12":  # the wrong CuPy that is installed must go first
+        assert "pip uninstall cupy-cuda13x" in text, text
+
+
+def test_probe_warning_names_a_driver_too_old_for_torchs_cuda():
+    from gsplit.ops import cuda
+
+    hint = cuda.cupy_install_hint("13.0", 12080, [])
+    assert "driver supports CUDA 12.8" in hint and "too old for CUDA 13" in hint and "580" in hint, hint
+
+
+# ------------------------------------------------------------------ compiled CPU kernels: one build per torch
+def test_extension_build_folder_depends_on_torch_and_python(monkeypatch, tmp_path):
+    from gsplit.ops import cpu_ext
+
+    monkeypatch.setenv("GSPLIT_EXTENSION_DIR", str(tmp_path))
+    monkeypatch.setattr(torch, "__version__", "2.2.1+cpu")
+    old = cpu_ext.build_folder("gsplit_sample_cpu")
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+    new = cpu_ext.build_folder("gsplit_sample_cpu")
+    assert old != new and old.name == new.name == "gsplit_sample_cpu"
+    assert old.parent.parent == new.parent.parent == tmp_path  # one cache root, one folder per build key
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    assert cpu_ext.build_folder("gsplit_sample_cpu") != new
+    monkeypatch.setattr(sys.implementation, "cache_tag", "cpython-310")
+    monkeypatch.setattr("sysconfig.get_config_var", lambda name: "cpython-310-x86_64-linux-gnu")
+    assert "cpython-310" in str(cpu_ext.build_folder("gsplit_sample_cpu"))
+
+
+# ------------------------------------------------------------------ the first-GPU-run script
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host run experiments/gpu_first_run.sh itself")
+def test_first_gpu_run_script_reports_what_it_skipped_without_a_gpu(tmp_path):
+    report = tmp_path / "report.md"
+    done = subprocess.run(["bash", str(ROOT / "experiments" / "gpu_first_run.sh"), "--quick", "--require-gpu",
+                           "--report", str(report)], env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable,
+                                                          "HOME": str(Path.home())},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr  # --require-gpu: no GPU is a failure
+    text = report.read_text()
+    assert "NOT A GPU RUN" in text
+    for part in ("gpu-tests", "sanitizer", "gpu-kernel-timings", "split-vs-dp"):
+        assert f"| {part} | skipped: no CUDA GPU on this machine |" in text, part
+    for part in ("environment", "suite"):  # what runs without a GPU, runs
+        assert f"| {part} | passed |" in text, part
+    assert "GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu" in text and "compute-sanitizer" in text
