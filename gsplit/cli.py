@@ -1,4 +1,4 @@
-"""``gsplit prepare | train | stats | bench``: the command line.
+"""``gsplit prepare | train | stats | bench | eval | predict | plot``: the command line.
 
 The CLI is the only part that prints; the library logs. Bad arguments end with one line on stderr and
 exit code 2, never a traceback.
@@ -141,6 +141,7 @@ def cmd_prepare_full_graph(args, ds) -> int:
 
 def cmd_prepare(args) -> int:
     ds = _load_dataset(args)
+    _prepare_kernels()
     if args.full_graph:
         return cmd_prepare_full_graph(args, ds)
     fanouts = parse_fanouts(args.fanouts)
@@ -196,14 +197,18 @@ class EpochReport:
     when a later one crashes.
     """
 
-    def __init__(self, log_path: Optional[str] = None):
+    def __init__(self, log_path: Optional[str] = None, tensorboard=None):
         self.log_path = log_path
         """JSON Lines file to append ``{"type": "epoch", ...}`` records to; None: print only."""
+        self.tensorboard = tensorboard
+        """A :class:`gsplit.plot.TensorBoardWriter` for the same numbers (``--tensorboard``), or None."""
 
     def __call__(self, record: dict) -> None:
         print_epoch(record)
         if self.log_path:
             append_jsonl(self.log_path, {"type": "epoch", **record})
+        if self.tensorboard is not None:
+            self.tensorboard.epoch(record)
 
 
 def default_num_ranks() -> int:
@@ -259,6 +264,7 @@ def cmd_train(args) -> int:
             raise CliError(f"--full-graph trains split-parallel; it cannot be combined with --system {args.system}")
         args.system = "full"
     ds = _load_dataset(args)
+    _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
     fanouts = parse_fanouts(args.fanouts)
     if args.system == "full":
         fanouts = [-1] * len(fanouts)  # every in-edge: --fanouts gives the number of layers only
@@ -315,8 +321,8 @@ def cmd_train(args) -> int:
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
     if args.log and (not torchrun or rank == 0):  # under torchrun every rank runs this; rank 0 writes
-        append_jsonl(args.log, {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg)})
-    report = EpochReport(args.log)
+        append_jsonl(args.log, _run_record(args, ds, ranks, cfg))
+    report = EpochReport(args.log, _tensorboard(args))
     t = time.perf_counter()
     if torchrun:
         return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t, report)
@@ -327,6 +333,7 @@ def cmd_train(args) -> int:
         result = gsplit.launch(train_rank, ranks, args=(cfg, ds, owner, report, True, cache_weights),
                                backend=backend, timeout=args.timeout, progress_timeout=args.progress_timeout)[0]
     _finish_log(args, result, ds, t)
+    _report_final(result, report)
     return 0
 
 
@@ -396,6 +403,7 @@ def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, 
                         hosts=hosts)
     if rank == 0:
         _finish_log(args, result, ds, t0)
+        _report_final(result, report)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
     return 0
@@ -413,6 +421,246 @@ def cmd_bench(args) -> int:
     print(f"sampler: {res['ms_per_batch']:.1f} ms per batch of {args.batch_size} (median of {args.batches}), "
           f"{res['edges_per_s'] / 1e6:.2f} M sampled edges/s")
     return 0
+
+
+# ---------------------------------------------------------------------------- reproduce and reuse a run
+def _version_text() -> str:
+    import gsplit
+
+    return f"gsplit {gsplit.__version__} (torch {torch.__version__}, python {sys.version.split()[0]})"
+
+
+def _prepare_kernels() -> None:
+    """Build or load the compiled CPU kernels now, before any timed work, and say how it went, once."""
+    from gsplit import ops
+
+    if os.environ.get("GSPLIT_NO_EXTENSIONS"):
+        return
+    print("preparing the compiled CPU kernels (the first build takes about a minute, then they are cached) ...",
+          flush=True)
+    report = ops.prepare_kernels()
+    if report.ready:
+        state = "built" if report.seconds > 3 else "loaded from the cache"
+        print(f"  compiled CPU kernels {', '.join(report.ready)} {state} in {report.seconds:.1f}s", flush=True)
+    for name, reason in report.failed.items():
+        print(f"gsplit: warning: compiled CPU kernel {name} is unavailable ({reason}); running the plain-torch "
+              f"kernels instead (same results, slower)", file=sys.stderr, flush=True)
+    if report.failed:  # the ranks (spawned: they inherit the environment) neither retry nor warn again
+        os.environ["GSPLIT_SKIP_EXTENSIONS"] = ",".join(report.failed)
+
+
+def _run_record(args, ds, ranks: int, cfg) -> dict:
+    """The log's first record: everything needed to run it again (dataset and its options, every option,
+    seeds, versions, the command line)."""
+    from gsplit.model_io import json_safe, versions
+
+    spec = ds.meta.get("load", {"name": args.dataset, "options": parse_dataset_options(args.dataset_opts)})
+    return {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg),
+            "dataset_spec": json_safe(spec), "seed": cfg.seed, "options": json_safe({k: v for k, v in vars(args).items() if not callable(v)}),
+            "versions": versions(), "command": "gsplit " + " ".join(sys.argv[1:])}
+
+
+def _tensorboard(args):
+    """``--tensorboard DIR``'s writer (checked importable before any work), or None."""
+    folder = getattr(args, "tensorboard", None)
+    if not folder:
+        return None
+    from gsplit.plot import TensorBoardWriter
+
+    TensorBoardWriter.check_available()
+    return TensorBoardWriter(folder)
+
+
+def _report_final(result: dict, report: "EpochReport") -> None:
+    """Print the final layer-wise accuracy (and send it to TensorBoard)."""
+    accs = [f"{name} {result[f'final_{name}_acc']:.4f}" for name in ("val", "test") if f"final_{name}_acc" in result]
+    if accs:
+        print(f"final accuracy (layer-wise inference over the whole graph): {'  '.join(accs)}", flush=True)
+    if report.tensorboard is not None:
+        report.tensorboard.final(result, step=len(result.get("epochs", [])))
+        report.tensorboard.close()
+
+
+def _add_train_extras(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="also write loss, accuracy and the per-epoch time breakdown as TensorBoard scalars to DIR "
+                        "(needs pip install tensorboard)")
+
+
+def _add_reuse_commands(sub) -> None:
+    for name, what in (("eval", "accuracy of a trained model (--checkpoint DIR) by split-parallel layer-wise "
+                                "inference"),
+                       ("predict", "a trained model's predictions for any vertices, written to a file")):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--checkpoint", required=True, metavar="DIR",
+                       help="the --checkpoint folder of a finished gsplit train run (its model.pt) or a model file")
+        p.add_argument("--dataset", default=None,
+                       help="dataset to run on (default: the one model.pt was trained on, with its -D options)")
+        p.add_argument("-D", dest="dataset_opts", action="append", metavar="KEY=VALUE",
+                       help="dataset option with --dataset, repeatable")
+        if name == "eval":
+            p.add_argument("--split", default="val,test",
+                           help="comma-separated vertex sets to score: train, val, test, all")
+            p.add_argument("--ids", metavar="FILE",
+                           help="also score these vertices: .npy of ids or a boolean mask, or a text file, one id "
+                                "a line")
+        else:
+            p.add_argument("--ids", metavar="FILE",
+                           help="vertices to predict: .npy of ids or a boolean mask, or a text file, one id a line "
+                                "(default: every vertex)")
+            p.add_argument("--out", required=True, metavar="FILE",
+                           help=".csv (vertex,prediction), .npy (predicted class per vertex of --ids) or .npz "
+                                "(ids, prediction, logits)")
+        p.add_argument("--num-ranks", type=int, default=0,
+                       help="ranks that split the inference (0: all GPUs, else 2 CPU processes)")
+        p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the layers run")
+        p.add_argument("--batch-size", type=int, default=4096, help="vertices per rank per inference chunk")
+        p.set_defaults(func=cmd_eval if name == "eval" else cmd_predict)
+    p = sub.add_parser("plot", help="draw a run log's loss, accuracy and per-epoch time breakdown to a PNG")
+    p.add_argument("log", help="the run log of gsplit train --log")
+    p.add_argument("--out", default=None, help="PNG file (default: the log's path with .png)")
+    p.set_defaults(func=cmd_plot)
+
+
+def _read_ids(path: str, num_nodes: int) -> torch.Tensor:
+    from gsplit.graph import as_vertex_ids
+    from gsplit.io import load_npy
+
+    if not Path(path).is_file():
+        raise CliError(f"--ids {path}: no such file")
+    if path.endswith(".npy"):
+        arr = load_npy(Path(path), "pass a .npy of vertex ids or a boolean mask")
+    else:
+        try:
+            arr = np.loadtxt(path, dtype=np.int64, ndmin=1)
+        except ValueError as e:
+            raise CliError(f"--ids {path}: not one integer vertex id a line ({e})") from e
+    return as_vertex_ids(torch.from_numpy(np.asarray(arr)), num_nodes, f"--ids {path}")
+
+
+def _model_and_dataset(args):
+    from gsplit import datasets
+    from gsplit.model_io import describe, load_model
+
+    mf = load_model(args.checkpoint)
+    print(f"model {args.checkpoint}: {describe(mf)}", flush=True)
+    if args.dataset is not None:
+        return mf, _load_dataset(args)
+    if args.dataset_opts:
+        raise CliError("-D needs --dataset (without it the dataset and options come from model.pt)")
+    spec = mf.dataset
+    if not spec.get("name"):
+        raise CliError(f"{args.checkpoint} does not say which dataset it was trained on; pass --dataset")
+    print(f"loading dataset {spec['name']} {spec.get('options') or ''} (from model.pt)".rstrip(), flush=True)
+    return mf, datasets.load(spec["name"], **spec.get("options", {}))
+
+
+def _run_inference(args, ds, id_sets, predict_ids=None):
+    from gsplit.predict import evaluate_model
+
+    ranks = args.num_ranks or default_num_ranks()
+    _prepare_kernels()
+    print(f"layer-wise inference on {ranks} rank(s)", flush=True)
+    path = args.checkpoint if not Path(args.checkpoint).is_dir() else str(Path(args.checkpoint) / "model.pt")
+    return evaluate_model(path, ds, id_sets, predict_ids, num_ranks=ranks, device=args.device,
+                          batch_size=args.batch_size)
+
+
+def cmd_eval(args) -> int:
+    mf, ds = _model_and_dataset(args)
+    all_sets = {"train": ds.train_idx, "val": ds.val_idx, "test": ds.test_idx,
+                "all": torch.arange(ds.num_nodes)}
+    names = [s.strip() for s in args.split.split(",") if s.strip()]
+    bad = [s for s in names if s not in all_sets]
+    if bad:
+        raise CliError(f"--split {args.split}: unknown set(s) {bad}; use train, val, test, all")
+    id_sets = {s: all_sets[s] for s in names}
+    if args.ids:
+        id_sets[args.ids] = _read_ids(args.ids, ds.num_nodes)
+    empty = [s for s, ids in id_sets.items() if not ids.numel()]
+    if len(empty) == len(id_sets):
+        raise CliError(f"every vertex set asked for is empty ({empty}) on dataset {ds.name}")
+    res = _run_inference(args, ds, id_sets)
+    for name, ids in id_sets.items():
+        text = f"{res.accuracy[name]:.4f}" if name in res.accuracy else "(empty set)"
+        print(f"{name} accuracy {text}  ({ids.numel()} vertices)")
+    print(f"({res.seconds:.1f}s)")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    out = Path(args.out)
+    if out.suffix not in (".csv", ".npy", ".npz"):
+        raise CliError(f"--out {args.out}: write .csv, .npy or .npz")
+    check_writable(out, "--out file")
+    mf, ds = _model_and_dataset(args)
+    ids = _read_ids(args.ids, ds.num_nodes) if args.ids else torch.arange(ds.num_nodes)
+    res = _run_inference(args, ds, {}, predict_ids=ids)
+    logits = res.predictions
+    pred = logits.argmax(1)
+    from gsplit.io import atomic_write_bytes
+
+    if out.suffix == ".csv":
+        atomic_write_bytes(out, "vertex,prediction\n" + "".join(f"{v},{p}\n" for v, p in zip(ids.tolist(), pred.tolist())))
+    else:
+        import io
+
+        buf = io.BytesIO()
+        if out.suffix == ".npy":
+            np.save(buf, pred.numpy())
+        else:
+            np.savez(buf, ids=ids.numpy(), prediction=pred.numpy(), logits=logits.numpy())
+        atomic_write_bytes(out, buf.getvalue())
+    print(f"predictions of {ids.numel()} vertices written to {out} ({res.seconds:.1f}s)")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from gsplit.plot import plot_run
+
+    src = Path(args.log)
+    if not src.is_file():
+        raise CliError(f"{args.log}: no such run log (write one with gsplit train --log FILE)")
+    out = Path(args.out) if args.out else src.with_suffix(".png")
+    check_writable(out, "--out file")
+    panels = plot_run(src, out)
+    print(f"{', '.join(panels)} of {src} drawn to {out}")
+    return 0
+
+
+# Help for the options whose add_argument has none (kept apart so that the option lines stay short).
+_HELP = {
+    "seed": "seed of the model's initialisation, the global order of the targets and the sampler",
+    "method": "partition method: gsplit (pre-sampled weights + METIS), node, edge or random",
+    "model": "GNN model", "hidden": "hidden features per layer", "heads": "attention heads of GAT's hidden layers",
+    "dropout": "dropout between layers (vertex-keyed: split training equals one process)",
+    "epochs": "passes over the training vertices", "lr": "Adam learning rate",
+    "system": "split (gsplit's split parallelism) or dp (the data-parallel baseline)",
+    "device": "auto (this rank's GPU when there is one, else CPU), cpu or cuda",
+    "partition": "partition folder (gsplit prepare --out)", "fanouts": "fanouts (default: the map's)",
+    "num_batches": "mini-batches to measure", "batches": "mini-batches to time",
+}
+
+
+def _document_defaults(parser: argparse.ArgumentParser) -> None:
+    """Give every option of every subcommand a help line that shows its default (argparse's %(default)s)."""
+    parsers = [parser] + [a.choices[name] for a in parser._actions if isinstance(a, argparse._SubParsersAction)
+                          for name in a.choices]
+    for p in parsers:
+        for action in p._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction, argparse._SubParsersAction)):
+                continue
+            if action.help is None:
+                action.help = _HELP.get(action.dest)
+            if action.help is None or action.help == argparse.SUPPRESS:
+                continue
+            if action.required:
+                if "required" not in action.help:
+                    action.help += " (required)"
+            elif "default" not in action.help:
+                default = action.default
+                shown = "off" if default is False else ("none" if default is None else "%(default)s")
+                action.help += f" (default: {shown})"
 
 
 # ---------------------------------------------------------------------------- entry point
@@ -489,6 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="gsplit", description="split-parallel GNN training")
     parser.add_argument("-v", "--verbose", action="store_true", help="log library messages")
+    parser.add_argument("--version", action="version", version=_version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("prepare", help="pre-sample, partition and write a partition map")
@@ -559,6 +808,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress-timeout", type=float, default=600,
                    help="stop the job when a rank made no training progress for this many seconds and name it "
                         "(default 600; 0 disables)")
+    _add_train_extras(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("stats", help="cross-split edges and load imbalance of a partition map")
@@ -579,6 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p)
     p.add_argument("--batches", type=int, default=20)
     p.set_defaults(func=cmd_bench)
+    _add_reuse_commands(sub)
+    _document_defaults(parser)
     return parser
 
 

@@ -19,10 +19,22 @@ single-process layer-wise inference (exactly in float64, up to summation order).
 * ``model.layers``: a sequence of modules called as ``layer(block, h)`` (``h`` one row per
   ``block.src_nodes``, output one row per ``block.dst_nodes``), bottom layer first;
 * ``model.between(i, h, block)``: what runs after layer ``i`` on the rank's own rows, for every
-  layer but the last (activation, dropout, flattening of heads); a model without it must say so
-  with ``between=None`` (nothing between the layers) or pass its own callable;
+  layer but the last (activation, dropout, flattening of heads); or ``between=`` given to the call
+  (``between(i, h, block)`` or ``between(h)``, e.g. ``torch.relu``; ``None``: nothing);
 * optionally ``model.output(h)``: what runs after the last layer (e.g. averaging attention heads);
   identity when absent.
+
+A DGL-style model without ``between`` (DGL's example ``SAGE``, whose forward runs ``F.relu`` and
+dropout between its layers) needs nothing more: its forward is run once on a tiny mini-batch, the
+rows each layer returns are compared with the rows the next layer receives, and the one activation
+(identity, relu, elu, leaky_relu, gelu, silu, tanh, sigmoid, possibly with a ``flatten(1)`` or
+``mean(1)`` of attention heads) that maps one onto the other is used, with a log line saying which
+(:func:`infer_between`). A model whose forward does something else between layers gets an error
+asking for ``between=``.
+
+The graph may be a gsplit ``Graph``, a ``DGLGraph`` (features default to ``ndata["feat"]``) or a PyG
+``Data`` (``x``). The layers get gsplit blocks, or DGL blocks (``dgl.create_block``) when the graph
+is a ``DGLGraph`` or a layer is a ``dgl.nn`` module, so ``dgl.nn`` layers run unchanged.
 
 gsplit's models (:class:`gsplit.nn.SAGE`, ``GAT``, ``GCN``) follow it. Layers must compute a
 destination from its own in-edges only (the rule split training already imposes), so a chunk's rows
@@ -31,15 +43,20 @@ do not depend on which other vertices share the chunk.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gsplit.comm.communicator import Communicator, as_communicator
 from gsplit.graph import Graph, as_vertex_ids
+from gsplit.interop import dgl as dgl_interop  # imports no dgl
+from gsplit.interop.graphs import graph_input  # DGLGraph / PyG Data in, imports neither library
+from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
@@ -50,6 +67,8 @@ __all__ = ["InferenceResult", "layerwise_inference", "gather_rows", "accuracy"]
 
 # The model's own ``between`` (the default of ``layerwise_inference(between=...)``).
 _FROM_MODEL = "model"
+# Wrappers whose .module is the model (their forward adds shuffles or gradient sync, nothing layer-wise).
+_WRAPPERS = ("SplitParallel", "DistributedDataParallel")
 
 
 @dataclass
@@ -62,6 +81,18 @@ class InferenceResult:
     """The model's output for ``nodes``, one row each, in the same order (e.g. logits)."""
     num_nodes: int
     """Vertices of the whole graph (``nodes`` over all ranks are a partition of ``range(num_nodes)``)."""
+
+    def __getitem__(self, ids) -> torch.Tensor:
+        """The output rows of ``ids`` on every rank, gathered over the default process group (as DGL's
+        ``pred[nid]`` on the output of ``model.inference``): :func:`gather_rows`, so every rank must
+        index with the same ``ids``; for another group call ``gather_rows(result, ids, group)``.
+
+        Example:
+            >>> r = InferenceResult(nodes=torch.tensor([0, 1]), output=torch.tensor([[5.], [6.]]), num_nodes=2)
+            >>> r[torch.tensor([1])].tolist()
+            [[6.0]]
+        """
+        return gather_rows(self, ids)
 
     def rows_of(self, ids: torch.Tensor):
         """``(positions, rows)``: which entries of ``ids`` this rank owns, and their output rows.
@@ -79,8 +110,20 @@ class InferenceResult:
         return positions, self.output[where[positions].to(self.output.device)]
 
 
+def _as_between(fn):
+    """``between(i, h, block)`` from a callable of that form or of one tensor (``torch.relu``, ``F.elu``)."""
+    try:
+        required = [p for p in inspect.signature(fn).parameters.values()
+                    if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        unary = len(required) == 1
+    except (TypeError, ValueError):  # a builtin without a signature, such as torch.relu: a function of h
+        unary = True
+    return (lambda i, h, block: fn(h)) if unary else fn
+
+
 def _model_parts(model, between):
-    """``(layers, between, output)`` of a model that follows the protocol in this module's docstring."""
+    """``(layers, between, output)`` of a model that follows the protocol in this module's docstring;
+    ``between`` is the string ``"infer"`` when the model has no ``between`` and none was given."""
     layers = getattr(model, "layers", None)
     if layers is None or not isinstance(layers, (Sequence, nn.ModuleList)) or len(layers) == 0:
         raise TypeError(f"layer-wise inference needs the model as a stack of layers, but {type(model).__name__} "
@@ -91,16 +134,124 @@ def _model_parts(model, between):
             raise ValueError(f"between={between!r}; pass a callable between(i, h, block), None, or leave the default")
         between = getattr(model, "between", None)
         if between is None:
-            raise TypeError(f"{type(model).__name__} has `layers` but no `between(i, h, block)` method, so layer-wise "
-                            "inference cannot know what its forward does between layers (activation, dropout); "
-                            "add the method, or pass between=None if nothing runs between them, or "
-                            "between=lambda i, h, block: torch.relu(h)")
-    if between is not None and not callable(between):
-        raise TypeError(f"between must be callable as between(i, h, block) or None, got {type(between).__name__}")
+            between = _INFER
+    elif between is not None and not callable(between):
+        raise TypeError(f"between must be callable as between(i, h, block) or between(h), or None, got "
+                        f"{type(between).__name__}")
+    elif between is not None:
+        between = _as_between(between)
     output = getattr(model, "output", None)
     if output is not None and not callable(output):
         raise TypeError(f"{type(model).__name__}.output must be a method output(h), got {type(output).__name__}")
+    for layer in layers:
+        check_block_layer(layer, f"{type(model).__name__}.layers")
     return list(layers), between, output
+
+
+_INFER = "infer"
+
+# Candidates for what a DGL-style forward does between layers (in eval mode: dropout is the identity).
+_ACTIVATIONS = [("identity", lambda h: h), ("relu", F.relu), ("elu", F.elu), ("leaky_relu", F.leaky_relu),
+                ("gelu", F.gelu), ("silu", F.silu), ("tanh", torch.tanh), ("sigmoid", torch.sigmoid)]
+_RESHAPES = [("", lambda h: h), ("flatten(1)", lambda h: h.flatten(1)), ("mean(1)", lambda h: h.mean(1))]
+
+
+def _candidates():
+    for (an, act) in _ACTIVATIONS:
+        for (rn, reshape) in _RESHAPES:
+            if not rn:
+                yield an, act
+                continue
+            yield (f"{an}(h.{rn})" if an != "identity" else f"h.{rn}"), (lambda h, a=act, r=reshape: a(r(h)))
+            if an != "identity" and rn != "flatten(1)":  # an elementwise activation commutes with flatten
+                yield f"{an}(h).{rn}", (lambda h, a=act, r=reshape: r(a(h)))
+
+
+def _matching(before: torch.Tensor, after: torch.Tensor) -> List[str]:
+    """Names of the candidates ``f`` with ``f(before) == after`` (up to float rounding)."""
+    found = []
+    for name, f in _candidates():
+        if "flatten(1)" in name and before.dim() <= 2:
+            continue  # a no-op on [rows, features]: the same candidate as without it
+        try:
+            got = f(before)
+        except RuntimeError:
+            continue
+        if got.shape == after.shape and torch.allclose(got, after, rtol=1e-4, atol=1e-6):
+            found.append(name)
+    return found
+
+
+def infer_between(model, layers: Sequence[nn.Module], blocks: list, x: torch.Tensor):
+    """``(between, output, description)`` of a DGL-style model, read off one run of its forward on ``blocks``.
+
+    Hooks record what each layer returns and what the next layer (and the forward) receives; for each
+    gap the one candidate activation (see this module's docstring) that maps one onto the other is
+    taken. Raises ``TypeError`` when none or several different ones fit (pass ``between=`` then).
+
+    Example:
+        >>> import gsplit, torch.nn.functional as F
+        >>> class Net(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.layers = torch.nn.ModuleList([gsplit.nn.SAGEConv(4, 8), gsplit.nn.SAGEConv(8, 3)])
+        ...     def forward(self, blocks, x):
+        ...         return self.layers[1](blocks[1], F.elu(self.layers[0](blocks[0], x)))
+        >>> g = gsplit.Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> blocks = gsplit.NeighborSampler([2, 2]).sample_blocks(g, torch.tensor([0, 2]))
+        >>> net = Net()
+        >>> infer_between(net, net.layers, blocks, torch.randn(blocks[0].num_src_nodes(), 4))[2]
+        'elu between layers'
+    """
+    outs, ins = {}, {}
+
+    def record_input(i, args):
+        ins.setdefault(i, args[1] if len(args) > 1 else None)   # returns None: the arguments stay as they are
+
+    def record_output(i, out):
+        outs.setdefault(i, out)
+
+    handles = []
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(lambda m, args, i=i: record_input(i, args)))
+        handles.append(layer.register_forward_hook(lambda m, args, out, i=i: record_output(i, out)))
+    name = type(model).__name__
+    try:
+        result = model(blocks, x)
+    except Exception as e:  # the probe is the model's own forward: any failure means "cannot tell"
+        raise TypeError(f"{name} has no `between(i, h, block)` method and running its forward on a probe "
+                        f"mini-batch to find what runs between its layers failed ({type(e).__name__}: {e}); pass "
+                        "between= (e.g. between=torch.relu, or None when nothing runs between them)") from e
+    finally:
+        for h in handles:
+            h.remove()
+    fix = ("pass between= (a callable between(h) or between(i, h, block); None when nothing runs between the "
+           "layers), or give the model a between(i, h, block) method")
+    if len(outs) != len(layers) or len(ins) != len(layers):
+        raise TypeError(f"{name}'s forward did not call each of its {len(layers)} layers once as layer(block, h); "
+                        f"layer-wise inference cannot tell what runs between them: {fix}")
+    if not (isinstance(ins[0], torch.Tensor) and ins[0].shape == x.shape and torch.equal(ins[0], x)):
+        raise TypeError(f"{name}'s forward changes x before its first layer, which layer-wise inference does not "
+                        f"repeat; {fix}")
+    chosen = []
+    for i in range(len(layers) - 1):
+        names = _matching(outs[i], ins[i + 1])
+        if len(names) != 1:
+            what = "no known activation" if not names else f"several activations alike on the probe ({names})"
+            raise TypeError(f"{name}: {what} turns layer {i}'s output into layer {i + 1}'s input; {fix}")
+        chosen.append(names[0])
+    out_names = _matching(outs[len(layers) - 1], result) if isinstance(result, torch.Tensor) else []
+    if not out_names:
+        raise TypeError(f"{name}'s forward does more after its last layer than a known reshape; give the model an "
+                        f"output(h) method")
+    table = dict(_candidates())
+    funcs = [table[n] for n in chosen]
+    between = (lambda i, h, block: funcs[i](h)) if funcs else None
+    output = None if out_names[0] == "identity" else table[out_names[0]]
+    gaps = sorted(set(chosen))
+    desc = (f"{gaps[0]} between layers" if len(gaps) == 1 else f"between layers: {chosen}") + \
+        ("" if output is None else f", {out_names[0]} after the last")
+    return between, output, desc
 
 
 def _device_of(model) -> torch.device:
@@ -133,7 +284,7 @@ def _to_sources(h_local: torch.Tensor, block: Block, comm: Communicator) -> torc
 
 
 @torch.no_grad()
-def layerwise_inference(model, graph: Graph, features: torch.Tensor, *, partition=None, group=None,
+def layerwise_inference(model, graph: Graph, features: Optional[torch.Tensor] = None, *, partition=None, group=None,
                         batch_size: int = 4096, device: Union[str, torch.device, None] = None,
                         buffer_device: Union[str, torch.device, None] = None,
                         between: Union[str, None, Callable[[int, torch.Tensor, Block], torch.Tensor]] = _FROM_MODEL,
@@ -145,21 +296,25 @@ def layerwise_inference(model, graph: Graph, features: torch.Tensor, *, partitio
     the result covers all vertices.
 
     Args:
-        model: a stack of layers following this module's protocol (``layers``, ``between``, optional
-            ``output``); gsplit's models do. It runs in eval mode (dropout off) and is left in the mode
-            it was in.
-        graph: the full graph (every rank holds it).
-        features: ``[num_nodes, in_feats]`` input features (every rank reads only its owned rows).
-        partition: a :class:`gsplit.PartitionMap` or one owner rank per vertex; required with more than
-            one rank. Any map gives the same result; a balanced one balances the work.
+        model: a stack of layers following this module's protocol (``layers``, ``between`` or one
+            inferred from the forward, optional ``output``); gsplit's models and DGL's example classes
+            do. A ``SplitParallel`` / ``DistributedDataParallel`` wrapper is unwrapped. It runs in eval
+            mode (dropout off) and is left in the mode it was in.
+        graph: the full graph (every rank holds it): a gsplit ``Graph``, a ``DGLGraph`` or a PyG ``Data``.
+        features: ``[num_nodes, in_feats]`` input features (every rank reads only its owned rows);
+            default: the DGLGraph's ``ndata["feat"]`` or the Data's ``x``.
+        partition: a :class:`gsplit.PartitionMap` or one owner rank per vertex. Any map gives the same
+            result; a balanced one balances the work. Default with more than one rank: contiguous,
+            equal ranges of vertex ids (no work to make, more rows to exchange than a METIS map).
         group: a ``torch.distributed`` process group or a :class:`gsplit.Communicator`; ``None``: the
             default group when one is initialised, else a single process.
         batch_size: owned vertices per rank per chunk: memory is bounded by the chunk's in-edges.
         device: where the layers run; default the model's parameters' device.
         buffer_device: where the per-layer rows of the owned vertices are kept; default ``device``
             (pass ``"cpu"`` when they do not fit in GPU memory).
-        between: the default uses ``model.between``; pass ``None`` when nothing runs between the
-            layers, or a callable ``between(i, h, block)``.
+        between: the default uses ``model.between``, else infers it from the model's forward (see
+            this module's docstring); pass ``None`` when nothing runs between the layers, or a callable
+            ``between(i, h, block)`` or ``between(h)`` (e.g. ``torch.relu``).
 
     Example:
         >>> import gsplit
@@ -171,16 +326,37 @@ def layerwise_inference(model, graph: Graph, features: torch.Tensor, *, partitio
         >>> round(gsplit.inference.accuracy(res, ds.labels, ds.test_idx), 2) <= 1.0
         True
     """
+    if isinstance(getattr(model, "module", None), nn.Module) and type(model).__name__ in _WRAPPERS:
+        model = model.module
     layers, between, output = _model_parts(model, between)
     if int(batch_size) < 1:
         raise ValueError(f"batch_size={batch_size}; pass a positive number of vertices per rank per chunk")
-    if features.dim() != 2 or features.shape[0] != graph.num_nodes:
+    source = graph_input(graph)
+    graph = source.graph
+    if features is None:
+        features = source.features
+        if features is None:
+            where = {"dgl": 'the DGLGraph has no ndata["feat"]', "pyg": "the Data's x is None"}.get(source.kind, "")
+            raise ValueError(f"no features were given{' and ' + where if where else ''}; pass features= (one row "
+                             "per vertex)")
+    if not isinstance(features, torch.Tensor) or features.dim() != 2 or features.shape[0] != graph.num_nodes:
         raise ValueError(f"features has shape {tuple(features.shape)} but the graph has {graph.num_nodes} vertices; "
                          "pass one feature row per vertex")
     comm = as_communicator(group)
+    if partition is None and comm.world_size > 1:
+        # any map gives the same rows; equal ranges need no work and no agreement between ranks
+        partition = torch.arange(graph.num_nodes, device=graph.device) * comm.world_size // graph.num_nodes
+        log.info("layer-wise inference: no partition given, rank r computes the r-th of %d equal ranges of "
+                 "vertex ids", comm.world_size)
     owner = owner_tensor(partition, graph, comm.world_size).to(graph.device)
     device = torch.device(device) if device is not None else _device_of(model)
     buffer_device = torch.device(buffer_device) if buffer_device is not None else device
+    # DGL layers need DGL blocks (dgl.create_block); so does a model written for a DGLGraph
+    dgl_blocks = source.kind == "dgl" or any(type(m).__module__.split(".")[0] == "dgl"
+                                             for layer in layers for m in layer.modules())
+
+    def as_layer_block(block: Block):
+        return dgl_interop.to_dgl_block(block, source.dgl_source) if dgl_blocks else block
 
     # Every rank derives every rank's owned vertices from the same map, so all agree on the chunks.
     counts = torch.bincount(owner, minlength=comm.world_size).cpu()
@@ -198,6 +374,15 @@ def layerwise_inference(model, graph: Graph, features: torch.Tensor, *, partitio
     if isinstance(model, nn.Module):
         model.eval()
     try:
+        if isinstance(between, str):  # == _INFER: read it off the model's forward on a tiny mini-batch
+            probe = NeighborSampler([4] * len(layers)).sample_blocks(
+                graph, torch.arange(min(32, graph.num_nodes), device=graph.device))
+            probe = [b.to(device) for b in probe]
+            x = features[probe[0].src_nodes.to(features.device)].to(device)
+            between, inferred_output, desc = infer_between(model, layers, [as_layer_block(b) for b in probe], x)
+            output = output if output is not None else inferred_output
+            log.info("layer-wise inference: %s has no between(i, h, block); from its forward: %s",
+                     type(model).__name__, desc)
         h_prev: Optional[torch.Tensor] = None       # rows of the owned vertices at the previous layer
         for i, layer in enumerate(layers):
             h_next: Optional[torch.Tensor] = None
@@ -210,10 +395,11 @@ def layerwise_inference(model, graph: Graph, features: torch.Tensor, *, partitio
                     h_local = features[frontier.to(features.device)].to(device)
                 else:
                     h_local = h_prev[row_of[frontier].to(h_prev.device)].to(device)
-                h = layer(block, _to_sources(h_local, block, comm))
+                layer_block = as_layer_block(block)
+                h = layer(layer_block, _to_sources(h_local, block, comm))
                 if i < len(layers) - 1:
                     if between is not None:
-                        h = between(i, h, block)
+                        h = between(i, h, layer_block)
                 elif output is not None:
                     h = output(h)
                 if h_next is None:

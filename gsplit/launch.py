@@ -316,6 +316,18 @@ def _die_with_parent(parent_pid: int, watch: Optional[_RankWatch]) -> None:
     threading.Thread(target=watch_parent, name="gsplit-watchdog", daemon=True).start()
 
 
+def _thread_lock_for_tqdm() -> None:
+    """Give tqdm a thread lock in a rank. Its default lock holds a multiprocessing semaphore, which a rank
+    leaving with os._exit (below) never unlinks, so the resource tracker warned of leaked semaphores at
+    shutdown whenever user code showed a progress bar; ranks are separate processes that never share a
+    bar's lock, so a thread lock is all tqdm needs there."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: str, backend: str,
                 master_addr: str, port: int, timeout: float, conn, parent_pid: int, slots) -> None:
     """Entry point of a rank's process: set up, run ``fn``, send back ``("ok", result)`` or an error."""
@@ -323,6 +335,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     _WATCH = _RankWatch(slots, rank)
     waits.mark_work_waits()  # user code's Work.wait() (async_op=True) shows as waiting for peers too
     _die_with_parent(parent_pid, _WATCH)
+    _thread_lock_for_tqdm()
     try:
         os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "RANK": str(rank),
                            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), _ENV_DEVICE: device})

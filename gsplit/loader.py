@@ -32,6 +32,9 @@ from gsplit.comm.shuffle import shuffle_rows
 from gsplit.feature_store import CacheCounts, FeatureStore, first_non_finite_row, parse_size
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.interop import dgl as dgl_interop  # imports no dgl: DGL inputs and DGL's keywords
+from gsplit.interop.graphs import graph_input  # DGLGraph / PyG Data in, imports neither library
+from gsplit.interop.pyg import warn_fanout_order  # imports no torch_geometric
+from gsplit.partitioning.auto import default_partition
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.prefetch import PREFETCH_DEPTH, Producer
 from gsplit.sampling.batches import BatchSchedule
@@ -255,11 +258,15 @@ class DataLoader(RankLoader):
                  num_workers: int = 0, use_uva: bool = False, use_prefetch_thread: Optional[bool] = None,
                  prefetch_node_feats: Optional[Sequence[str]] = None, prefetch_labels: Optional[Sequence[str]] = None,
                  replica_group=None):
-        dgl_graph = graph if dgl_interop.is_dgl_graph(graph) else None
-        self.dgl_source = None if dgl_graph is None else dgl_interop.graph_from_dgl(dgl_graph)
+        source = graph_input(graph)  # a gsplit Graph, a DGLGraph or a PyG Data
+        dgl_graph = graph if source.kind == "dgl" else None
+        self.dgl_source = source.dgl_source
         """The DGLGraph's conversion when one was given (the loader then yields DGL blocks), else None."""
-        if self.dgl_source is not None:
-            graph = self.dgl_source.graph
+        graph = source.graph
+        if source.kind == "pyg":  # a PyG Data: its x and y unless given
+            features = source.features if features is None else features
+            labels = source.labels if labels is None else labels
+            warn_fanout_order(sampler)
         self.device = torch.device(device) if device is not None else graph.device
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -275,6 +282,8 @@ class DataLoader(RankLoader):
         self.sampler = sampler
         # a graph on the GPU, or pinned in host memory, is sampled on the GPU (ops.sampling_device)
         self.sample_device = ops.sampling_device(graph, self.device)
+        if partition is None and self.comm.world_size > 1:  # as DGL's call site: no map given, make one
+            partition = default_partition(graph, self.schedule.indices, sampler, batch_size, self.comm)
         owner = owner_tensor(partition, graph, self.comm.world_size)
         self.owner = owner.to(self.sample_device)
         # on the host too: each batch's local targets (and their labels) are picked there, without a device

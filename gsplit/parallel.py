@@ -14,8 +14,10 @@ global mini-batch:
 1. **Same start**: parameters and buffers are broadcast from rank 0 when the wrapper is built.
 2. **Shuffles**: a forward pre-hook on every submodule called as ``layer(block, h)`` replaces ``h``
    (this rank's rows: one per vertex it owns) with ``gsplit.shuffle(h, block)`` (one row per source of
-   the block, the *mixed frontier*) for every block above the first. Modules marked
-   ``split_aware = True`` (gsplit's own models, which shuffle themselves) get no hooks. The DGL blocks
+   the block, the *mixed frontier*) for every block above the first. A model that shuffles for itself
+   (``gsplit.shuffle`` / ``gsplit.sp_forward`` in its forward, as the README's PyG model does) is
+   recognised by the rows it passes (``gsplit.shuffle`` marks them) and left alone; modules marked
+   ``split_aware = True`` (gsplit's own models) get no hooks at all. The DGL blocks
    of a ``gsplit.DataLoader`` over a ``DGLGraph`` work the same: their plans are looked up in
    :mod:`gsplit.interop.dgl`.
 3. **Loss scale**: each rank's mean loss covers only its local targets. The gradient of the wrapper's
@@ -46,6 +48,7 @@ from torch import nn
 from gsplit.comm import Communicator
 from gsplit.comm import shuffle as _comm_shuffle
 from gsplit.interop import dgl as _dgl_interop  # imports no dgl
+from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
 from gsplit.sampling.block import Block
 
 log = logging.getLogger(__name__)
@@ -91,9 +94,9 @@ def _find_blocks(inputs: tuple, kwargs: dict) -> List[Block]:
         return [_plan_block(b) for b in first]
     items = list(first) if isinstance(first, (list, tuple)) else [first]
     if any(_dgl_interop.is_dgl_block(b) and not _is_block(b) for b in items):
-        raise ValueError("SplitParallel got DGL blocks that no gsplit.DataLoader yielded (or copies of them, e.g. "
-                         "block.to(device), which lose the shuffle plan); pass the loader's blocks as they come "
-                         "(gsplit.DataLoader(dgl_graph, ..., device=device) already delivers them on device)")
+        raise ValueError("SplitParallel got DGL blocks that no gsplit.DataLoader yielded (DGL's own loader, or "
+                         "blocks rebuilt with dgl.create_block / dgl.to_block, which have no shuffle plan); pass "
+                         "the blocks of gsplit.DataLoader(dgl_graph, ...) (block.to(device) copies are fine)")
     raise TypeError(f"SplitParallel's forward expects the list of blocks as its first argument, as in "
                     f"model(blocks, x), got {type(first).__name__}; call the wrapper the way the model is "
                     f"called on gsplit.DataLoader's blocks")
@@ -273,6 +276,7 @@ class SplitParallel(nn.Module):
         state = self._state
         if state is None or not args or not _is_block(args[0]):
             return None
+        check_block_layer(layer, "the model")
         state.depth += 1
         if state.depth > 1:  # inside a layer that was already given the mixed rows
             return None
@@ -289,15 +293,16 @@ class SplitParallel(nn.Module):
             raise TypeError(f"{name} was called for blocks[{i}] with {got} as its second positional argument; "
                             f"SplitParallel shuffles h when a layer is called as layer(block, h) with one tensor h")
         h = args[1]
-        if any(h is out for out in state.produced.get(i, ())):
-            return None
+        if any(h is out for out in state.produced.get(i, ())) or getattr(h, "gsplit_shuffled_for", None) is index:
+            return None  # shuffled already: by this wrapper for an outer module, or by the model itself
         done = state.shuffled.get((i, id(h)))
         if done is not None:
             return (args[0], done[1]) + args[2:]
         if h.shape[0] != index.num_local:
             if h.shape[0] == index.num_mixed:
-                hint = ("h already has one row per source of the block: if the model shuffles itself "
-                        "(gsplit.shuffle / gsplit.sp_forward), set split_aware = True on its class")
+                hint = ("h already has one row per source of the block: if the model shuffles itself, pass "
+                        "gsplit.shuffle's output to the layer unchanged (SplitParallel then recognises it), or "
+                        "set split_aware = True on the model's class")
             else:
                 hint = "pass the previous layer's output (one row per destination of blocks[i-1]) unchanged"
             raise ValueError(f"{name} was called for blocks[{i}] with h of {h.shape[0]} rows, but this rank holds "

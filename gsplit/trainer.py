@@ -28,6 +28,7 @@ from gsplit.feature_store import parse_size
 from gsplit.fullgraph import FullGraphLoader, recompute_layers
 from gsplit.graph import Graph
 from gsplit.io import atomic_write_bytes
+from gsplit.model_io import save_model
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
 from gsplit.loader import DataLoader, IterationStats
@@ -387,6 +388,16 @@ def _state_bytes(obj) -> bytes:
     return buf.getvalue()
 
 
+def _save_model(cfg: TrainConfig, model, dataset) -> None:
+    """``checkpoint_dir/model.pt``, self-describing (:mod:`gsplit.model_io`): architecture, training options,
+    how to reload the dataset, versions and weights; ``gsplit eval`` / ``gsplit.model_io.load_model`` read it."""
+    spec = {"name": cfg.model, "in_feats": int(dataset.features.shape[1]), "hidden": cfg.hidden,
+            "num_classes": int(dataset.num_classes), "num_layers": len(cfg.fanouts), "dropout": cfg.dropout,
+            "heads": cfg.heads}
+    save_model(Path(cfg.checkpoint_dir) / "model.pt", model, spec, asdict(cfg),
+               dataset.meta.get("load", {"name": dataset.name}))
+
+
 def _save_checkpoint(cfg: TrainConfig, model, opt, epoch: int, iteration: int, step: int) -> None:
     """Rank 0 saves what an exact resume needs: every rank holds the same model and optimiser state."""
     # the vertex-dropout step counter is in model.state_dict() (the models' extra state)
@@ -560,7 +571,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         if rank == 0 and report is not None:
             report(record)
     if cfg.checkpoint_dir and rank == 0:  # the trained model, whatever the checkpoint schedule
-        atomic_write_bytes(Path(cfg.checkpoint_dir) / "model.pt", _state_bytes(model.state_dict()))
+        _save_model(cfg, model, dataset)
     final = final_evaluation(cfg, model, dataset, owner, comm, device, graph=graph) \
         if cfg.final_eval and cfg.eval_every else {}
     num_hosts = 1 if hosts is None else train_loader.num_replicas

@@ -313,3 +313,114 @@ def test_dgl_example_model_split_parallel_matches_single_process():
         for name, p_ref in ref["params"].items():
             for r, res in enumerate(per_rank):
                 assert rel_err(res[model_name]["params"][name], p_ref) <= 1e-10, f"{model_name}: {name} on rank {r}"
+
+
+# ------------------------------------------------------------------------------ DGL users' habits (issue 21)
+def full_graph_reference(model, g, x):
+    """DGL alone: each layer over the whole graph (DGL's ``model.inference`` without its loader), then the
+    model's own activation (read from its class: relu between SAGE's layers; flatten/relu, mean for GAT)."""
+    h = x
+    with torch.no_grad():
+        for l, layer in enumerate(model.layers):
+            h = layer(g, h)
+            if isinstance(model, GAT):
+                h = h.flatten(1) if l != len(model.layers) - 1 else h.mean(1)
+            if l != len(model.layers) - 1:
+                h = F.relu(h)
+    return h
+
+
+def dgl_inference_worker(rank, *_):
+    g = make_graph()
+    out = {}
+    for name in ("sage", "gat"):
+        torch.manual_seed(0)
+        model = build(name)
+        res = gsplit.layerwise_inference(model, g, batch_size=16)   # DGLGraph, ndata["feat"], no partition given
+        out[name] = (res.nodes, res.output, res[torch.arange(NUM_NODES)])
+    return out
+
+
+@pytest.mark.slow
+def test_layerwise_inference_runs_dgl_models_without_between():
+    """DGL's SAGE class and a dgl.nn.GATConv model (no ``between``) on a DGLGraph, 1 and 2 ranks, equal DGL's
+    full-graph layers. Fails on the old main: 'Block' object has no attribute 'local_scope' / no `between`."""
+    g = make_graph()
+    per_rank = gsplit.launch(dgl_inference_worker, 2)
+    for name in ("sage", "gat"):
+        torch.manual_seed(0)
+        model = build(name).eval()
+        expected = full_graph_reference(model, g, g.ndata["feat"])
+        one = gsplit.layerwise_inference(model, g, g.ndata["feat"], batch_size=16)
+        assert rel_err(one.output, expected) <= 1e-12, name
+        nodes = torch.cat([r[name][0] for r in per_rank])
+        assert sorted(nodes.tolist()) == list(range(NUM_NODES)), name   # every vertex computed once
+        for r in per_rank:
+            pos = torch.searchsorted(torch.arange(NUM_NODES), r[name][0])
+            assert rel_err(r[name][1], expected[pos]) <= 1e-12, name
+            assert rel_err(r[name][2], expected) <= 1e-12, name          # pred[nid], DGL's habit, on every rank
+
+
+class NormBetween(SAGE):
+    def forward(self, blocks, x):
+        h = x
+        for l, (layer, block) in enumerate(zip(self.layers, blocks)):
+            h = layer(block, h)
+            if l != len(self.layers) - 1:
+                h = F.normalize(h)          # not an activation layer-wise inference can infer
+        return h
+
+
+def test_inference_between_is_given_or_refused_clearly():
+    g = make_graph()
+    torch.manual_seed(0)
+    model = NormBetween(FEAT_DIM, HIDDEN, NUM_CLASSES).double().eval()
+    with pytest.raises(TypeError, match=r"no known activation turns layer 0's output into layer 1's input; pass between="):
+        gsplit.layerwise_inference(model, g)
+    got = gsplit.layerwise_inference(model, g, between=F.normalize).output     # between(h)
+    with torch.no_grad():
+        h = g.ndata["feat"]
+        for l, layer in enumerate(model.layers):
+            h = layer(g, h)
+            h = F.normalize(h) if l != len(model.layers) - 1 else h
+    assert rel_err(got, h) <= 1e-12
+
+
+def test_public_functions_accept_a_dglgraph():
+    """Fails on the old main: "'>' not supported between instances of 'int' and 'method'"."""
+    g = make_graph()
+    ds = from_dgl(g)
+    sampler = dgl.dataloading.NeighborSampler([3, 3])                  # DGL's sampler is accepted too
+    w = gsplit.presample(g, g.ndata["train_mask"], sampler, batch_size=8, num_parts=2, method="expected")
+    w_ref = gsplit.presample(ds.graph, ds.train_idx, gsplit.NeighborSampler([3, 3]), batch_size=8, num_parts=2,
+                             method="expected")
+    assert torch.equal(w.vertex_weights, w_ref.vertex_weights)
+    pmap = gsplit.partition(g, 2, weights=w)
+    assert torch.equal(pmap.assignment, gsplit.partition(ds.graph, 2, weights=w_ref).assignment)
+    stats = gsplit.split_stats(g, pmap, sampler, g.ndata["train_mask"], batch_size=16, num_batches=2)
+    assert len(stats.cross_edge_fraction) == 2
+    with pytest.raises(TypeError, match="is a DGL block; pass the whole DGLGraph"):
+        gsplit.presample(dgl.to_block(g, torch.tensor([0, 1])), ds.train_idx, sampler, batch_size=8)
+
+
+def copies_worker(rank, *_):
+    g = make_graph()
+    torch.manual_seed(0)
+    sampler = dgl.dataloading.NeighborSampler(FANOUTS, prefetch_node_feats=["feat"], prefetch_labels=["label"])
+    loader = gsplit.DataLoader(g, g.ndata["train_mask"], sampler, device="cpu", batch_size=BATCH, use_ddp=True)
+    model = gsplit.SplitParallel(build("sage"), loader)        # no partition given: the loader made one
+    _, _, blocks = next(iter(loader))
+    x, y = blocks[0].srcdata["feat"], blocks[-1].dstdata["label"]
+    losses = [model.global_loss(F.cross_entropy(model(blocks, x), y))]
+    import copy
+    assert all(copy.copy(b) is not b for b in blocks)          # really new objects, without a table entry
+    for copied in ([b.to("cpu") for b in blocks], [b.to(torch.device("cpu")) for b in blocks],
+                   [copy.copy(b) for b in blocks]):           # DGL's evaluate(): blocks = [b.to(device) ...]
+        losses.append(model.global_loss(F.cross_entropy(model(copied, copied[0].srcdata["feat"]), y)))
+    return losses
+
+
+def test_split_parallel_accepts_dgl_block_copies():
+    """Fails on the old main: 'SplitParallel got DGL blocks that no gsplit.DataLoader yielded (or copies ...)'."""
+    for losses in gsplit.launch(copies_worker, 2):
+        assert all(loss == losses[0] for loss in losses[1:]), losses

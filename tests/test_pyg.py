@@ -248,3 +248,126 @@ def test_layerwise_inference_runs_pyg_models():
         expected = conv2(conv1(data.x, data.edge_index).relu(), data.edge_index)  # PyG alone, full graph
     assert torch.equal(res.nodes, torch.arange(ds.num_nodes))
     assert rel_err(res.output, expected) <= 1e-12
+
+
+# ------------------------------------------------------------------------------------- PyG users' habits
+class ReadmeSage(nn.Module):
+    """The README's PyG model, as written there (shuffles itself with sp_forward; no split_aware flag)."""
+
+    def __init__(self, d, hidden, c):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([BlockConv(SAGEConv(d, hidden)), BlockConv(SAGEConv(hidden, c))])
+
+    def between(self, i, h, block):
+        return h.relu()
+
+    def forward(self, blocks, x):
+        return gsplit.sp_forward(self.layers, x, blocks, between=self.between)
+
+
+def readme_model_worker(rank, *_):
+    graph, feats, labels, train_idx = make_problem()
+    torch.manual_seed(0)
+    model = ReadmeSage(FEAT_DIM, 8, NUM_CLASSES).double()
+    loader = gsplit.DataLoader(graph, train_idx, gsplit.NeighborSampler.from_pyg(NUM_NEIGHBORS, seed=2),
+                               partition=make_maps(graph, train_idx, 2)["random"], use_ddp=True, batch_size=BATCH,
+                               shuffle=True, ddp_seed=DDP_SEED, features=feats, labels=labels)
+    wrapped = gsplit.SplitParallel(model, loader)
+    _, _, blocks = next(iter(loader))
+    loss = torch.nn.functional.cross_entropy(wrapped(blocks, blocks[0].srcdata["feat"]), blocks[-1].dstdata["label"])
+    loss.backward()
+    return wrapped.global_loss(loss), {n: p.grad.clone() for n, p in wrapped.module.named_parameters()}
+
+
+def test_readme_pyg_model_runs_under_split_parallel():
+    """Fails on the old main: SplitParallel shuffled the rows sp_forward had already shuffled."""
+    per_rank = launch(readme_model_worker, 2)
+    graph, feats, labels, train_idx = make_problem()
+    torch.manual_seed(0)
+    model = ReadmeSage(FEAT_DIM, 8, NUM_CLASSES).double()
+    seeds = epoch_permutation(train_idx, DDP_SEED, 0, True)[:2 * BATCH]
+    blocks = reference_blocks(gsplit.NeighborSampler(NUM_NEIGHBORS[::-1], seed=2), graph, seeds)
+    loss = torch.nn.functional.cross_entropy(model(blocks, feats[blocks[0].src_nodes]), labels[seeds])
+    loss.backward()
+    for global_loss, grads in per_rank:
+        assert abs(global_loss - loss.item()) <= 1e-10 * abs(loss.item())
+        for n, p in model.named_parameters():
+            assert rel_err(grads[n], p.grad) <= 1e-10, n
+
+
+def test_minibatch_answers_pyg_habits():
+    graph, feats, labels, train_idx = make_problem()
+    loader = gsplit.DataLoader(graph, train_idx, gsplit.NeighborSampler([3, 3]), batch_size=20, features=feats,
+                               labels=labels)
+    batch = next(iter(loader))
+    assert batch.batch_size == batch.output_nodes.numel() == 20
+    assert batch.x is batch.blocks[0].srcdata["feat"] and batch.y is batch.blocks[-1].dstdata["label"]
+    with pytest.raises(AttributeError, match=r"output_nodes are the targets.*blocks\[0\]\.src_nodes"):
+        batch.n_id
+    with pytest.raises(AttributeError, match="BlockConv"):
+        batch.edge_index
+    with pytest.raises(AttributeError, match="'MiniBatch' object has no attribute 'nonsense'"):
+        batch.nonsense
+    no_feats = next(iter(gsplit.DataLoader(graph, train_idx, gsplit.NeighborSampler([3]), batch_size=4)))
+    with pytest.raises(KeyError, match=r"give the loader features="):
+        no_feats.x
+
+
+class BareStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([SAGEConv(FEAT_DIM, 8), SAGEConv(8, NUM_CLASSES)])   # not wrapped
+
+    def forward(self, blocks, x):
+        return self.layers[1](blocks[1], self.layers[0](blocks[0], x).relu())
+
+
+def test_bare_pyg_layer_errors_name_blockconv():
+    graph, feats, labels, train_idx = make_problem()
+    loader = gsplit.DataLoader(graph, train_idx, gsplit.NeighborSampler([3, 3]), batch_size=20, features=feats,
+                               labels=labels)
+    _, _, blocks = next(iter(loader))
+    model = BareStack().double()
+    with pytest.raises(TypeError, match=r"wrap it: gsplit.interop.pyg.BlockConv\(SAGEConv\(...\)\)"):
+        gsplit.SplitParallel(model, loader)(blocks, blocks[0].srcdata["feat"])
+    with pytest.raises(TypeError, match=r"BlockConv\(SAGEConv"):
+        gsplit.layerwise_inference(model, graph, feats, between=torch.relu)
+    with pytest.raises(TypeError, match=r"BlockConv\(SAGEConv"):
+        gsplit.sp_forward(model.layers, blocks[0].srcdata["feat"], blocks)
+
+
+def test_pyg_data_is_accepted_as_the_graph(caplog):
+    data = small_data()
+    data.y = data.y.squeeze(1).clamp(min=0)
+    ds = from_pyg(data)
+    sampler = gsplit.NeighborSampler.from_pyg([3, 2])
+    weights = gsplit.presample(data, ds.train_idx, sampler, batch_size=4, num_parts=2, method="expected")
+    assert torch.equal(weights.vertex_weights,
+                       gsplit.presample(ds.graph, ds.train_idx, sampler, 4, num_parts=2, method="expected").vertex_weights)
+    pmap = gsplit.partition(data, 2, weights=weights)
+    pmap.check_graph(ds.graph)
+    # the loader takes x and y from the Data
+    batch = next(iter(gsplit.DataLoader(data, data.train_mask, sampler, batch_size=5)))
+    assert torch.equal(batch.x, data.x[batch.blocks[0].src_nodes])
+    assert torch.equal(batch.y, data.y[batch.output_nodes])
+    torch.manual_seed(0)
+    model = PygStack().double()
+    res = gsplit.layerwise_inference(model, data, batch_size=4)   # features: data.x
+    assert torch.equal(res.output, gsplit.layerwise_inference(model, ds.graph, data.x, batch_size=4).output)
+    with pytest.raises(TypeError, match=r"graph is a Dataset; pass its .graph"):
+        gsplit.presample(ds, ds.train_idx, sampler, batch_size=4)
+    with pytest.raises(TypeError, match="must be a gsplit.Graph, a DGLGraph or a torch_geometric Data, got dict"):
+        gsplit.DataLoader({"edge_index": data.edge_index}, data.train_mask, sampler, batch_size=4)
+
+
+def test_pyg_order_fanouts_warn_with_a_pyg_data(caplog):
+    """A PyG user's NeighborSampler([25, 10]) would silently run reversed; with a Data it warns."""
+    data = small_data()
+    with caplog.at_level("WARNING", logger="gsplit.interop.pyg"):
+        gsplit.DataLoader(data, data.train_mask, gsplit.NeighborSampler([3, 2]), batch_size=5)
+    assert "NeighborSampler.from_pyg([3, 2])" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gsplit.interop.pyg"):
+        gsplit.DataLoader(data, data.train_mask, gsplit.NeighborSampler.from_pyg([3, 2]), batch_size=5)
+        gsplit.DataLoader(data, data.train_mask, gsplit.NeighborSampler([3, 3]), batch_size=5)
+    assert caplog.text == ""

@@ -51,8 +51,8 @@ def test_kill_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
 
     resumed = gsplit_train("--checkpoint", str(ckdir), "--resume", "--log", str(tmp_path / "resumed.jsonl"))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    want = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)
-    got = torch.load(ckdir / "model.pt", weights_only=True)
+    want = torch.load(tmp_path / "whole" / "model.pt", weights_only=True)["state_dict"]  # self-describing file
+    got = torch.load(ckdir / "model.pt", weights_only=True)["state_dict"]
     assert want.keys() == got.keys()
     for name in want:  # parameters, and the models' extra state (the dropout step counter)
         same = torch.equal(want[name], got[name]) if torch.is_tensor(want[name]) else want[name] == got[name]

@@ -65,4 +65,8 @@ def shuffle(h: torch.Tensor, block: Block, group=None) -> torch.Tensor:
             raise ValueError(f"h has {h.shape[0]} rows but block has {block.num_src_nodes()} source nodes")
         return h
     comm = group_of(index) if group is None else as_communicator(group)
-    return _Shuffle.apply(h, index, comm)
+    out = _Shuffle.apply(h, index, comm)
+    # Marks the rows as this block's sources, so that gsplit.SplitParallel leaves a model that shuffles
+    # for itself (gsplit.shuffle / gsplit.sp_forward in its forward) alone instead of shuffling twice.
+    out.gsplit_shuffled_for = index
+    return out

@@ -67,7 +67,9 @@ def load(name: str, **kwargs) -> Dataset:
     unknown = sorted(set(kwargs) - set(option_names(name)))
     if unknown:
         raise TypeError(f"load({name!r}) got unexpected option(s) {unknown}; {fn.__name__} accepts {option_names(name)}")
-    return fn(*args, **kwargs)
+    ds = fn(*args, **kwargs)
+    ds.meta.setdefault("load", {"name": name, "options": dict(kwargs)})  # how to load it again (run log, model.pt)
+    return ds
 
 
 __all__ = [

@@ -15,11 +15,12 @@ environment pins ``torch==2.2.*`` (``./dev dgl-env`` builds one); gsplit support
   be passed to the loader as it is: :func:`sampler_from_dgl` turns it into a
   :class:`gsplit.NeighborSampler` with the same fanouts (gsplit's counter-based sampling, which split
   parallelism needs: the picks differ from DGL's) and the loader takes its ``prefetch_*`` names.
-* Split training: each DGL block made here is mapped (weakly) to the gsplit :class:`~gsplit.Block` it
-  was made from, which holds the block's shuffle plan; :func:`block_of` looks it up, and
-  :class:`gsplit.SplitParallel` uses it to shuffle before every layer above the first. A copy of a DGL
-  block (``block.to(other_device)``, ``copy.copy``) is a new object without that mapping, so pass the
-  loader's blocks as they come: the loader already delivers them on its ``device``.
+* Split training: each DGL block made here holds the gsplit :class:`~gsplit.Block` it was made from
+  (with the block's shuffle plan) in an attribute; :func:`block_of` returns it, and
+  :class:`gsplit.SplitParallel` uses it to shuffle before every layer above the first. DGL's copies
+  (``block.to(device)``, which copies even on the same device, and ``copy.copy``) copy the attribute,
+  so DGL's ``blocks = [b.to(device) for b in blocks]`` keeps working; a copy on another device gets the
+  plan moved there, bound to the same process group.
 
 dgl is imported only inside the functions that need it, so this module (and gsplit) imports without it.
 """
@@ -28,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import weakref
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -45,9 +45,10 @@ __all__ = ["GraphFromDGL", "graph_from_dgl", "from_dgl", "to_dgl_block", "to_dgl
            "is_dgl_graph", "is_dgl_block", "is_dgl_sampler", "SamplerFromDGL", "sampler_from_dgl", "prefetch_flag", "named_node_data",
            "loader_sampler"]
 
-# DGL block -> the gsplit Block it was made from (its shuffle plan, global ids). Weak keys: an entry
-# lives exactly as long as the DGL block; the value holds no reference back to the key.
-_PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# The attribute of a DGL block made by to_dgl_block that holds the gsplit Block it was made from (its
+# shuffle plan, global ids). An attribute, not a side table: DGL's block.to(device) and copy.copy copy the
+# object's __dict__ (DGLGraph.__copy__), so a copy of the block still finds its plan.
+_PLAN_ATTR = "_gsplit_block"
 
 
 def _dgl():
@@ -91,7 +92,18 @@ def block_of(x) -> Optional[Block]:
     """
     if not is_dgl_block(x):
         return None
-    return _PLANS.get(x)
+    block = getattr(x, _PLAN_ATTR, None)
+    if block is None or block.device == x.device:
+        return block
+    # A copy on another device (block.to(other_device)): move the plan with it, once, and keep the
+    # group the loader bound the original plan to.
+    from gsplit.comm.communicator import bind_group, group_of
+
+    moved = block.to(x.device)
+    if block.shuffle_index is not None:
+        bind_group([moved], group_of(block.shuffle_index))
+    setattr(x, _PLAN_ATTR, moved)
+    return moved
 
 
 @dataclass(frozen=True)
@@ -214,7 +226,7 @@ def to_dgl_block(block: Block, source: Optional[GraphFromDGL] = None):
         out.srcdata[key] = value
     for key, value in block.dstdata.items():
         out.dstdata[key] = value
-    _PLANS[out] = block
+    setattr(out, _PLAN_ATTR, block)
     return out
 
 

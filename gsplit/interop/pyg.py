@@ -22,6 +22,8 @@ torch_geometric is imported only inside the functions that need it, so this modu
 from __future__ import annotations
 
 import inspect
+import logging
+import sys
 from typing import Optional, Tuple
 
 import torch
@@ -31,7 +33,9 @@ from gsplit.datasets.base import Dataset, class_labels
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.sampling.block import Block
 
-__all__ = ["from_pyg", "to_pyg", "block_inputs", "BlockConv"]
+log = logging.getLogger(__name__)
+
+__all__ = ["warn_fanout_order", "from_pyg", "to_pyg", "graph_from_pyg", "block_inputs", "BlockConv", "is_pyg_layer", "check_block_layer"]
 
 # PyG layers that weigh edges by degrees over the whole (sub)graph or propagate more than one hop; the
 # value is the attribute that switches that off (None: it cannot be switched off).
@@ -77,27 +81,44 @@ def from_pyg(data, *, num_classes: Optional[int] = None, name: str = "pyg") -> D
         >>> ds.train_idx.tolist(), ds.graph.in_neighbors(1).tolist()    # edge 0 -> 1: vertex 1 reads vertex 0
         ([0, 1], [0])
     """
-    edge_index = getattr(data, "edge_index", None)
-    if edge_index is None or not isinstance(edge_index, torch.Tensor):
-        raise ValueError(f"data.edge_index is {type(edge_index).__name__}; from_pyg needs a [2, num_edges] "
-                         "tensor (convert a SparseTensor adj_t with data.edge_index = adj_t.t().coo()[:2] stacked)")
-    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"data.edge_index has shape {tuple(edge_index.shape)}; pass a [2, num_edges] tensor")
     x, y = getattr(data, "x", None), getattr(data, "y", None)
     if x is None:
         raise ValueError("data.x is None; gsplit needs node features: set data.x to a [num_nodes, dim] tensor")
     if y is None:
         raise ValueError("data.y is None; gsplit trains node classification: set data.y to one label per vertex")
-    num_nodes = getattr(data, "num_nodes", None) or x.shape[0]
+    graph = graph_from_pyg(data)
+    num_nodes = graph.num_nodes
     if x.shape[0] != num_nodes:
         raise ValueError(f"data.x has {x.shape[0]} rows but data.num_nodes is {num_nodes}")
-    graph = Graph.from_edges(edge_index[0].cpu(), edge_index[1].cpu(), num_nodes)
     labels, num_classes = class_labels(y, "data.y", num_classes)
     splits = {what: _ids_from(getattr(data, f"{what}_mask", None), num_nodes, f"{what}_mask")
               for what in ("train", "val", "test")}
     return Dataset(graph=graph, features=x.detach().cpu().to(torch.float32).contiguous(), labels=labels,
                    train_idx=splits["train"], val_idx=splits["val"], test_idx=splits["test"],
                    num_classes=int(num_classes), name=name, meta={"source": "torch_geometric.data.Data"})
+
+
+def graph_from_pyg(data) -> Graph:
+    """The structure of a PyG ``Data`` as gsplit's CSC of in-edges: ``edge_index[0] -> edge_index[1]``, every edge kept.
+
+    ``data.num_nodes`` (else ``x``'s rows, else the largest id + 1) vertices. This is what
+    :func:`gsplit.interop.graphs.graph_input` does with a ``Data`` given to any gsplit function.
+
+    Example:
+        >>> import pytest; _ = pytest.importorskip("torch_geometric")   # (the test suite skips without PyG)
+        >>> from torch_geometric.data import Data
+        >>> graph_from_pyg(Data(edge_index=torch.tensor([[0, 2], [1, 1]]), num_nodes=4)).in_neighbors(1).tolist()
+        [0, 2]
+    """
+    edge_index = getattr(data, "edge_index", None)
+    if edge_index is None or not isinstance(edge_index, torch.Tensor):
+        raise ValueError(f"data.edge_index is {type(edge_index).__name__}; gsplit needs a [2, num_edges] tensor "
+                         "(convert a SparseTensor adj_t with data.edge_index = torch.stack(adj_t.t().coo()[:2]))")
+    if edge_index.dim() != 2 or edge_index.shape[0] != 2:
+        raise ValueError(f"data.edge_index has shape {tuple(edge_index.shape)}; pass a [2, num_edges] tensor")
+    x = getattr(data, "x", None)
+    num_nodes = getattr(data, "num_nodes", None) or (x.shape[0] if x is not None else None)
+    return Graph.from_edges(edge_index[0].cpu(), edge_index[1].cpu(), num_nodes)
 
 
 def to_pyg(dataset: Dataset):
@@ -146,6 +167,53 @@ def block_inputs(block: Block, h: torch.Tensor) -> Tuple[Tuple[torch.Tensor, tor
         raise ValueError(f"h has {h.shape[0]} rows but {block!r} has {ns} source nodes; pass one row per "
                          "block.src_nodes (shuffle the previous layer's output with gsplit.shuffle(h, block) first)")
     return (h, h[:nd]), torch.stack([block.edge_src, block.edge_dst]), (ns, nd)
+
+
+def is_pyg_layer(layer) -> bool:
+    """True for a ``torch_geometric.nn`` message-passing layer (``MessagePassing``). Never imports torch_geometric.
+
+    Example:
+        >>> is_pyg_layer(torch.nn.Linear(2, 2))
+        False
+    """
+    pyg_conv = sys.modules.get("torch_geometric.nn.conv")
+    return pyg_conv is not None and isinstance(layer, pyg_conv.MessagePassing)
+
+
+def check_block_layer(layer, where: str = "layers") -> None:
+    """Refuse a bare PyG layer called as ``layer(block, h)``: PyG layers take ``(x, edge_index)``, not a block.
+
+    gsplit's wrappers (:class:`gsplit.SplitParallel`, :func:`gsplit.sp_forward`,
+    :func:`gsplit.layerwise_inference`) call it before a layer gets a block, so the user sees the fix
+    instead of PyG's ``Expected 'edge_index' to be of integer type``.
+
+    Example:
+        >>> check_block_layer(torch.nn.Linear(2, 2))     # not a PyG layer: nothing to say
+    """
+    if is_pyg_layer(layer):
+        name = type(layer).__name__
+        raise TypeError(f"{where} holds a bare torch_geometric layer {name}, which takes (x, edge_index) and cannot "
+                        f"be called as layer(block, h); wrap it: gsplit.interop.pyg.BlockConv({name}(...))")
+
+
+def warn_fanout_order(sampler) -> None:
+    """Warn when a PyG ``Data`` comes with a sampler whose fanouts may be PyG's ``num_neighbors`` (seeds outward).
+
+    gsplit's ``NeighborSampler(fanouts)`` lists layers from the input up, PyG's ``num_neighbors`` the
+    reverse; the same list means opposite things and cannot be told apart. A sampler built with
+    :meth:`gsplit.NeighborSampler.from_pyg` (which reverses) or one whose fanouts read the same both ways
+    is fine; any other gets this warning when the graph is a PyG ``Data`` (:class:`gsplit.DataLoader`).
+
+    Example:
+        >>> from gsplit.sampling.neighbor import NeighborSampler
+        >>> warn_fanout_order(NeighborSampler.from_pyg([25, 10]))      # PyG's order, said so: silent
+    """
+    fanouts = list(getattr(sampler, "fanouts", []) or [])
+    if getattr(sampler, "num_neighbors", None) is not None or fanouts == fanouts[::-1]:
+        return
+    log.warning("the graph is a PyG Data and the sampler's fanouts are %s, read input layer first (DGL's order: "
+                "fanouts[0] feeds the first layer), the reverse of PyG's num_neighbors; if %s was meant as PyG's "
+                "num_neighbors, build the sampler with gsplit.NeighborSampler.from_pyg(%s)", fanouts, fanouts, fanouts)
 
 
 def _whole_batch_reason(conv: nn.Module) -> Optional[str]:

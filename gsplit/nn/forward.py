@@ -7,6 +7,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from gsplit.comm.shuffle import shuffle
+from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
 from gsplit.sampling.block import Block
 
 
@@ -27,6 +28,8 @@ def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Se
     if len(layers) != len(blocks):
         raise ValueError(f"got {len(blocks)} blocks but the model has {len(layers)} layers; "
                          "sample with one fanout per layer")
+    for layer in layers:
+        check_block_layer(layer)  # a bare PyG layer: say "wrap it in BlockConv" instead of PyG's dtype error
     h = feat
     for i, (layer, block) in enumerate(zip(layers, blocks)):
         if i > 0:

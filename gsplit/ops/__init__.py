@@ -19,10 +19,28 @@ from gsplit.graph import Graph
 from gsplit.ops import aggregate, cuda, sample_cpu, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 
-__all__ = ["sample_neighbors", "relabel", "unique_ids", "sampling_device", "copy_u_sum", "copy_u_mean",
+__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "unique_ids", "sampling_device", "copy_u_sum", "copy_u_mean",
            "gat_aggregate", "edge_softmax", "aggregate", "cuda", "sample_cpu", "torch_ops"]
 
 sampling_device = cuda.sampling_device
+
+
+def prepare_kernels() -> "cpu_ext.BuildReport":
+    """Build (or load from the cache) the compiled CPU kernels now: the sampler and the aggregations.
+
+    ``gsplit train`` calls it before any rank starts, so a first-use build (tens of seconds) is neither
+    timed as part of the first epoch nor repeated by every rank, and its outcome is said once; library
+    users may call it the same way. See :func:`gsplit.ops.cpu_ext.prebuild`.
+
+    Example:
+        >>> report = prepare_kernels()
+        >>> set(report.ready) | set(report.failed) <= {"gsplit_sample_cpu", "gsplit_aggregate"}
+        True
+    """
+    from gsplit.ops import cpu_ext
+
+    return cpu_ext.prebuild([(sample_cpu.NAME, sample_cpu.SOURCES),
+                             (aggregate._EXT_NAME, aggregate._EXT_SOURCES)])
 
 
 def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int

@@ -6,7 +6,9 @@ that pip picked in an isolated build environment. When the build fails (no compi
 unusual platform) :func:`load` logs a warning once and returns ``None``, and callers run their
 plain-torch fallback, which computes the same results.
 
-``GSPLIT_NO_EXTENSIONS=1`` skips the build (the fallbacks run), e.g. to compare both paths.
+``GSPLIT_NO_EXTENSIONS=1`` skips the build (the fallbacks run), e.g. to compare both paths;
+``GSPLIT_SKIP_EXTENSIONS=name,...`` skips the named ones (``gsplit train`` sets it for its ranks when
+:func:`prebuild` failed in the launching process, so the ranks neither retry nor warn again).
 
 Builds are cached in ``~/.cache/gsplit/extensions/<build key>/<name>`` (or under ``GSPLIT_EXTENSION_DIR``),
 keyed by :func:`build_key`: a library built against one torch does not load in another (torch's C++ ABI
@@ -22,8 +24,10 @@ import os
 import sys
 import sysconfig
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +85,8 @@ def load(name: str, sources: Sequence[str]) -> Optional[object]:
     Example:
         >>> mod = load("gsplit_example", ["example.cpp"])   # doctest: +SKIP
     """
-    if os.environ.get("GSPLIT_NO_EXTENSIONS"):
+    if os.environ.get("GSPLIT_NO_EXTENSIONS") or name in _failed_before or \
+            name in os.environ.get("GSPLIT_SKIP_EXTENSIONS", "").split(","):
         return None
     with _lock:
         return _build_or_none(name, tuple(sources))
@@ -101,3 +106,50 @@ def _build_or_none(name: str, sources: tuple):
 def _warn_once(name: str, reason: str) -> None:
     log.warning("cannot build the C++ extension %s (%s); using the plain-torch kernels instead", name,
                 reason.splitlines()[0] if reason else "unknown error")
+
+
+@dataclass
+class BuildReport:
+    """What :func:`prebuild` did: which extensions are ready, which failed and why, and how long it took."""
+
+    ready: List[str]
+    """Extensions loaded (built now, or found in the cache)."""
+    failed: Dict[str, str]
+    """``name -> reason`` of each extension that could not be built or loaded (its callers fall back to torch)."""
+    seconds: float
+    """Wall time of the whole preparation (a build from scratch takes tens of seconds, a cached load < 1 s)."""
+    disabled: bool = False
+    """``GSPLIT_NO_EXTENSIONS`` is set: nothing was tried."""
+
+
+def prebuild(extensions: Sequence[Tuple[str, Sequence[str]]]) -> BuildReport:
+    """Build (or load from the cache) every extension of ``extensions`` now, instead of at first use.
+
+    Called before training starts (``gsplit train`` does, through :func:`gsplit.ops.prepare_kernels`), so
+    that a first-use build is not timed as part of the first epoch and its outcome is said once. A
+    failure is reported in the result (not logged) and remembered: later :func:`load` calls in this
+    process return ``None`` without retrying.
+
+    Example:
+        >>> prebuild([]).ready
+        []
+    """
+    t0 = time.perf_counter()
+    if os.environ.get("GSPLIT_NO_EXTENSIONS"):
+        return BuildReport(ready=[], failed={}, seconds=0.0, disabled=True)
+    ready, failed = [], {}
+    with _lock:
+        for name, sources in extensions:
+            try:
+                _build(name, tuple(sources))
+                ready.append(name)
+            except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch fallback
+                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                failed[name] = reason
+                _failed_before[name] = reason
+    return BuildReport(ready=ready, failed=failed, seconds=time.perf_counter() - t0)
+
+
+# name -> reason, for extensions prebuild() could not build: load() then gives None without a retry or a
+# second warning (the caller of prebuild has said it once).
+_failed_before: Dict[str, str] = {}

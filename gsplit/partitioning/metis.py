@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from gsplit.graph import Graph
+from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, check_train_idx, presample
 
@@ -364,6 +365,8 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
         >>> partition(g, 2, method="random").part_sizes().tolist()
         [2, 2]
     """
+    graph = as_graph(graph)
+    sampler = None if sampler is None else as_sampler(sampler)
     if method not in METHODS:
         raise ValueError(f"unknown partition method {method!r}; use one of {', '.join(METHODS)}")
     if balance not in BALANCE_MODES:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from gsplit.graph import Graph, as_vertex_ids
+from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.io import load_npy, read_meta, write_array_dir
 from gsplit.sampling.batches import global_batches
 
@@ -207,6 +208,7 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
         >>> presample(g, torch.tensor([0]), NeighborSampler([-1]), batch_size=1, method="expected").vertex_weights.tolist()
         [2.0, 1.0, 1.0]
     """
+    graph, sampler = as_graph(graph), as_sampler(sampler)
     if method not in PRESAMPLE_METHODS:
         raise ValueError(f"unknown pre-sampling method {method!r}; use one of {', '.join(PRESAMPLE_METHODS)}")
     if int(batch_size) < 1:

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from gsplit.graph import Graph
+from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import check_train_idx
 from gsplit.sampling.batches import global_batches
@@ -88,6 +89,7 @@ def split_stats(graph: Graph, pmap: PartitionMap, sampler, train_idx, batch_size
         >>> s.cross_edge_fraction, s.edge_imbalance
         ([0.5], [1.0])
     """
+    graph, sampler = as_graph(graph), as_sampler(sampler)
     pmap.check_graph(graph)
     train_idx = check_train_idx(graph, train_idx)
     if int(batch_size) < 1 or int(num_batches) < 1:

@@ -43,6 +43,12 @@ class ShuffleIndex:
     """Traffic-counter tag for this shuffle (e.g. ``"shuffle/layer1"``)."""
 
     def to(self, device, non_blocking: bool = False) -> "ShuffleIndex":
+        """The plan on ``device``; the plan itself when it is there already (as ``Tensor.to``), so that
+        the process group bound to it (:func:`gsplit.comm.bind_group`) stays bound."""
+        device = torch.device(device)
+        if all(t.device == device or (device.index is None and t.device.type == device.type)
+               for t in self.tensors()):
+            return self
         return replace(self, send_idx=self.send_idx.to(device, non_blocking=non_blocking),
                        recv_pos=self.recv_pos.to(device, non_blocking=non_blocking))
 
@@ -165,6 +171,37 @@ class MiniBatch(NamedTuple):
     blocks: List[Block]
     """One block per layer, index 0 = the input layer."""
 
+    # PyG's NeighborLoader habits: a PyG user's batch.batch_size / batch.x / batch.y answer with the
+    # gsplit equivalent (rows are this rank's), other PyG attributes raise an error that names it.
+    @property
+    def batch_size(self) -> int:
+        """Targets of this batch (this rank's on a split), as PyG's ``batch.batch_size``: the model's output
+        has exactly these rows, so PyG's ``out[:batch.batch_size]`` keeps all of them."""
+        return int(self.output_nodes.numel())
+
+    @property
+    def x(self) -> torch.Tensor:
+        """``blocks[0].srcdata["feat"]``: input features of the first layer's sources (PyG's ``batch.x``)."""
+        return self._block_data(self.blocks[0].srcdata, "feat", "x", 'blocks[0].srcdata["feat"]')
+
+    @property
+    def y(self) -> torch.Tensor:
+        """``blocks[-1].dstdata["label"]``: labels of the targets only (PyG's ``batch.y[:batch.batch_size]``)."""
+        return self._block_data(self.blocks[-1].dstdata, "label", "y", 'blocks[-1].dstdata["label"]')
+
+    def _block_data(self, data, key: str, pyg_name: str, where: str) -> torch.Tensor:
+        if key not in data:
+            # AttributeError from a property would be replaced by __getattr__'s; this message is the useful one
+            raise KeyError(f"MiniBatch.{pyg_name} (PyG's batch.{pyg_name}) is {where}, but this batch has no {key!r} "
+                           f"there (it has {sorted(data)}); give the loader features= / labels=")
+        return data[key]
+
+    def __getattr__(self, name: str):
+        hint = _PYG_ATTRIBUTES.get(name)
+        if hint is None:
+            raise AttributeError(f"'MiniBatch' object has no attribute {name!r}")
+        raise AttributeError(f"MiniBatch has no {name!r} (a PyG NeighborLoader batch attribute); in gsplit: {hint}")
+
     def to(self, device, non_blocking: bool = False) -> "MiniBatch":
         return MiniBatch(self.input_nodes.to(device, non_blocking=non_blocking),
                          self.output_nodes.to(device, non_blocking=non_blocking),
@@ -176,3 +213,19 @@ class MiniBatch(NamedTuple):
         yield self.output_nodes
         for b in self.blocks:
             yield from b.tensors()
+
+
+_PYG_ATTRIBUTES = {
+    "n_id": "output_nodes are the targets (PyG's n_id[:batch_size]), blocks[0].src_nodes every vertex the first "
+            "layer reads (on a split: this rank's mixed frontier), input_nodes the vertices whose features this "
+            "rank loaded",
+    "edge_index": "a batch has one block per layer instead of one edge_index: run PyG layers on them with "
+                  "gsplit.interop.pyg.BlockConv(conv)(block, h), or get a layer's ((h_src, h_dst), edge_index, size) "
+                  "from gsplit.interop.pyg.block_inputs(block, h)",
+    "e_id": "blocks[i].edge_ids (ids of each layer's edges in the full graph)",
+    "input_id": "output_nodes (the targets)",
+    "num_sampled_nodes": "[b.num_src_nodes() for b in blocks] and [b.num_dst_nodes() for b in blocks]",
+    "num_sampled_edges": "[b.num_edges() for b in blocks]",
+    "num_nodes": "blocks[0].num_src_nodes() (vertices the first layer reads)",
+}
+"""PyG ``NeighborLoader`` batch attributes -> what a gsplit :class:`MiniBatch` offers instead."""

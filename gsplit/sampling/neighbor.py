@@ -62,6 +62,8 @@ class NeighborSampler:
             if f < -1 or f == 0:
                 raise ValueError(f"fanouts[{i}] = {f}; each fanout must be a positive number of neighbours or -1 for all")
         self.fanouts: List[int] = fanouts
+        self.num_neighbors: Optional[List[int]] = None
+        """PyG's ``num_neighbors`` (seeds outward) when built by :meth:`from_pyg`, else None."""
         self.replace = bool(replace)
         self.seed = int(seed)
 
@@ -76,7 +78,9 @@ class NeighborSampler:
             >>> NeighborSampler.from_pyg([25, 10]).fanouts
             [10, 25]
         """
-        return cls(list(num_neighbors)[::-1], replace=replace, seed=seed)
+        sampler = cls(list(num_neighbors)[::-1], replace=replace, seed=seed)
+        sampler.num_neighbors = [int(n) for n in num_neighbors]  # PyG's order, kept: the order was said
+        return sampler
 
     @property
     def num_layers(self) -> int:
