@@ -7,10 +7,12 @@ exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import asdict
@@ -44,24 +46,59 @@ def parse_fanouts(text: str) -> List[int]:
     return fanouts
 
 
+def _parse_scalar(value: str) -> object:
+    for conv in (int, float):
+        try:
+            return conv(value)
+        except ValueError:
+            continue
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
 def parse_dataset_options(pairs: List[str]) -> Dict[str, object]:
-    """``-D key=value`` pairs, values parsed as int, float, bool or left as strings."""
+    """``-D key=value`` pairs, values parsed as int, float, bool, a list of numbers (``0.6,0.2,0.2``) or
+    left as strings."""
     opts: Dict[str, object] = {}
     for pair in pairs or []:
         if "=" not in pair:
             raise CliError(f"-D {pair!r} is not key=value; e.g. -D num_nodes=100000")
         key, value = pair.split("=", 1)
-        parsed: object = value
-        for conv in (int, float):
-            try:
-                parsed = conv(value)
-                break
-            except ValueError:
-                continue
-        if value.lower() in ("true", "false"):
-            parsed = value.lower() == "true"
+        parsed = _parse_scalar(value)
+        if isinstance(parsed, str) and "," in value:
+            items = [_parse_scalar(v.strip()) for v in value.split(",")]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+                parsed = items
         opts[key.strip().replace("-", "_")] = parsed
     return opts
+
+
+def check_dataset_options(dataset: str, opts: Dict[str, object]) -> None:
+    """Refuse ``-D`` options the dataset does not take, or whose value has the wrong type (before loading)."""
+    from gsplit import datasets
+
+    names = datasets.option_names(dataset)
+    unknown = sorted(set(opts) - set(names))
+    if unknown:
+        raise CliError(f"-D {', '.join(unknown)}: not an option of dataset {dataset!r}; it accepts {', '.join(names)}")
+    defaults = datasets.option_defaults(dataset)
+    for key, value in opts.items():
+        default = defaults.get(key)
+        if isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, int):
+            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an integer"
+        elif isinstance(default, float):
+            ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+        elif isinstance(default, (tuple, list)):
+            ok, kind = isinstance(value, list), "a comma-separated list of numbers"
+        else:
+            continue
+        if not ok:
+            raise CliError(f"-D {key}={value if not isinstance(value, list) else ','.join(map(str, value))}: "
+                           f"{key} takes {kind} (default {default}); e.g. -D {key}="
+                           f"{','.join(map(str, default)) if isinstance(default, (tuple, list)) else default}")
 
 
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
@@ -89,10 +126,7 @@ def _load_dataset(args):
     from gsplit import datasets
 
     opts = parse_dataset_options(args.dataset_opts)
-    unknown = sorted(set(opts) - set(datasets.option_names(args.dataset)))
-    if unknown:
-        raise CliError(f"-D {', '.join(unknown)}: not an option of dataset {args.dataset!r}; "
-                       f"it accepts {', '.join(datasets.option_names(args.dataset))}")
+    check_dataset_options(args.dataset, opts)
     print(f"loading dataset {args.dataset} {opts if opts else ''}".rstrip(), flush=True)
     t = time.perf_counter()
     ds = datasets.load(args.dataset, **opts)
@@ -111,6 +145,69 @@ def _print_stats(stats: dict) -> None:
                                                    stats["vertex_imbalance"])):
         print(f"{layer:>6} {cross:>18.3f} {imb:>15.3f} {vimb:>17.3f}")
     print(f"input-feature imbalance {stats['input_imbalance']:.3f}")
+
+
+def check_output_folder(path: str, option: str) -> Path:
+    """Create ``path`` and check that files can be written in it, before the work that fills it."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise CliError(f"{option} {p} is a file, not a folder; pass a folder path (it is created if absent)")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-test.{os.getpid()}.tmp"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as e:
+        raise CliError(f"cannot write into {option} {p} ({e.strerror or e}); pass a folder on a writable file "
+                       f"system") from None
+    return p
+
+
+class _StageProgress:
+    """``prepare``'s progress callback: prints each message and, while a long stage runs, a tqdm bar of its
+    elapsed seconds against the seconds estimated from measured per-edge costs, so tqdm shows the time left."""
+
+    _STAGES = (("expected pre-sampling", "weights"), ("partitioning into", "partition"), ("split statistics", "stats"))
+    _MIN_SECONDS = 2.0  # no bar for stages expected to be quicker
+
+    def __init__(self, num_edges: int):
+        self.num_edges = num_edges
+        self._bar = None
+        self._stop = None
+
+    def __call__(self, message: str) -> None:
+        self.close()
+        print(message, flush=True)
+        stage = next((s for prefix, s in self._STAGES if message.startswith(prefix)), None)
+        if stage is None:
+            return
+        from gsplit.partitioning.prepare import estimated_stage_seconds
+
+        total = estimated_stage_seconds(stage, self.num_edges)
+        if total >= self._MIN_SECONDS:
+            self._start(stage, total)
+
+    def _start(self, stage: str, total: float) -> None:
+        import threading
+        from tqdm import tqdm
+
+        bar = tqdm(total=round(total, 1), desc=f"  {stage} (time estimated from per-edge costs)",
+                   bar_format="{desc}: {bar} {elapsed} elapsed, about {remaining} left", leave=False)
+        stop, t0 = threading.Event(), time.perf_counter()
+
+        def tick() -> None:
+            while not stop.wait(0.5):  # past the estimate the bar stays full and "left" reads 00:00
+                bar.n = min(round(time.perf_counter() - t0, 1), bar.total)
+                bar.refresh()
+
+        threading.Thread(target=tick, daemon=True).start()
+        self._bar, self._stop = bar, stop
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._stop.set()
+            self._bar.close()
+            self._bar = self._stop = None
 
 
 def _print_full_graph_stats(stats) -> None:
@@ -140,16 +237,21 @@ def cmd_prepare_full_graph(args, ds) -> int:
 
 
 def cmd_prepare(args) -> int:
+    check_dataset_options(args.dataset, parse_dataset_options(args.dataset_opts))
+    out = check_output_folder(args.out, "--out")
     ds = _load_dataset(args)
     _prepare_kernels()
     if args.full_graph:
         return cmd_prepare_full_graph(args, ds)
     fanouts = parse_fanouts(args.fanouts)
-    out = Path(args.out)
     from gsplit.partitioning import prepare_partition
 
-    prepared = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
-                                 args.presample_epochs, out, progress=_say, presample_method=args.presample)
+    progress = _StageProgress(ds.graph.num_edges)
+    try:
+        prepared = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
+                                     args.presample_epochs, out, progress=progress, presample_method=args.presample)
+    finally:
+        progress.close()
     print(f"map written to {out}")
     _print_stats(prepared.report["stats"])
     return 0
@@ -241,14 +343,128 @@ def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
     return None
 
 
+class ResumeGuard:
+    """The parent's side of ``--checkpoint``/``--resume``: the folder is made, checked and locked, and a
+    resume is checked against the checkpoint's run record in three steps (configuration before the
+    data is loaded, the dataset and the model's fit after, the partition map last), all before any
+    rank starts. Allowed changes are said in one line each; refused ones raise :class:`CliError`."""
+
+    def __init__(self, args, config: dict, world_size: int, writer: bool):
+        from gsplit.checkpoint import CheckpointLock, prepare_checkpoint_dir
+
+        self.args, self.config, self.world_size = args, config, world_size
+        self.lock = None
+        self.saved = None
+        """The checkpoint to resume (its state loaded and checked), None for a fresh start."""
+        folder = prepare_checkpoint_dir(args.checkpoint, probe=writer)
+        if writer:  # one writer per folder; the kernel drops the lock when this process ends, however
+            self.lock = CheckpointLock(folder).acquire()
+        try:
+            self._check(folder, writer)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Let another run write the folder (also done by the kernel when this process ends)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def _check(self, folder: Path, writer: bool) -> None:
+        from gsplit.checkpoint import load_checkpoint, remove_leftovers
+        from gsplit.resume import compare_runs, run_record
+
+        args = self.args
+        if writer:
+            remove_leftovers(folder)
+        latest = load_checkpoint(folder, state=False)
+        if latest is None:
+            if args.resume:
+                _say(f"gsplit: resume: no complete checkpoint in {folder} yet; starting from the beginning")
+            return
+        where = f"step {latest.step}, epoch {latest.counters.get('epoch')}, iteration {latest.counters.get('iteration')}"
+        if not args.resume:
+            raise CliError(f"--checkpoint {folder} already holds a checkpoint ({where}); pass --resume to continue "
+                           f"it, or another folder for a new run")
+        if not latest.run and not args.resume_anyway:
+            raise CliError(f"the checkpoint in {folder} ({where}) records no run settings (an older gsplit wrote "
+                           f"it), so this run cannot be checked against it; pass --resume-anyway to resume it")
+        self._decide(compare_runs(latest.run, run_record(self.config, self.world_size)))
+        self.saved = load_checkpoint(folder)  # the checksum and the file, before any rank reads them
+        _say(f"gsplit: resume: from {self.saved.path} ({where})")
+
+    def _decide(self, check) -> None:
+        why = check.verdict(self.args.resume_anyway)
+        if why:
+            raise CliError(why)
+        for note in check.notes:
+            _say(f"gsplit: resume: {note}")
+        for change in check.refused:
+            _say(f"gsplit: resume: --resume-anyway: continuing with {change}" +
+                 (" (applied to the restored optimiser)" if change.startswith("--lr") else ""))
+
+    def check_dataset(self, ds, model: str, hidden: int, heads: int, num_layers: int, dropout: float) -> None:
+        """The dataset's fingerprint and the saved model's fit, after loading, before partitioning."""
+        if self.saved is None:
+            return
+        from gsplit.nn.models import build_model
+        from gsplit.resume import compare_runs, run_record
+
+        if self.saved.run:
+            saved = {k: v for k, v in self.saved.run.items() if k in ("dataset",)}
+            self._decide(compare_runs(saved, {"dataset": run_record({}, 0, ds)["dataset"]}))
+        probe = build_model(model, ds.features.shape[1], hidden, ds.num_classes, num_layers=num_layers,
+                            dropout=dropout, heads=heads)
+        want = probe.state_dict()
+        for name, value in self.saved.model.items():
+            if name not in want:
+                raise CliError(f"the checkpoint in {self.args.checkpoint} holds {name!r}, which this model has not; "
+                               f"resume with the checkpoint's --model, --hidden, --heads and --fanouts")
+            if torch.is_tensor(value) and value.shape != want[name].shape:
+                raise CliError(f"the checkpoint in {self.args.checkpoint} holds {name} of shape {list(value.shape)}, "
+                               f"this model's is {list(want[name].shape)}; resume with the checkpoint's --model, "
+                               f"--hidden, --heads, --fanouts and dataset")
+        absent = sorted(set(want) - set(self.saved.model))
+        if absent:
+            raise CliError(f"the checkpoint in {self.args.checkpoint} lacks {absent[0]!r} of this model; resume with "
+                           f"the checkpoint's --model, --hidden, --heads and --fanouts")
+
+    def check_map(self, owner) -> None:
+        """Say when the partition map differs from the checkpoint's (allowed: the same steps)."""
+        if self.saved is not None and self.saved.run and owner is not None:
+            from gsplit.resume import compare_runs, run_record
+
+            saved = {k: v for k, v in self.saved.run.items() if k in ("partition",)}
+            self._decide(compare_runs(saved, {"partition": run_record({}, 0, None, owner)["partition"]}))
+
+
 def cmd_train(args) -> int:
+    with contextlib.ExitStack() as closing:  # the checkpoint folder's lock, released however the run ends
+        return _train(args, closing)
+
+
+def _train(args, closing: contextlib.ExitStack) -> int:
     import gsplit
     from gsplit.comm import hosts as multihost
     from gsplit.feature_store import parse_size
     from gsplit.trainer import SYSTEMS, TrainConfig, train_rank
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda but CUDA is not available here (no GPU or a CPU-only torch); use --device cpu "
+                       "or auto")
+    if args.resume_anyway:
+        args.resume = True
+        if not args.checkpoint:
+            raise CliError("--resume-anyway needs --checkpoint DIR: the folder to resume from")
     if args.log:  # before any work: a bad path must not surface after the whole run
         check_writable(args.log, "--log file")
+    check_dataset_options(args.dataset, parse_dataset_options(args.dataset_opts))
+    if args.partition:
+        pdir = Path(args.partition)
+        if pdir.exists() and not pdir.is_dir():
+            raise CliError(f"--partition {pdir} is a file, not a folder; pass the folder `gsplit prepare --out` wrote "
+                           f"(or a new folder to save the map made on the fly)")
     torchrun = args.launcher == "torchrun" or (args.launcher == "auto" and multihost.started_by_torchrun())
     if torchrun:
         # torchrun started this process as one rank of the job: join it instead of spawning ranks
@@ -263,8 +479,6 @@ def cmd_train(args) -> int:
         if args.system not in ("split", "full"):
             raise CliError(f"--full-graph trains split-parallel; it cannot be combined with --system {args.system}")
         args.system = "full"
-    ds = _load_dataset(args)
-    _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
     fanouts = parse_fanouts(args.fanouts)
     if args.system == "full":
         fanouts = [-1] * len(fanouts)  # every in-edge: --fanouts gives the number of layers only
@@ -281,12 +495,25 @@ def cmd_train(args) -> int:
                       cache_size=args.cache_size,
                       prefetch=args.prefetch, uva=args.uva, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
-                      resume=args.resume, recompute=args.recompute)
+                      resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute)
+    partitioned = SYSTEMS[args.system].partitioned and parts > 1
+    if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
+        check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
+    guard = ResumeGuard(args, asdict(cfg), ranks, writer=not torchrun or rank == 0) if args.checkpoint else None
+    if guard is not None:
+        closing.callback(guard.release)
+    ds = _load_dataset(args)
+    _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
+    if ds.train_idx.numel() == 0:
+        raise CliError(f"dataset {ds.name} has no training vertices: nothing to train; check its split options "
+                       f"(e.g. -D split_fractions=0.6,0.2,0.2)")
+    if guard is not None:
+        guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
     owner, cache_weights = None, None
     if args.system == "full":
         owner = _full_graph_map(args, ds, parts, torchrun)
         _check_full_graph_memory(args, ds, owner, parts)
-    elif SYSTEMS[args.system].partitioned and parts > 1:
+    elif partitioned:
         pdir = Path(args.partition) if args.partition else None
         if pdir is not None and (pdir / "meta.json").exists():
             pmap = gsplit.PartitionMap.load(pdir)
@@ -316,12 +543,17 @@ def cmd_train(args) -> int:
         if parse_size(cfg.cache_size):
             print("feature cache ordered by " + ("pre-sampling frequency" if cache_weights is not None
                                                 else "in-degree (no pre-sampling weights for this map)"))
+    if guard is not None:
+        guard.check_map(owner)
     hosts_text = f" = {ranks // parts} hosts x {parts}" if parts != ranks else ""
     print(f"training {args.model} with {args.system} on {ranks} rank(s){hosts_text} "
           f"({'GPUs' if torch.cuda.is_available() and args.device != 'cpu' else 'CPU processes over gloo'})",
           flush=True)
     if args.log and (not torchrun or rank == 0):  # under torchrun every rank runs this; rank 0 writes
-        append_jsonl(args.log, _run_record(args, ds, ranks, cfg))
+        resumed = {} if guard is None or guard.saved is None else {"resumed_from": dict(guard.saved.counters)}
+        if not args.resume:  # a new run starts the log afresh; a resumed one appends to its run's log
+            Path(args.log).write_bytes(b"")
+        append_jsonl(args.log, {**_run_record(args, ds, ranks, cfg), **resumed})
     report = EpochReport(args.log, _tensorboard(args))
     t = time.perf_counter()
     if torchrun:
@@ -697,7 +929,7 @@ _NUMBER_RULES = {
     "num_batches": (_positive, "must be positive"),
     "batches": (_positive, "must be positive"),
     "epochs": (_non_negative, "must be >= 0"),
-    "num_ranks": (_non_negative, "must be >= 0 (0: all GPUs, else 2 CPU ranks)"),
+    "num_ranks": (_positive, "must be >= 1 (leave it out for all GPUs, else 2 CPU ranks)"),
     "max_iters": (_non_negative, "must be >= 0 (0: whole epochs)"),
     "eval_every": (_non_negative, "must be >= 0 (0: no evaluation)"),
     "seed": (_non_negative, "must be >= 0"),
@@ -761,7 +993,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=0.003)
-    p.add_argument("--num-ranks", type=int, default=0, help="ranks (default: all GPUs, else 2 CPU processes)")
+    p.add_argument("--num-ranks", type=int, default=None, help="ranks (default: all GPUs, else 2 CPU processes)")
     p.add_argument("--system", default="split", choices=sorted(SYSTEMS))
     p.add_argument("--partition", help="partition folder; prepared on the fly (and saved here) when absent")
     p.add_argument("--method", default="gsplit", choices=METHODS)
@@ -782,6 +1014,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue from the newest checkpoint in --checkpoint DIR; the remaining steps equal an "
                         "uninterrupted run's")
+    p.add_argument("--resume-anyway", action="store_true",
+                   help="with --resume: continue also when settings differ from the checkpoint's in a way that "
+                        "changes the remaining steps (a new --lr is applied); a model that does not fit is still "
+                        "refused")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
     p.add_argument("--uva", action="store_true",
@@ -834,8 +1070,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _values_that_look_like_options(argv: List[str]) -> List[str]:
+    """``--fanouts -1,5`` as ``--fanouts=-1,5``: argparse takes a value starting with ``-`` for an option
+    unless it is a plain negative number, and -1 (all neighbours) is a documented fanout."""
+    out: List[str] = []
+    it = iter(argv)
+    for a in it:
+        if a == "--fanouts":
+            value = next(it, None)
+            if value is not None and value.startswith("-") and value[1:2].isdigit():
+                out.append(f"--fanouts={value}")
+                continue
+            out.append(a)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(a)
+    return out
+
+
+def _stop_on_signal(signum, frame):
+    from gsplit.launch import LaunchInterrupted as Stop
+
+    raise Stop(signum)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
+    argv = _values_that_look_like_options(list(sys.argv[1:] if argv is None else argv))
     try:
         args = parser.parse_args(argv)
     except CliError as e:
@@ -843,6 +1105,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    previous = {}
+    if _in_main_thread():  # SIGTERM/SIGHUP anywhere (loading, METIS, a save) exit 128 + signal, cleanly
+        for s in (getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n)):
+            previous[s] = signal.signal(s, _stop_on_signal)
     try:
         check_numbers(args)
         return args.func(args)
@@ -855,9 +1121,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     except LaunchInterrupted as e:  # SIGTERM / SIGHUP: the ranks are already stopped
         print(f"gsplit: {e}", file=sys.stderr)
         return e.code
-    except RuntimeError as e:  # LaunchError and friends: the message already names the failing rank
+    except (RuntimeError, FloatingPointError) as e:  # LaunchError and friends: the message names the failing rank
         print(f"gsplit: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a full disk or a vanished folder during the run: one line, not a traceback
+        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+        print(f"gsplit: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _in_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

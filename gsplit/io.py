@@ -18,6 +18,7 @@ epochs finish, so a crash keeps the epochs done; :func:`read_run_log` turns it b
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -61,11 +62,27 @@ def atomic_file(path: PathLike) -> Iterator[Any]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise _naming(e, path) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """``e`` with the file it was about; a short write that numpy reports without an errno is called ENOSPC
+    when the folder's file system is (nearly) full, as it then is."""
+    code, text = e.errno, e.strerror or str(e)
+    if code is None:
+        with contextlib.suppress(OSError):
+            st = os.statvfs(path.parent)
+            if st.f_bavail * st.f_frsize < (1 << 20):
+                code, text = errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({text})"
+    return OSError(code, text, str(path))
 
 
 def atomic_write_bytes(path: PathLike, data: Union[bytes, str]) -> None:
@@ -188,30 +205,54 @@ def _kind_names(kind: str) -> str:
 
 
 def check_writable(path: PathLike, what: str = "file") -> Path:
-    """Make sure a file can be written at ``path`` (creating its folder); ``ValueError`` naming it if not.
+    """Make sure records can be appended at ``path`` (creating it and its folder); ``ValueError`` naming it if not.
 
     Called before long work whose results go to ``path``, so a typo fails in a second, not after hours.
-    The file is created empty (or truncated).
+    An existing file is kept as it is (logs are appended to); an empty one is probed with a byte that is
+    truncated again, which catches files that open but refuse writes (``/proc/version``).
     """
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{what} {p} is a directory; pass a file path, e.g. {p / 'run.jsonl'}")
+    if p.parent.exists() and not p.parent.is_dir():
+        raise ValueError(f"{what} {p}: {p.parent} is a file, not a folder; pass a path in a folder")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "w"):
-            pass
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size == 0:
+                os.write(fd, b"\n")
+                os.ftruncate(fd, 0)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise ValueError(f"cannot write {what} {p} ({e.strerror or e}); pass a path in a writable folder") from None
     return p
 
 
 def append_jsonl(path: PathLike, record: Mapping[str, Any]) -> None:
-    """Append ``record`` as one JSON line to ``path`` and flush it to disk (a crash keeps every finished line)."""
-    line = json.dumps(record, default=_json_default) + "\n"
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
+    """Append ``record`` as one JSON line to ``path`` and flush it to disk (a crash keeps every finished line).
+
+    The line goes out in one ``write``; when the disk fills midway the part written is cut off again and
+    an ``OSError`` says so, so the file never holds a torn line.
+    """
+    line = (json.dumps(record, default=_json_default) + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: only {written} of {len(line)} bytes "
+                                            f"could be written")
+            os.fsync(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise OSError(e.errno, f"cannot append a record to {path} ({e.strerror or e}); the records before "
+                                   f"it are intact") from None
+    finally:
+        os.close(fd)
 
 
 def _json_default(x):

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import datetime
 import inspect
+import ipaddress
 import logging
 import os
 import pickle
@@ -339,6 +340,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     try:
         os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "RANK": str(rank),
                            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size), _ENV_DEVICE: device})
+        _bind_to_loopback(master_addr, os.environ)
         dev = torch.device(device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
@@ -604,6 +606,40 @@ class _Watchdog:
                            f"hung: rank{'s' if len(failures) > 1 else ''} {failed} failed in a collective "
                            f"waiting for it while it was still running ({'in a collective too' if waiting else 'not in a collective'}"
                            f"; progress {self.describe_progress(r)}, {age:.0f} s ago)", "", time.time(), False)
+
+
+def _loopback_interface() -> str:
+    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (OSError, AttributeError):
+        names = []
+    return next((n for n in names if n in ("lo", "lo0")), next((n for n in names if n.startswith("lo")), "lo"))
+
+
+def _is_loopback_address(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(addr) if addr == "localhost" else addr).is_loopback
+    except (ValueError, OSError):
+        return False
+
+
+def _bind_to_loopback(master_addr: str, env) -> None:
+    """Make gloo's and NCCL's listening sockets of a single-host job use the loopback interface.
+
+    Without this, gloo binds the address the host name resolves to (a LAN address on most servers),
+    so the ranks' sockets were reachable from the network although the rendezvous store is local. A
+    rendezvous on a loopback ``master_addr`` means every rank is on this host; with another address
+    (several hosts) the user's ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` choose the interface.
+    """
+    if not _is_loopback_address(master_addr):
+        return
+    lo = _loopback_interface()
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if env.get(var) not in (None, "", lo):
+            log.warning("%s=%s ignored: the ranks of a single-host job listen on the loopback interface %s only",
+                        var, env[var], lo)
+        env[var] = lo
 
 
 def _listen_socket(addr: str, port: int) -> socket.socket:

@@ -8,8 +8,10 @@ launcher, same counters. Every number in the returned log comes from the code pa
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -20,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gsplit.baselines.data_parallel import DataParallelLoader
-from gsplit.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from gsplit.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state, save_checkpoint, set_rng_state
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
@@ -34,6 +36,7 @@ from gsplit.launch import report_progress, resolve_device
 from gsplit.loader import DataLoader, IterationStats
 from gsplit.nn.loss import split_cross_entropy
 from gsplit.nn.models import build_model
+from gsplit.resume import run_record
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.timing import StepTimer
@@ -187,6 +190,14 @@ class TrainConfig:
     resume: bool = False
     """Continue from the newest checkpoint in ``checkpoint_dir`` (a fresh start when there is none): the
     remaining steps are those an uninterrupted run takes."""
+    resume_anyway: bool = False
+    """With ``resume``: continue also when the run's settings differ from the checkpoint's in a way that
+    changes the remaining steps (``gsplit train --resume-anyway``); a new ``lr`` is then applied to the
+    restored optimiser. The CLI checks the differences before any rank starts (:mod:`gsplit.resume`)."""
+    max_loss: float = 1e4
+    """Stop the run when a rank's loss on an iteration exceeds this (cross-entropy of a sane model is
+    around ln(classes): this much means the model diverged, e.g. a too large ``lr``); a non-finite loss
+    always stops it. 0: only non-finite losses stop it."""
     recompute: bool = False
     """Recompute every layer in backward instead of keeping its intermediates (:func:`gsplit.recompute_layers`):
     less memory, more compute; for full-graph training above all."""
@@ -207,6 +218,8 @@ class TrainConfig:
                              "device='cuda' or 'auto' on a GPU host, or uva=False")
         if self.ranks_per_host < 0:
             raise ValueError(f"ranks_per_host={self.ranks_per_host}; pass the ranks of one host, or 0 for one host")
+        if not (self.max_loss >= 0):
+            raise ValueError(f"max_loss={self.max_loss}; pass a positive loss limit, or 0 to stop only on NaN/inf")
 
 
 @dataclass
@@ -398,28 +411,100 @@ def _save_model(cfg: TrainConfig, model, dataset) -> None:
                dataset.meta.get("load", {"name": dataset.name}))
 
 
-def _save_checkpoint(cfg: TrainConfig, model, opt, epoch: int, iteration: int, step: int) -> None:
+@contextlib.contextmanager
+def _expected_work(reports: int, interval_s: float = 1.0):
+    """Keep reporting progress (``reports``: this rank's count so far) while the block runs.
+
+    Rank 0 saves checkpoints alone while the other ranks wait for it in the next collective: without
+    this, the launcher's progress watchdog would take a slow save (a big model, a slow disk) for a hang.
+    """
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(interval_s):
+            report_progress(reports)
+
+    thread = threading.Thread(target=beat, name="gsplit-save-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _save_checkpoint(cfg: TrainConfig, model, opt, epoch: int, iteration: int, step: int, run: dict,
+                     reports: int = 0) -> None:
     """Rank 0 saves what an exact resume needs: every rank holds the same model and optimiser state."""
     # the vertex-dropout step counter is in model.state_dict() (the models' extra state)
     counters = {"epoch": epoch, "iteration": iteration, "step": step}
-    save_checkpoint(cfg.checkpoint_dir, model.state_dict(), opt.state_dict(), counters, step=step, rng=rng_state())
+    with _expected_work(reports):
+        save_checkpoint(cfg.checkpoint_dir, model.state_dict(), opt.state_dict(), counters, step=step,
+                        rng=rng_state(), run=run)
 
 
 def _resume(cfg: TrainConfig, model, opt) -> TrainPosition:
     """Load the newest checkpoint into ``model`` and ``opt``; the position to continue from (the start if none)."""
-    try:
-        ck = load_checkpoint(cfg.checkpoint_dir)
-    except FileNotFoundError:
-        log.warning("resume: no checkpoint in %s yet; starting from the beginning", cfg.checkpoint_dir)
+    ck = load_checkpoint(cfg.checkpoint_dir)
+    if ck is None:  # a new folder, or the first save was interrupted: TrainConfig.resume's fresh start
+        log.warning("resume: no complete checkpoint in %s yet; starting from the beginning", cfg.checkpoint_dir)
         return TrainPosition()
     model.load_state_dict(ck.model)
     if ck.optimizer is not None:
         opt.load_state_dict(ck.optimizer)
+        if cfg.resume_anyway:  # the user chose the new settings: a restored optimiser must not keep the old lr
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr
     if ck.rng is not None:
         set_rng_state(ck.rng)
     log.info("resumed from %s at epoch %d, iteration %d (step %d)", cfg.checkpoint_dir, ck.counters["epoch"],
              ck.counters["iteration"], ck.counters["step"])
     return TrainPosition(int(ck.counters["epoch"]), int(ck.counters["iteration"]), int(ck.counters["step"]))
+
+
+def _check_loss(cfg: TrainConfig, value: float, rank: int, epoch: int, iteration: int, step: int) -> None:
+    """Stop a run whose loss is NaN/inf or exploded, naming the rank and the iteration."""
+    if math.isfinite(value) and not (cfg.max_loss and value > cfg.max_loss):
+        return
+    what = f"is {value}" if not math.isfinite(value) else f"is {value:.3g}, above max_loss {cfg.max_loss:g}"
+    raise FloatingPointError(f"rank {rank}: the loss {what} at epoch {epoch}, iteration {iteration} (step {step}): "
+                             f"training diverged; lower the learning rate (lr {cfg.lr:g}) or check the input "
+                             f"features for huge values; the last checkpoint, if any, predates it")
+
+
+class _LossWatch:
+    """Stops a diverging run (:func:`_check_loss`) without making the host wait for the device.
+
+    On the CPU each loss is checked at once. On a GPU it is copied to pinned host memory behind an event
+    and checked when that event has passed (usually an iteration later), so the loop keeps no sync.
+    """
+
+    def __init__(self, cfg: TrainConfig, rank: int, device: torch.device):
+        self.cfg, self.rank, self.cuda = cfg, rank, device.type == "cuda"
+        self.pending: list = []  # (host copy, event, epoch, iteration, step)
+
+    def push(self, loss: torch.Tensor, epoch: int, iteration: int, step: int) -> None:
+        if not self.cuda:
+            _check_loss(self.cfg, float(loss.detach()), self.rank, epoch, iteration, step)
+            return
+        host = torch.empty((), dtype=loss.dtype, pin_memory=True)
+        host.copy_(loss.detach(), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self.pending.append((host, event, epoch, iteration, step))
+        while self.pending and self.pending[0][1].query():
+            self._check(self.pending.pop(0))
+
+    def flush(self) -> None:
+        """Check what is still pending (at an epoch's end, where the loop waits for the device anyway)."""
+        for item in self.pending:
+            item[1].synchronize()
+            self._check(item)
+        self.pending.clear()
+
+    def _check(self, item) -> None:
+        host, _, epoch, iteration, step = item
+        _check_loss(self.cfg, float(host), self.rank, epoch, iteration, step)
 
 
 def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optional[Tuple]:
@@ -463,6 +548,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     spans several hosts (the CLI passes it under torchrun); without it ``cfg.ranks_per_host`` makes them.
     ``owner`` then has one part per rank of a host.
     """
+    if dataset.train_idx.numel() == 0:
+        raise ValueError(f"dataset {dataset.name!r} has no training vertices (train_idx is empty): nothing to train; "
+                         f"check its split options")
     device = resolve_device(cfg.device)
     system = SYSTEMS[cfg.system]
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
@@ -489,7 +577,13 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                                              **eval_options)
                     for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
+    if cfg.checkpoint_dir and rank == 0:  # before any work: model.pt and every save go here
+        prepare_checkpoint_dir(cfg.checkpoint_dir)
+    run = run_record(asdict(cfg), world_size, dataset, owner) if cfg.checkpoint_dir and rank == 0 else {}
+    reports = 0  # report_progress calls of this rank (what the watchdog shows while rank 0 saves)
     position = _resume(cfg, model, opt) if cfg.resume else TrainPosition()
+    resumed_at = (position.epoch, position.iteration)
+    loss_watch = _LossWatch(cfg, rank, device)
     for epoch in range(position.epoch, cfg.epochs):
         counters = EpochCounters()
         comm.traffic.reset()
@@ -517,6 +611,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             allreduce_gradients(model, job_comm)
             opt.step()
             timer.stop(len(counters.per_iteration) if cfg.log_iterations else None)
+            loss_watch.push(loss, epoch, it, position.step + 1)
             if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
                 traffic_now, job_now = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
                 delta = TrafficCounter.delta(traffic_now, traffic_before)
@@ -533,19 +628,25 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             _book_train_time(counters, timer.ready())
             local_loss += loss.detach().to(torch.float64)
             position.step += 1
-            done = it + 1 == len(train_loader)
+            # the epoch ends here: its last iteration, or the last one --max-iters lets it run
+            done = it + 1 == len(train_loader) or bool(cfg.max_iters and it + 1 >= cfg.max_iters)
             if cfg.checkpoint_dir and rank == 0 and (position.step % cfg.checkpoint_every == 0 if cfg.checkpoint_every
                                                      else done):
-                _save_checkpoint(cfg, model, opt, epoch + 1 if done else epoch, 0 if done else it + 1, position.step)
+                _save_checkpoint(cfg, model, opt, epoch + 1 if done else epoch, 0 if done else it + 1, position.step,
+                                 run, reports)
             report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
+            reports += 1
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
         _book_train_time(counters, timer.finish())  # waits for the epoch's last step on the current stream
         epoch_s = time.perf_counter() - t_epoch
         traffic = comm.traffic.snapshot()
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
+        loss_watch.flush()
         loss_sum = global_sum(local_loss, job_comm)
         record = {"epoch": epoch, "loss": loss_sum / max(counters.iterations, 1), "epoch_s": epoch_s}
+        if epoch == resumed_at[0] and resumed_at[1] > 0:  # resumed mid-epoch: only the iterations after it
+            record.update(partial=True, first_iteration=resumed_at[1], iterations=counters.iterations)
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0:
             for name, loader in eval_loaders.items():
                 record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)

@@ -90,7 +90,7 @@ def test_broken_checkpoints_give_one_line(tmp_path):
     (folder / "state.pt").write_bytes(b"\x00garbage")
     with pytest.raises(ValueError) as info:
         load_checkpoint(tmp_path)
-    assert "state.pt cannot be read" in str(info.value) and "\n" not in str(info.value)
+    assert "state.pt is damaged" in str(info.value) and "\n" not in str(info.value)
     (folder / "meta.json").unlink()
     with pytest.raises(ValueError, match="incomplete checkpoint"):
         load_checkpoint(tmp_path)
@@ -105,3 +105,81 @@ def test_rng_state_round_trip():
     set_rng_state(state)
     b = (random.random(), float(np.random.rand()), torch.rand(3))
     assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def test_flipped_bytes_inside_a_tensor_are_caught_by_the_checksum(tmp_path):
+    model = _model()
+    folder = save_checkpoint(tmp_path, model.state_dict(), None, {"step": 1})
+    data = bytearray((folder / "state.pt").read_bytes())
+    data[len(data) // 2: len(data) // 2 + 8] = b"\x7f" * 8
+    (folder / "state.pt").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="state.pt is damaged: its sha256") as info:
+        load_checkpoint(tmp_path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_pointer_to_a_missing_step_names_the_newest_complete_one(tmp_path):
+    model = _model()
+    for step in (1, 2):
+        save_checkpoint(tmp_path, model.state_dict(), None, {"step": step})
+    (tmp_path / "latest").write_text("step-000000005\n")
+    with pytest.raises(ValueError, match="step-000000005, which does not exist; point it at the newest complete one "
+                                         r"\(step-000000002\)"):
+        load_checkpoint(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000001", "step-000000002"]
+
+
+def test_pruning_counts_only_complete_folders(tmp_path):
+    model = _model()
+    save_checkpoint(tmp_path, model.state_dict(), None, {"step": 1}, keep=2)
+    (tmp_path / "step-000000002").mkdir()  # an interrupted save: no meta.json
+    save_checkpoint(tmp_path, model.state_dict(), None, {"step": 3}, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000000001", "step-000000003"]
+
+
+def test_leftovers_are_removed_but_the_named_step_is_kept(tmp_path):
+    model = _model()
+    folder = save_checkpoint(tmp_path, model.state_dict(), None, {"step": 1})
+    (folder / ".state.pt.x1.tmp").write_bytes(b"partial")
+    (tmp_path / ".latest.x2.tmp").write_bytes(b"partial")
+    (tmp_path / "step-000000002").mkdir()
+    assert ckpt.remove_leftovers(tmp_path) == 3
+    assert [p.name for p in tmp_path.glob("step-*")] == ["step-000000001"] and load_checkpoint(tmp_path).step == 1
+    (folder / ".state.pt.x3.tmp").write_bytes(b"partial")  # a save of the same step cleans its folder too
+    save_checkpoint(tmp_path, model.state_dict(), None, {"step": 1})
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_the_run_record_is_kept_in_meta_json(tmp_path):
+    save_checkpoint(tmp_path, _model().state_dict(), None, {"step": 1}, run={"config": {"lr": 0.1}, "world_size": 2})
+    ck = load_checkpoint(tmp_path, state=False)
+    assert ck.run == {"config": {"lr": 0.1}, "world_size": 2} and ck.model is None
+
+
+LOCK_HOLDER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from gsplit.checkpoint import CheckpointLock
+CheckpointLock({d!r}).acquire()
+print("locked", flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_lock_excludes_a_second_writer_and_dies_with_its_holder(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER.format(root=root, d=str(tmp_path))],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(ValueError, match=f"in use by another gsplit run \\(pid {holder.pid} holds"):
+            ckpt.CheckpointLock(tmp_path).acquire()
+    finally:
+        holder.kill()  # SIGKILL: no clean-up runs; the kernel drops the lock
+        holder.wait()
+    with ckpt.CheckpointLock(tmp_path):
+        pass

@@ -76,3 +76,56 @@ def test_train_two_ranks_prepares_then_reuses_the_map(tmp_path, capsys):
     log = read_run_log(tmp_path / "log.json")
     assert log["world_size"] == 2 and len(log["epochs"][0]["ranks"]) == 2
     assert log["epochs"][0]["traffic_bytes"] > 0  # the ranks really shuffled rows
+
+
+def _one_line(rc, capsys, *needles):
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gsplit: error:"), err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def test_inputs_known_before_the_work_are_one_line(tmp_path, capsys):
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("hello\n")
+    _one_line(main(["train", "-D", "num_nodes=abc"]), capsys, "-D num_nodes=abc", "integer")
+    _one_line(main(["train", "--num-ranks", "0"]), capsys, "--num-ranks must be >= 1")
+    _one_line(main(["train", "--partition", str(a_file)]), capsys, f"--partition {a_file} is a file")
+    _one_line(main(["prepare", "--num-parts", "2", "--out", str(a_file)]), capsys, f"--out {a_file} is a file")
+    _one_line(main(["train", "--log", "/proc/version"]), capsys, "/proc/version")
+    _one_line(main(["train", "--checkpoint", str(a_file)]), capsys, "is a file, not a folder")
+    line = _one_line(main(["train", "--dataset", f"npz:{a_file}"]), capsys, "is not an .npz archive")
+    assert "pickle" not in line
+    _one_line(main(["train", "-D", "split_fractions=0,0.5,0.5", "-D", "num_nodes=300"]), capsys,
+              "no training vertices")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_a_gpu_fails_before_any_work(capsys):
+    _one_line(main(["train", "--device", "cuda", "-D", "num_nodes=300"]), capsys, "--device cuda", "not available")
+
+
+def test_negative_fanouts_and_list_options_parse(tmp_path, capsys):
+    rc = main(["train", *TINY, "--num-ranks", "1", "--fanouts", "-1,3", "--batch-size", "256", "--epochs", "1",
+               "--max-iters", "1", "--hidden", "8", "--device", "cpu", "--eval-every", "0",
+               "-D", "split_fractions=0.5,0.25,0.25"])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_bad_map_metadata_and_npz_entries_name_the_file(tmp_path, capsys):
+    import numpy as np
+
+    out = tmp_path / "map"
+    assert main(["prepare", *TINY, "--num-parts", "2", "--fanouts", "3", "--method", "random", "--out", str(out)]) == 0
+    capsys.readouterr()
+    meta = json.loads((out / "meta.json").read_text())
+    meta["fanouts"] = "abc"
+    (out / "meta.json").write_text(json.dumps(meta))
+    _one_line(main(["stats", *TINY, "--partition", str(out)]), capsys, str(out / "meta.json"), "fanouts='abc'")
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, adj_data=np.ones(2), adj_indices=np.array([1, 7]), adj_indptr=np.array([0, 1, 2]),
+             adj_shape=np.array([2, 2]), labels=np.array([0, 1]))
+    _one_line(main(["train", "--dataset", f"npz:{bad}"]), capsys, str(bad), "adj_indices holds 7", "write it again")

@@ -7,6 +7,7 @@ this module so that spawned ranks can import them (pytest puts tests/ on sys.pat
 """
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -471,3 +472,206 @@ def test_train_warns_when_the_map_was_made_for_other_fanouts(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "gsplit: warning: partition map" in err and "fanouts [4, 3] (training uses [5, 4, 3])" in err, err
     assert "global batch 128 (training uses 64)" in err, err
+
+
+# ---------------------------------------------------------------- issue 23: signals in METIS, saves, disks, losses
+METIS_SCRIPT = textwrap.dedent("""
+    import signal, sys
+    import numpy as np
+    import scipy.sparse as sp
+    sys.path.insert(0, {root!r})
+    from gsplit.cli import _stop_on_signal
+    from gsplit.partitioning.metis import _load_metis, metis_part_kway
+    signal.signal(signal.SIGTERM, _stop_on_signal)  # what `gsplit` installs for its whole run
+    _load_metis()
+    rng = np.random.default_rng(0)
+    n, m = 300_000, 1_500_000
+    a = sp.coo_matrix((np.ones(m), (rng.integers(0, n, m), rng.integers(0, n, m))), shape=(n, n)).tocsr()
+    a = (a + a.T).tocsr()
+    a.setdiag(0)
+    a.eliminate_zeros()
+    vwgt = rng.integers(1, 10, size=(n, 2))
+    print("start", flush=True)
+    try:
+        metis_part_kway(a.indptr, a.indices, 8, vwgt=vwgt)
+    except SystemExit as e:
+        print("stopped", flush=True)
+        raise
+    print("finished", flush=True)
+""")
+
+
+def _children(pid: int) -> list:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with open(task / "children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
+@pytest.mark.slow
+def test_sigterm_inside_metis_exits_143_cleanly(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", METIS_SCRIPT.format(root=str(ROOT))], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "start"
+        time.sleep(1.0)  # METIS is running now (it takes several seconds on this graph)
+        metis = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err[-2000:])
+    assert "stopped" in out and "finished" not in out, out
+    assert time.monotonic() - sent < 10
+    time.sleep(0.5)
+    assert not [p for p in metis if _alive(p)], "the METIS process outlived the run"
+
+
+def slow_save_worker(rank, world_size, ckdir):
+    """Iterations of an all-reduce; rank 0 saves a checkpoint that takes 5 s after the second one."""
+    import gsplit.trainer as trainer
+
+    real_save = trainer.save_checkpoint
+
+    def slow_save(*args, **kwargs):
+        time.sleep(5)
+        return real_save(*args, **kwargs)
+
+    trainer.save_checkpoint = slow_save
+    cfg = trainer.TrainConfig(checkpoint_dir=ckdir)
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.Adam(model.parameters())
+    t = torch.zeros(1)
+    for it in range(4):
+        if rank == 0 and it == 2:
+            trainer._save_checkpoint(cfg, model, opt, 0, it, it, run={}, reports=it)
+        dist.all_reduce(t)  # the other rank waits here for rank 0's save
+        report_progress()
+    return rank
+
+
+def test_a_slow_save_by_rank_0_is_not_reported_as_a_hang(tmp_path):
+    assert launch(slow_save_worker, 2, args=(str(tmp_path),), devices="cpu", timeout=60, progress_timeout=2) == [0, 1]
+    assert (tmp_path / "latest").exists()
+
+
+def _in_private_mount(tmp_path: Path, mount: str, script: str):
+    """Run ``script`` (python) with ``mount`` (a mount command for $D) in a private mount namespace (root)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount a small or read-only file system")
+    d = tmp_path / "mnt"
+    d.mkdir()
+    (tmp_path / "s.py").write_text(script)
+    # GSPLIT_NO_EXTENSIONS: a first-use kernel build killed by a test's timeout would leave the shared
+    # build folder locked (torch's FileBaton) for every later process
+    shell = (f"{mount.replace('$D', str(d))} && cd {ROOT} && GSPLIT_NO_EXTENSIONS=1 PYTHONPATH={ROOT} "
+             f"{sys.executable} {tmp_path / 's.py'} {d}")
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
+                          capture_output=True, text=True, timeout=120)
+    if "Operation not permitted" in proc.stderr and "mount" in proc.stderr:
+        pytest.skip(f"mounting refused here: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+FULL_DISK_SCRIPT = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from gsplit.io import append_jsonl
+    path = Path(sys.argv[1]) / "run.jsonl"
+    n = 0
+    try:
+        while True:
+            append_jsonl(path, {"type": "epoch", "epoch": n, "pad": "x" * 3000})
+            n += 1
+    except OSError as e:
+        print("error", e)
+    for i, line in enumerate(path.read_text().splitlines()):
+        json.loads(line)  # every line whole
+    print("lines", n)
+""")
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_log_does_not_tear_a_line(tmp_path):
+    proc = _in_private_mount(tmp_path, "mount -t tmpfs -o size=20k tmpfs $D", FULL_DISK_SCRIPT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "No space left" in proc.stdout and "lines" in proc.stdout, proc.stdout
+
+
+READ_ONLY_SCRIPT = textwrap.dedent("""
+    import subprocess, sys
+    d = sys.argv[1]
+    for argv in (["prepare", "-D", "num_nodes=300", "--num-parts", "2", "--out", d + "/map"],
+                 ["train", "-D", "num_nodes=300", "--num-ranks", "1", "--epochs", "1", "--checkpoint", d + "/ck"],
+                 ["train", "-D", "num_nodes=300", "--num-ranks", "2", "--partition", d + "/map"],
+                 ["train", "-D", "num_nodes=300", "--num-ranks", "1", "--log", d + "/run.jsonl"]):
+        p = subprocess.run([sys.executable, "-m", "gsplit", *argv], capture_output=True, text=True, timeout=60)
+        print(p.returncode, repr(p.stdout), repr(p.stderr))
+""")
+
+
+@pytest.mark.slow
+def test_a_read_only_file_system_fails_before_any_work(tmp_path):
+    proc = _in_private_mount(tmp_path, "mount -t tmpfs -o ro,size=1m tmpfs $D", READ_ONLY_SCRIPT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 4, proc.stdout
+    for line in lines:
+        rc, out, err = line.split(" ", 2)
+        assert rc == "2", line
+        assert "loading dataset" not in out, line  # refused before the data were loaded
+        assert err.startswith("'gsplit: error:") and "Read-only file system" in err and err.count("\\n") == 1, line
+
+
+def test_an_exploding_loss_stops_the_run_naming_rank_and_iteration(capsys):
+    from gsplit.cli import main
+
+    rc = main(["train", "-D", "num_nodes=400", "-D", "feature_dim=8", "--fanouts", "3,2", "--batch-size", "32",
+               "--hidden", "8", "--device", "cpu", "--num-ranks", "1", "--eval-every", "0", "--lr", "1e6",
+               "--epochs", "3"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    line = err.split("gsplit: error:", 1)[1].splitlines()[0]
+    assert "rank 0: the loss is" in line and "iteration" in line and "lower the learning rate" in line
+
+
+def test_a_non_finite_loss_stops_train_rank():
+    import gsplit
+    from gsplit.trainer import TrainConfig, train_rank
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, feature_dim=8)
+    ds.features.fill_(3e38)  # finite, but every layer overflows to inf
+    cfg = TrainConfig(fanouts=[-1, -1], batch_size=256, hidden=8, epochs=1, eval_every=0, device="cpu")
+    with pytest.raises(FloatingPointError, match=r"rank 0: the loss is (nan|inf) at epoch 0, iteration 0"):
+        train_rank(0, 1, cfg, ds, None)
+
+
+def test_an_empty_training_set_fails_in_train_rank():
+    import gsplit
+    from gsplit.trainer import TrainConfig, train_rank
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, feature_dim=8)
+    ds.train_idx = ds.train_idx[:0]
+    with pytest.raises(ValueError, match="no training vertices"):
+        train_rank(0, 1, TrainConfig(fanouts=[2], hidden=8, epochs=1, device="cpu"), ds, None)
+
+
+FULL_DISK_PREPARE = textwrap.dedent("""
+    import subprocess, sys
+    p = subprocess.run([sys.executable, "-m", "gsplit", "prepare", "-D", "num_nodes=20000", "--num-parts", "2",
+                        "--method", "random", "--out", sys.argv[1] + "/map"], capture_output=True, text=True, timeout=60)
+    print(p.returncode)
+    print(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "")
+    print("Traceback" in p.stderr)
+""")
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_prepare_is_one_line(tmp_path):
+    proc = _in_private_mount(tmp_path, "mount -t tmpfs -o size=16k tmpfs $D", FULL_DISK_PREPARE)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rc, last, traceback = proc.stdout.strip().splitlines()
+    assert rc == "1" and traceback == "False", proc.stdout
+    assert last.startswith("gsplit: error: No space left on device") and "/map" in last, last

@@ -8,6 +8,8 @@ need the extension are skipped, with the reason, where it cannot be built.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -258,3 +260,35 @@ def test_a_failed_build_is_remembered_and_returns_none(monkeypatch):
         assert calls == ["gsplit_test_missing"]  # one attempt, not one per call
     finally:
         cpu_ext._build_or_none.cache_clear()
+
+
+def test_a_lock_file_left_by_a_killed_build_does_not_hang_the_next_one(monkeypatch, tmp_path, caplog):
+    """torch's cpp_extension waits forever while a ``lock`` file from a killed build exists; gsplit's
+    builders hold a kernel lock, remove such a leftover and build."""
+    import fcntl
+
+    import torch.utils.cpp_extension as ext
+
+    from gsplit.ops import cpu_ext
+
+    monkeypatch.setenv("GSPLIT_EXTENSION_DIR", str(tmp_path))
+    build_dir = cpu_ext.build_folder("gsplit_fake_ext")
+    build_dir.mkdir(parents=True)
+    (build_dir / "lock").write_text("")                     # what a SIGKILLed build leaves behind
+    seen = {}
+
+    def fake_load(name, sources, build_directory, **kwargs):
+        seen["stale_lock"] = (Path(build_directory) / "lock").exists()
+        with open(Path(build_directory).with_name(name + ".lock"), "a") as other:   # held while building
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen["held"] = False
+            except BlockingIOError:
+                seen["held"] = True
+        return "module"
+
+    monkeypatch.setattr(ext, "load", fake_load)
+    with caplog.at_level("WARNING", logger="gsplit.ops.cpu_ext"):
+        assert cpu_ext._build.__wrapped__("gsplit_fake_ext", ("sample_cpu.cpp",)) == "module"
+    assert seen == {"stale_lock": False, "held": True}
+    assert "interrupted build" in caplog.text

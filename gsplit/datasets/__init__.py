@@ -51,6 +51,19 @@ def option_names(name: str) -> list:
     return list(inspect.signature(fn).parameters)[len(args):]  # the name already supplied the leading ones
 
 
+def option_defaults(name: str) -> dict:
+    """The default value of each keyword option of ``load(name, ...)`` (options without one are left out);
+    the CLI checks the type of ``-D`` values against them before loading.
+
+    Example:
+        >>> option_defaults("synthetic")["num_nodes"] > 0
+        True
+    """
+    fn, args = _loader(name)
+    params = list(inspect.signature(fn).parameters.values())[len(args):]
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
 def load(name: str, **kwargs) -> Dataset:
     """Load or generate a dataset by name; keyword arguments go to the loader.
 
@@ -73,6 +86,6 @@ def load(name: str, **kwargs) -> Dataset:
 
 
 __all__ = [
-    "Dataset", "load", "option_names", "NAMES", "make_synthetic", "synthetic_graph", "load_npz", "load_edgelist",
+    "Dataset", "load", "option_names", "option_defaults", "NAMES", "make_synthetic", "synthetic_graph", "load_npz", "load_edgelist",
     "read_edgelist", "load_ogb", "OGB_DATASETS", "default_root", "planetoid_split", "random_split", "check_finite",
 ]

@@ -32,6 +32,35 @@ def _existing_file(path: PathLike, what: str) -> Path:
 
 
 # ---------------------------------------------------------------------------------- npz
+def _csr(arrays, prefix: str, p: Path):
+    """The CSR matrix stored as ``{prefix}_data/_indices/_indptr/_shape``, checked so that a bad entry is
+    one line naming the file and the array, not scipy's message."""
+    import scipy.sparse as sp
+
+    fix = "the file is damaged or not in the gnn-benchmark layout: write it again"
+    names = [f"{prefix}_{k}" for k in ("data", "indices", "indptr", "shape")]
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise ValueError(f"{str(p)!r} lacks {missing}; {fix}")
+    data, indices, indptr, shape = (np.asarray(arrays[n]) for n in names)
+    if shape.shape != (2,) or shape.dtype.kind not in "iu" or (shape < 0).any():
+        raise ValueError(f"{str(p)!r}: {prefix}_shape is {shape.tolist()}, expected two non-negative integers; {fix}")
+    rows, cols = int(shape[0]), int(shape[1])
+    for name, arr in ((f"{prefix}_indices", indices), (f"{prefix}_indptr", indptr)):
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"{str(p)!r}: {name} must be a 1-D integer array, got shape {arr.shape} dtype "
+                             f"{arr.dtype}; {fix}")
+    if len(indptr) != rows + 1 or (len(indptr) and (indptr[0] != 0 or indptr[-1] != len(indices)))\
+            or (np.diff(indptr) < 0).any() or len(data) != len(indices):
+        raise ValueError(f"{str(p)!r}: {prefix}_indptr (length {len(indptr)}) does not describe {rows} rows over "
+                         f"{len(indices)} entries of {prefix}_indices ({len(data)} in {prefix}_data); {fix}")
+    if len(indices) and (int(indices.min()) < 0 or int(indices.max()) >= cols):
+        bad = int(indices.min()) if int(indices.min()) < 0 else int(indices.max())
+        raise ValueError(f"{str(p)!r}: {prefix}_indices holds {bad}, outside [0, {cols}) of {prefix}_shape "
+                         f"{[rows, cols]}; {fix}")
+    return sp.csr_matrix((data, indices, indptr), shape=(rows, cols))
+
+
 def load_npz(
     path: PathLike,
     *,
@@ -67,6 +96,9 @@ def load_npz(
         (2708, 7, 140)
     """
     p = _existing_file(path, "npz")
+    if not zipfile.is_zipfile(p):  # np.load would call a text file "pickled data" (it is neither)
+        raise ValueError(f"{str(p)!r} is not an .npz archive (a zip of .npy arrays); for a text edge list use "
+                         f"--dataset edgelist:{p}")
     try:
         with np.load(p, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files if k.startswith(("adj_", "attr_", "labels"))}
@@ -77,17 +109,13 @@ def load_npz(
     if missing:
         raise ValueError(f"{str(p)!r} lacks {missing}: expected the gnn-benchmark CSR layout "
                          "(adj_data, adj_indices, adj_indptr, adj_shape, attr_*, labels)")
-    import scipy.sparse as sp
-
-    adj = sp.csr_matrix((arrays["adj_data"], arrays["adj_indices"], arrays["adj_indptr"]),
-                        shape=tuple(int(s) for s in arrays["adj_shape"]))
+    adj = _csr(arrays, "adj", p)
     graph = Graph.from_scipy(adj, symmetric=symmetric, remove_self_loops=remove_self_loops)
     n = graph.num_nodes
 
     synthetic_features = False
     if "attr_data" in arrays:
-        attr = sp.csr_matrix((arrays["attr_data"], arrays["attr_indices"], arrays["attr_indptr"]),
-                             shape=tuple(int(s) for s in arrays["attr_shape"]))
+        attr = _csr(arrays, "attr", p)
         feats = attr.astype(np.float32).toarray()
     elif "attr_matrix" in arrays:
         feats = np.asarray(arrays["attr_matrix"], dtype=np.float32)

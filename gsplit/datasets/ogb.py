@@ -11,18 +11,25 @@ works around three habits of ogb 1.3.6 that do not fit a library:
   prints progress.
 
 The fixes are scoped: while ogb runs, the names ``torch``, ``input`` and ``print`` inside ogb's own
-modules are shadowed by small stand-ins (``torch.load`` with ``weights_only=False`` for files inside
-the dataset folder, which ogb wrote itself; fixed answers instead of prompts; logging instead of
-print), and restored afterwards. Nothing outside ogb is touched.
+modules are shadowed by small stand-ins (``torch.load`` by :func:`load_numpy_pickle`, which reads
+ogb's files but runs no code from them; fixed answers instead of prompts; logging instead of print),
+and restored afterwards. Nothing outside ogb is touched.
+
+A dataset folder is data a user points gsplit at, so it must not be able to run code: ogb's own
+unguarded ``torch.load`` (weights-only off) would run whatever a crafted ``processed/data_processed`` holds.
+:func:`load_numpy_pickle` unpickles only containers, numbers, strings and numpy arrays.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import pickle
 import sys
 import threading
+import zipfile
 from pathlib import Path
 from typing import Optional
 
@@ -172,10 +179,62 @@ def _import_ogb(name: str):
     return ogb_dataset_mod
 
 
+# What ogb's files may hold: numpy arrays (rebuilt by numpy's own reconstructor) and their dtypes.
+_NUMPY_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+}
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    """Unpickles containers, numbers, strings and numpy arrays; refuses every other global (no code runs)."""
+
+    def __init__(self, file, source: Path):
+        super().__init__(file)
+        self._source = source
+
+    def find_class(self, module, name):
+        if (module, name) in _NUMPY_GLOBALS or (module == "numpy.dtypes" and name.endswith("DType")):
+            import importlib
+
+            return getattr(importlib.import_module(module), name)
+        raise ValueError(f"{self._source} holds a pickled reference to {module}.{name}, which an OGB dataset file "
+                         f"never does: it may be crafted to run code, so it was not loaded; delete it (ogb rebuilds "
+                         f"it from the raw files) or download the dataset again")
+
+    def persistent_load(self, pid):
+        raise ValueError(f"{self._source} holds torch tensors, which ogb's numpy files never do; delete it (ogb "
+                         f"rebuilds it from the raw files)")
+
+
+def load_numpy_pickle(path: os.PathLike):
+    """Read a file ogb wrote with ``torch.save`` (numpy arrays in dicts and lists) without running any code.
+
+    Torch's weights-only loader cannot read these files (pickle protocol 4 frames); this reads the zip's
+    ``data.pkl`` with an unpickler that only rebuilds numpy arrays, and raises a one-line ``ValueError``
+    naming the file for anything else.
+    """
+    p = Path(path)
+    if not zipfile.is_zipfile(p):
+        raise ValueError(f"{p} is not a file ogb writes (not a torch zip archive); delete it so that ogb rebuilds it")
+    with zipfile.ZipFile(p) as z:
+        names = [n for n in z.namelist() if n.endswith("/data.pkl") or n == "data.pkl"]
+        if len(names) != 1:
+            raise ValueError(f"{p} has no single data.pkl; delete it so that ogb rebuilds it")
+        data = z.read(names[0])
+    try:
+        return _NumpyOnlyUnpickler(io.BytesIO(data), p).load()
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a damaged file, whatever the unpickler trips on
+        raise ValueError(f"{p} cannot be read ({type(e).__name__}: {e}); delete it so that ogb rebuilds it") from None
+
+
 class _TorchForOgb:
-    """Stands in for ``torch`` inside ogb: forwards everything, but ``load`` of the dataset's own files
-    uses ``weights_only=False`` (ogb pickles numpy arrays with protocol 4, which the weights-only
-    unpickler cannot read; these files were written by ogb in the dataset folder)."""
+    """Stands in for ``torch`` inside ogb: forwards everything, but ``load`` is :func:`load_numpy_pickle`
+    (ogb pickles numpy arrays with protocol 4, which torch's weights-only unpickler cannot read, and
+    switching the weights-only guard off would run any code a crafted file holds)."""
 
     def __init__(self, dataset_dir: Path):
         self._dir = dataset_dir.resolve()
@@ -184,9 +243,8 @@ class _TorchForOgb:
         return getattr(torch, attr)
 
     def load(self, f, *args, **kwargs):
-        if isinstance(f, (str, os.PathLike)) and self._dir in Path(f).resolve().parents:
-            kwargs.setdefault("weights_only", False)
-        return torch.load(f, *args, **kwargs)
+        del args, kwargs  # map_location and friends mean nothing for numpy arrays
+        return load_numpy_pickle(f)
 
 
 def _log_print(*args, **kwargs):

@@ -22,11 +22,14 @@ import torch
 
 from gsplit.datasets.base import Dataset, random_split
 from gsplit.graph import Graph
+from gsplit.resources import require_memory
 
 log = logging.getLogger(__name__)
 
 # Edge draws per chunk: bounds the temporaries (a few float64/int64 arrays of this length).
 _CHUNK = 1 << 20
+# Bytes of the gathered-centroid temporary per chunk of feature rows.
+_FEATURE_CHUNK_BYTES = 64 << 20
 # Top-up rounds when duplicates and self-loops left the graph short of the requested edge count.
 _MAX_ROUNDS = 6
 
@@ -56,6 +59,8 @@ def synthetic_graph(
         (1000, torch.Size([1000]))
     """
     _check_params(num_nodes, avg_degree, num_communities, p_in, power_law_exponent)
+    require_memory(synthetic_peak_bytes(num_nodes, avg_degree, 0), f"a synthetic graph of {int(num_nodes):,} vertices",
+                   "ask for fewer -D num_nodes")
     gen = torch.Generator().manual_seed(int(seed))
     n = int(num_nodes)
     comm = torch.randint(num_communities, (n,), generator=gen, dtype=torch.int64)
@@ -124,6 +129,25 @@ def synthetic_graph(
         drop = torch.randperm(pairs.size, generator=gen)[: pairs.size - want_pairs].numpy()
         pairs = np.delete(pairs, drop)
     return _symmetric_csc(pairs, n), comm
+
+
+def synthetic_peak_bytes(num_nodes: int, avg_degree: float, feature_dim: int) -> int:
+    """Estimated peak host memory of :func:`make_synthetic` (``feature_dim=0``: :func:`synthetic_graph`).
+
+    From the arrays it holds at once, with ``E = num_nodes * avg_degree`` directed edges: at the
+    symmetric CSC step, the pair keys (``E / 2`` int64) and the key array of both directions (``E``
+    int64), 12 B per edge, plus allocator slack (16 B in all); the features (4 B per entry), which come
+    after the edge temporaries are freed but are counted on top to stay on the safe side; per-vertex
+    arrays (community, propensity, order, cumulative weights, labels, split: 64 B); and the per-chunk
+    temporaries of the edge draws (160 MiB). Measured by ``experiments/scale.py`` (peak RSS of
+    generation less the interpreter's): 894 MiB at 1M vertices (estimate 938), 2954 MiB at 4M (3273).
+
+    Example:
+        >>> synthetic_peak_bytes(1_000_000, 15, 128) / 2**30   # doctest: +ELLIPSIS
+        0.9...
+    """
+    n, e = int(num_nodes), int(num_nodes * float(avg_degree))
+    return 16 * e + 4 * n * int(feature_dim) + 64 * n + (160 << 20)
 
 
 def _sorted_unique(keys: np.ndarray) -> np.ndarray:
@@ -198,6 +222,10 @@ def make_synthetic(
                          "every class needs at least one community")
     if feature_dim < 1:
         raise ValueError(f"feature_dim must be at least 1, got {feature_dim}")
+    _check_params(num_nodes, avg_degree, num_communities, p_in, power_law_exponent)
+    require_memory(synthetic_peak_bytes(num_nodes, avg_degree, feature_dim),
+                   f"a synthetic dataset of {int(num_nodes):,} vertices, average degree {avg_degree} and "
+                   f"{feature_dim}-d features", "ask for fewer -D num_nodes or a smaller -D feature_dim")
     if feature_noise < 0 or not 0.0 <= label_noise <= 1.0:
         raise ValueError(f"need feature_noise >= 0 and label_noise in [0, 1], got {feature_noise}, {label_noise}")
     graph, comm = synthetic_graph(num_nodes, avg_degree, num_communities, p_in=p_in,
@@ -208,8 +236,11 @@ def make_synthetic(
     centroids = torch.randn(num_communities, feature_dim, generator=gen)
     features = torch.randn(n, feature_dim, generator=gen)
     features.mul_(feature_noise)
-    for start in range(0, n, _CHUNK):  # in place, chunked: no second [n, feature_dim] temporary
-        features[start:start + _CHUNK].add_(centroids[comm[start:start + _CHUNK]])
+    # in place, in chunks of rows of at most _FEATURE_CHUNK_BYTES: the gathered centroids are a temporary
+    # (chunks of _CHUNK rows were a second copy of the whole table up to 1M vertices)
+    rows = max(1, _FEATURE_CHUNK_BYTES // (4 * feature_dim))
+    for start in range(0, n, rows):
+        features[start:start + rows].add_(centroids[comm[start:start + rows]])
     class_of_comm = torch.randperm(num_communities, generator=gen) % num_classes
     labels = class_of_comm[comm]
     flip = torch.rand(n, generator=gen) < label_noise

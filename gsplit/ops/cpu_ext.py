@@ -18,6 +18,8 @@ two environments sharing one home folder must never share a build.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -75,8 +77,31 @@ def _build(name: str, sources: tuple):
     flags = ["-O3", "-fopenmp"]  # the C++ standard is the one torch builds its headers with
     build_dir = build_folder(name)
     build_dir.mkdir(parents=True, exist_ok=True)
-    return ext.load(name=name, sources=[str(kernel_path(s)) for s in sources], extra_cflags=flags,
-                    extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
+    with _exclusive_build(build_dir):
+        return ext.load(name=name, sources=[str(kernel_path(s)) for s in sources], extra_cflags=flags,
+                        extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
+
+
+@contextlib.contextmanager
+def _exclusive_build(build_dir: Path):
+    """Hold an exclusive ``flock`` on ``<build_dir>.lock`` for the duration of a build or load.
+
+    torch's ``cpp_extension.load`` guards a build with a plain ``lock`` file in the build folder and waits,
+    silently and forever, while that file exists; a build killed half-way (a signal, a test timeout) leaves
+    it behind and every later process hangs. gsplit's builders take this kernel lock first (released by the
+    kernel when a process dies), so whoever holds it knows no gsplit build is running, and a ``lock`` file
+    found then is a leftover: it is removed with a warning.
+    """
+    with open(build_dir.with_name(build_dir.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            stale = build_dir / "lock"
+            if stale.exists():
+                log.warning("removing %s left by an interrupted build of %s", stale, build_dir.name)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def load(name: str, sources: Sequence[str]) -> Optional[object]:

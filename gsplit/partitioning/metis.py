@@ -8,6 +8,11 @@ strategies fall back to ``pymetis.part_graph`` with the constraints summed into 
 METIS wants an undirected graph with positive integer weights. A directed graph is symmetrised as
 ``A + A^T`` (weights of the two directions summed, self loops dropped). Float weights become integers by
 one scale factor per weight kind (see :func:`to_metis_weights`).
+
+METIS runs in a forked child process (Linux and other POSIX systems). Its GKlib traps SIGTERM with a
+handler that ``longjmp``s back into METIS: a SIGTERM during a long partitioning made the process crash
+(SIGSEGV) or report a fake ``METIS_ERROR`` instead of stopping. In a child, the signal reaches this
+process's own handler (``gsplit`` exits 143), the child is killed, and a child left alone dies with it.
 """
 
 from __future__ import annotations
@@ -15,7 +20,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
+import select
+import signal
+import struct
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -161,8 +172,82 @@ def metis_part_kway(xadj, adjncy, nparts: int, vwgt=None, adjwgt=None, seed: int
         log.warning("cannot call METIS through ctypes (%s: %s); falling back to pymetis.part_graph, which "
                     "balances a single constraint (the constraints are summed)", type(err).__name__, err)
         return _pymetis_fallback(xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
-    parts, cut = _call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
+    parts, cut = _call_kway_in_child(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
     return parts, cut, "ctypes"
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        # Wake up often: a process-wide signal may be delivered to another thread (torch's), and then only
+        # the main thread's next bytecode runs its Python handler; a blocking read would delay it until
+        # METIS ends.
+        while not select.select([fd], [], [], 0.1)[0]:
+            pass
+        chunk = os.read(fd, min(n - got, 1 << 24))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _call_kway_in_child(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt, seed: int, ufactor: int
+                        ) -> Tuple[np.ndarray, int]:
+    """:func:`_call_kway` in a forked child (see the module doc: METIS traps SIGTERM); inline without fork."""
+    if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
+        return _call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():  # the child only runs METIS (C) and numpy copies: no locks of other threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: never returns, never runs the parent's handlers or atexit hooks
+        status = 1
+        try:
+            os.close(read_fd)
+            for sig in (signal.SIGINT, signal.SIGHUP):  # the parent decides what a signal means
+                signal.signal(sig, signal.SIG_IGN)
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG: die with the parent
+            except (OSError, AttributeError):
+                pass
+            try:
+                parts, cut = _call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
+                data = np.ascontiguousarray(parts, dtype=np.int64).tobytes()
+                message = struct.pack("<bqq", 0, cut, len(data)) + data
+            except BaseException as e:  # noqa: BLE001 - the parent re-raises it
+                text = f"{type(e).__name__}: {e}".encode()
+                message = struct.pack("<bqq", 1, 0, len(text)) + text
+            view = memoryview(message)
+            while view:
+                view = view[os.write(write_fd, view):]
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    try:
+        header = _read_exactly(read_fd, struct.calcsize("<bqq"))
+        if len(header) == struct.calcsize("<bqq"):
+            failed, cut, size = struct.unpack("<bqq", header)
+            body = _read_exactly(read_fd, size)
+        else:
+            failed, cut, body = None, 0, b""
+        _, wait_status = os.waitpid(pid, 0)
+        pid = 0
+    finally:
+        os.close(read_fd)
+        if pid:  # interrupted (a signal's handler raised): the child must not outlive the call
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    if failed is None:
+        code = os.waitstatus_to_exitcode(wait_status)
+        how = f"died from {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
+        raise RuntimeError(f"the METIS process {how} before returning a partition ({len(xadj) - 1} vertices, "
+                           f"{nparts} parts); if it was killed for memory, partition on a larger machine")
+    if failed:
+        raise RuntimeError(body.decode(errors="replace"))
+    return np.frombuffer(body, dtype=np.int64).copy(), int(cut)
 
 
 def _pymetis_fallback(xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor) -> Tuple[np.ndarray, int, str]:

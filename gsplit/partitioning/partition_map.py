@@ -188,7 +188,11 @@ class PartitionMap:
             bad = int(a.min()) if int(a.min()) < 0 else int(a.max())
             raise ValueError(f"{p / 'assignment.npy'} holds part id {bad} but {p / 'meta.json'} says "
                              f"num_parts={parts}; the folder mixes two maps or is corrupt; {fix}")
-        batch_size = meta.get("batch_size")
+        fanouts, batch_size = meta.get("fanouts"), meta.get("batch_size")
+        if fanouts is not None and not (isinstance(fanouts, list) and all(type(f) is int for f in fanouts)):
+            raise ValueError(f"{p / 'meta.json'}: fanouts={fanouts!r} must be a list of integers (or null); {fix}")
+        if batch_size is not None and not (type(batch_size) is int and batch_size >= 1):
+            raise ValueError(f"{p / 'meta.json'}: batch_size={batch_size!r} must be a positive integer (or null); {fix}")
         if batch_size is not None and int(meta.get("version", 1)) < 2:
             batch_size = int(batch_size) // parts  # version 1 stored the global mini-batch
         return cls(assignment=torch.from_numpy(a.astype(np.int64, copy=False)), num_parts=parts,

@@ -17,12 +17,47 @@ from gsplit.partitioning.metis import partition
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, presample
 from gsplit.partitioning.stats import split_stats
+from gsplit.resources import require_memory
 from gsplit.sampling.neighbor import NeighborSampler
 
 log = logging.getLogger(__name__)
 
 PRESAMPLING_METHODS = ("gsplit", "node")
 """Partition methods whose vertex (and edge) weights come from pre-sampling."""
+
+
+PREPARE_BYTES_PER_EDGE = 144
+"""Peak host memory ``prepare_partition`` adds to the loaded dataset, per stored (directed) edge: METIS's
+stage holds the symmetrised graph with int64 ids and weights (``symmetrize``: ~32 B per edge) and METIS
+coarsens copies of it. Measured by ``experiments/scale.py`` (``experiments/results/scale.json``:
+the METIS stage's peak RSS less the RSS before it: 111 B per edge at 15M edges, 134 at 60M, growing)
+and rounded up."""
+PREPARE_BYTES_PER_VERTEX = 64
+"""Likewise per vertex: weights, degrees, part ids and METIS's per-vertex arrays, int64/float64."""
+PREPARE_NS_PER_EDGE = {"weights": 450, "partition": 2500, "stats": 500}
+"""Wall nanoseconds per stored edge of each stage (4 parts, fanouts 15,10,5, batch 1024) on the
+2-core development machine, from ``experiments/results/scale.json``: only for the estimates of the time
+left that the CLI shows, never for decisions."""
+
+
+def prepare_peak_bytes(num_nodes: int, num_edges: int) -> int:
+    """Estimated peak host memory that :func:`prepare_partition` needs on top of the loaded dataset.
+
+    Example:
+        >>> prepare_peak_bytes(1_000_000, 15_000_000) / 2**30   # doctest: +ELLIPSIS
+        2.0...
+    """
+    return PREPARE_BYTES_PER_EDGE * int(num_edges) + PREPARE_BYTES_PER_VERTEX * int(num_nodes)
+
+
+def estimated_stage_seconds(stage: str, num_edges: int) -> float:
+    """Expected wall seconds of a prepare stage (``weights``, ``partition``, ``stats``) on ``num_edges`` edges.
+
+    Example:
+        >>> round(estimated_stage_seconds("partition", 15_000_000), 1)
+        37.5
+    """
+    return PREPARE_NS_PER_EDGE[stage] * 1e-9 * int(num_edges)
 
 
 @dataclass
@@ -50,6 +85,8 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     ``"expected"`` (default: the weights in closed form, seconds) or ``"sampled"`` (run the sampler for
     ``presample_epochs`` epochs); see :func:`gsplit.presample`. ``weights`` from an earlier call on the
     same graph and sampler skip pre-sampling. ``stats_batches=0`` skips the split statistics.
+    Before any work it checks that the host has the memory the stages need on top of the loaded dataset
+    (:func:`prepare_peak_bytes`) and raises :class:`gsplit.resources.InsufficientMemoryError` otherwise.
     ``progress(message)`` is told each stage as it starts and, with its time, as it ends (the CLI
     prints them); ``report["seconds"]`` keeps the wall times and ``report["cpu_seconds"]`` the process
     CPU times (all threads), which a busy shared machine inflates far less.
@@ -59,6 +96,10 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
         >>> prepared = prepare_partition(ds, 2, [10, 5], batch_size=64, out="parts/s2")  # doctest: +SKIP
     """
     say = progress or (lambda message: log.info("%s", message))
+    graph = dataset.graph
+    require_memory(prepare_peak_bytes(graph.num_nodes, graph.num_edges),
+                   f"preparing a partition of {graph.num_nodes:,} vertices and {graph.num_edges:,} edges "
+                   "(on top of the loaded dataset)")
     fanouts = [int(f) for f in fanouts]
     sampler = NeighborSampler(fanouts, seed=seed)
     global_batch = int(batch_size) * int(num_parts)

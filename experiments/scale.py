@@ -1,0 +1,346 @@
+"""Scaling of preparation and training with the graph's size: time and peak memory at 1M, 4M (, 16M) vertices.
+
+For each size, on a synthetic graph (average degree 15, 128-d float32 features):
+
+* **prepare** runs in its own process (``--worker``): it generates the dataset, then calls
+  :func:`gsplit.partitioning.prepare_partition` at 4 parts (what ``gsplit prepare`` runs). Stage by stage
+  (generation, pre-sampling weights, METIS partitioning, split statistics) it records the wall and CPU
+  time and the **peak RSS reached inside that stage**: before a stage the process resets its high-water
+  mark (``echo 5 > /proc/self/clear_refs``, Linux 4.0+) and after it reads ``VmHWM`` from
+  ``/proc/self/status``; the resident set just before the stage is recorded too, so the stage's own
+  increment is ``peak - before``.
+* **train** runs ``gsplit train`` at 2 CPU ranks (the CLI's own launcher, which shares the dataset with
+  the ranks in shared memory) for ``--epochs`` epochs of ``--iters`` iterations, sampling every process's
+  RSS and PSS with psutil every 0.5 s: peak RSS per rank, and the host's peak as the sum of PSS over the
+  launcher and its ranks (PSS splits shared pages among the processes that map them). Time per
+  iteration is the last epoch's ``epoch_s / iters`` (the first epoch includes warm-up).
+
+Costs are fitted by least squares as ``seconds = a * edges`` (per edge) and ``bytes = b * vertices +
+c * edges`` over the sizes measured; the table shows the per-edge time of each size relative to the
+smallest. Every subprocess has a timeout. The machine is shared with other jobs: the load average at
+the start and end of each run is recorded, and CPU times are given next to wall times.
+
+    python experiments/scale.py                       # 1M and 4M vertices (~10 min on 2 busy cores)
+    python experiments/scale.py --sizes 1000000,4000000,16000000
+    python experiments/scale.py --quick               # 100k and 200k vertices, for a smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+import numpy as np
+import psutil
+
+AVG_DEGREE = 15.0
+FEATURE_DIM = 128
+NUM_PARTS = 4
+TRAIN_RANKS = 2
+MB = 1 << 20
+
+
+# ------------------------------------------------------------------------------------------ worker side
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    """Reset this process's peak RSS (VmHWM) to its current RSS; False where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class StageMeter:
+    """Wall time, CPU time, RSS before and peak RSS inside each named stage of this process."""
+
+    def __init__(self):
+        self.stages: Dict[str, dict] = {}
+        self.resettable = True
+        self._open: Optional[tuple] = None
+
+    def start(self, name: str) -> None:
+        self.resettable = _reset_peak() and self.resettable
+        self._open = (name, time.perf_counter(), time.process_time(), _status_kb("VmRSS"))
+
+    def stop(self) -> None:
+        name, t, c, rss_before = self._open
+        self.stages[name] = {"wall_s": round(time.perf_counter() - t, 3), "cpu_s": round(time.process_time() - c, 3),
+                             "rss_before_mb": round(rss_before / 1024, 1),
+                             "peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1)}
+        self._open = None
+
+
+def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: int, fanouts: List[int]) -> None:
+    """Generate, then prepare at ``NUM_PARTS`` parts, measuring each stage; writes ``result`` (JSON)."""
+    from gsplit import datasets
+    from gsplit.partitioning import prepare_partition
+
+    # build/load the compiled sampling kernels first: their first use compiles them under a lock shared with
+    # every gsplit process on the host (a stage measured during another process's build waits minutes)
+    from gsplit import NeighborSampler
+    tiny = datasets.load("synthetic", num_nodes=500, feature_dim=4)
+    NeighborSampler(fanouts).sample_blocks(tiny.graph, tiny.train_idx[:8])
+    meter = StageMeter()
+    meter.start("generate")
+    ds = datasets.load("synthetic", num_nodes=nodes, avg_degree=AVG_DEGREE, feature_dim=FEATURE_DIM)
+    meter.stop()
+    # prepare_partition announces each stage as it starts and, with its time, as it ends
+    starts = {"expected pre-sampling": "weights", "pre-sampling": "weights", "partitioning into": "metis",
+              "split statistics on": "stats"}
+
+    def progress(message: str) -> None:
+        for prefix, stage in starts.items():
+            if message.startswith(prefix):
+                meter.start(stage)
+                return
+        if message.startswith("  ") and meter._open is not None:
+            meter.stop()
+
+    prepared = prepare_partition(ds, NUM_PARTS, fanouts, batch_size, out=out, stats_batches=stats_batches,
+                                 progress=progress)
+    # the 2-part map the 2-rank training run uses (made here, outside the measured stages, so the training
+    # run's launcher does not partition)
+    prepare_partition(ds, TRAIN_RANKS, fanouts, batch_size, out=str(Path(out).parent / "map2"), stats_batches=0)
+    g = ds.graph
+    payload = {"num_nodes": g.num_nodes, "num_edges": g.num_edges, "feature_dim": FEATURE_DIM,
+               "graph_bytes": (g.indptr.numel() + g.indices.numel()) * g.indices.element_size(),
+               "feature_bytes": ds.features.numel() * ds.features.element_size(),
+               "label_bytes": ds.labels.numel() * ds.labels.element_size(),
+               "stages": meter.stages, "peak_reset_worked": meter.resettable,
+               "process_peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
+               "partition_substages_s": prepared.report.get("partition_stage_s", {}),
+               "cross_edge_fraction": prepared.report.get("stats", {}).get("cross_edge_fraction")}
+    Path(result).write_text(json.dumps(payload, indent=1))
+
+
+# ------------------------------------------------------------------------------------------ parent side
+class TreeMonitor:
+    """Peak RSS / PSS of a process and its descendants, and the peak of their summed PSS (the host's)."""
+
+    def __init__(self, pid: int, interval: float = 0.5):
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.peak: Dict[int, Dict[str, float]] = {}
+        self.peak_host_pss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            try:
+                procs = [self.root] + self.root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            for proc in procs:
+                try:
+                    info = proc.memory_full_info()
+                    cmd = " ".join(proc.cmdline())[:200]
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    continue
+                total += info.pss
+                p = self.peak.setdefault(proc.pid, {"rss": 0, "pss": 0, "cmd": cmd, "root": proc.pid == self.root.pid})
+                p["rss"], p["pss"] = max(p["rss"], info.rss), max(p["pss"], info.pss)
+            self.peak_host_pss = max(self.peak_host_pss, total)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def run_prepare(nodes: int, folder: Path, args) -> dict:
+    result = folder / "prepare_result.json"
+    cmd = [sys.executable, __file__, "--worker", "--nodes", str(nodes), "--map", str(folder / "map"),
+           "--result", str(result), "--stats-batches", str(args.stats_batches), "--batch-size", str(args.batch_size),
+           "--fanouts", args.fanouts]
+    load0 = os.getloadavg()
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"prepare worker for {nodes} vertices failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = json.loads(result.read_text())
+    out.update(total_wall_s=round(wall, 2), load_before=load0, load_after=os.getloadavg())
+    return out
+
+
+def run_train(nodes: int, folder: Path, args) -> dict:
+    log = folder / "train.jsonl"
+    cmd = [sys.executable, "-m", "gsplit", "train", "--dataset", "synthetic", "-D", f"num_nodes={nodes}",
+           "-D", f"avg_degree={AVG_DEGREE}", "-D", f"feature_dim={FEATURE_DIM}", "--num-ranks", str(TRAIN_RANKS),
+           "--partition", str(folder / "map2"), "--epochs", str(args.epochs), "--max-iters", str(args.iters),
+           "--eval-every", "0", "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--log", str(log)]
+    load0 = os.getloadavg()
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    mon = TreeMonitor(proc.pid)
+    try:
+        text, _ = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    finally:
+        mon.stop()
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"gsplit train at {nodes} vertices failed ({proc.returncode}):\n{text[-3000:]}")
+    epochs = [json.loads(line) for line in log.read_text().splitlines() if '"epoch"' in line]
+    epochs = [e for e in epochs if e.get("type") == "epoch"]
+    last = epochs[-1]
+    launcher = [p for p in mon.peak.values() if p["root"]]
+    ranks = sorted((p for p in mon.peak.values() if not p["root"] and p["rss"] > 200 * MB),
+                   key=lambda p: -p["rss"])[:TRAIN_RANKS]  # the rank processes (skips tiny helpers)
+    return {"wall_s": round(wall, 2), "epochs": len(epochs), "iters_per_epoch": args.iters,
+            "last_epoch_s": last["epoch_s"], "s_per_iter": last["epoch_s"] / args.iters,
+            "phases_s": {k: last.get(k) for k in ("sample_s", "load_s", "train_s")},
+            "launcher_peak_rss_mb": round(launcher[0]["rss"] / MB, 1) if launcher else None,
+            "rank_peak_rss_mb": [round(p["rss"] / MB, 1) for p in ranks],
+            "rank_peak_pss_mb": [round(p["pss"] / MB, 1) for p in ranks],
+            "host_peak_pss_mb": round(mon.peak_host_pss / MB, 1),
+            "load_before": load0, "load_after": os.getloadavg(), "output_tail": text[-600:]}
+
+
+def fit(rows: List[dict]) -> dict:
+    """Least-squares costs: seconds per edge for each stage; peak bytes per vertex and per edge."""
+    e = np.array([r["prepare"]["num_edges"] for r in rows], dtype=float)
+    n = np.array([r["prepare"]["num_nodes"] for r in rows], dtype=float)
+    out = {"s_per_edge": {}, "peak_bytes": {}}
+    for stage in rows[0]["prepare"]["stages"]:
+        t = np.array([r["prepare"]["stages"][stage]["wall_s"] for r in rows])
+        out["s_per_edge"][stage] = float((t @ e) / (e @ e))
+    peak = np.array([r["prepare"]["process_peak_rss_mb"] * MB for r in rows])
+    if len(rows) >= 2:
+        # bytes = b * vertices + c * edges; the two sizes share the degree, so the split between the two is
+        # weakly determined: report per edge (vertices folded in at degree 15) as well
+        coef, *_ = np.linalg.lstsq(np.stack([n, e], 1), peak, rcond=None)
+        out["peak_bytes"] = {"per_vertex": float(coef[0]), "per_edge": float(coef[1])}
+    out["peak_bytes"]["per_edge_all_in"] = float((peak @ e) / (e @ e))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="1000000,4000000")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--stats-batches", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per subprocess")
+    p.add_argument("--no-train", action="store_true")
+    p.add_argument("--out", default=str(common.RESULTS / "scale"))
+    p.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
+    # worker mode
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--map")
+    p.add_argument("--result")
+    args = p.parse_args()
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    if args.worker:
+        worker(args.nodes, args.map, args.result, args.stats_batches, args.batch_size, fanouts)
+        return
+    sizes = [100_000, 200_000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    stem = Path(args.out + ("_quick" if args.quick else ""))
+    rows = []
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        for nodes in sizes:
+            folder = Path(tmp) / str(nodes)
+            folder.mkdir()
+            row = {"nodes_requested": nodes, "prepare": run_prepare(nodes, folder, args)}
+            print(f"{nodes}: prepare {json.dumps(row['prepare']['stages'])}", flush=True)
+            if not args.no_train:
+                row["train"] = run_train(nodes, folder, args)
+                print(f"{nodes}: train {row['train']['s_per_iter']:.3f} s/iter, ranks "
+                      f"{row['train']['rank_peak_rss_mb']} MB, host PSS {row['train']['host_peak_pss_mb']} MB", flush=True)
+            rows.append(row)
+    report(rows, fit(rows), stem, args)
+
+
+def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
+    base = rows[0]["prepare"]
+    headers = ["vertices", "edges", "stage", "wall s", "CPU s", "ns/edge", "x per-edge vs smallest",
+               "RSS before MB", "peak RSS MB"]
+    table = []
+    for r in rows:
+        pr = r["prepare"]
+        for stage, s in pr["stages"].items():
+            per_edge = s["wall_s"] / pr["num_edges"]
+            ratio = per_edge / (base["stages"][stage]["wall_s"] / base["num_edges"])
+            table.append([pr["num_nodes"], pr["num_edges"], stage, s["wall_s"], s["cpu_s"], per_edge * 1e9,
+                          ratio, s["rss_before_mb"], s["peak_rss_mb"]])
+    print(common.format_table(headers, table))
+    summary = []
+    for r in rows:
+        pr = r["prepare"]
+        data_mb = (pr["graph_bytes"] + pr["feature_bytes"] + pr["label_bytes"]) / MB
+        prep_s = sum(s["wall_s"] for k, s in pr["stages"].items() if k != "generate")
+        line = {"vertices": pr["num_nodes"], "edges": pr["num_edges"], "graph+features+labels MB": round(data_mb, 1),
+                "prepare s (no generation)": round(prep_s, 2),
+                "prepare ns/edge": round(prep_s / pr["num_edges"] * 1e9, 1),
+                "peak RSS MB": pr["process_peak_rss_mb"],
+                "peak / data": round(pr["process_peak_rss_mb"] / data_mb, 2),
+                # less the interpreter with torch and gsplit loaded (RSS before generation): the data's share
+                "(peak - interpreter) / data": round((pr["process_peak_rss_mb"]
+                                                      - pr["stages"]["generate"]["rss_before_mb"]) / data_mb, 2)}
+        if "train" in r:
+            t = r["train"]
+            line.update({"train s/iter": round(t["s_per_iter"], 3),
+                         "rank peak RSS MB": t["rank_peak_rss_mb"], "rank peak PSS MB": t["rank_peak_pss_mb"],
+                         "host peak PSS MB": t["host_peak_pss_mb"]})
+        summary.append(line)
+    keys = list(summary[0])
+    print(common.format_table(keys, [[s.get(k) for k in keys] for s in summary]))
+    base_ns = summary[0]["prepare ns/edge"]
+    for s in summary[1:]:
+        print(f"prepare time per edge at {s['vertices']:,} vertices: {s['prepare ns/edge'] / base_ns:.2f}x "
+              f"the {summary[0]['vertices']:,}-vertex one (target for 16M vs 1M: <= 1.5x)")
+    loads = [r["prepare"]["load_before"] for r in rows]
+    print(f"shared machine: 1-min load average before each prepare {[round(l[0], 1) for l in loads]} on "
+          f"{os.cpu_count()} cores; wall times include other jobs' load, CPU times less so")
+    payload = {"rows": rows, "summary": summary, "costs": costs,
+               "settings": {"avg_degree": AVG_DEGREE, "feature_dim": FEATURE_DIM, "num_parts": NUM_PARTS,
+                            "train_ranks": TRAIN_RANKS, "batch_size": args.batch_size, "fanouts": args.fanouts,
+                            "stats_batches": args.stats_batches, "epochs": args.epochs, "iters": args.iters},
+                   "machine": common.machine_info(), "shared_machine_note":
+                   "the 2-core machine was shared with other jobs during the run: see load_before/load_after"}
+    print(f"wrote {common.save_json(stem, payload)}")
+    fig, axes = common.figure(2)
+    edges = [r["prepare"]["num_edges"] for r in rows]
+    for stage in rows[0]["prepare"]["stages"]:
+        axes[0].plot(edges, [r["prepare"]["stages"][stage]["wall_s"] for r in rows], "o-", label=stage)
+    axes[0].set(xlabel="edges (both directions)", ylabel="wall seconds", title="prepare, 4 parts", xscale="log", yscale="log")
+    axes[0].legend(fontsize=7)
+    axes[1].plot(edges, [r["prepare"]["process_peak_rss_mb"] / 1024 for r in rows], "o-", label="prepare peak RSS")
+    axes[1].plot(edges, [s["graph+features+labels MB"] / 1024 for s in summary], "s--", label="graph+features+labels")
+    if all("train" in r for r in rows):
+        axes[1].plot(edges, [r["train"]["host_peak_pss_mb"] / 1024 for r in rows], "^-", label="train host PSS, 2 ranks")
+    axes[1].set(xlabel="edges (both directions)", ylabel="GiB", title="memory", xscale="log", yscale="log")
+    axes[1].legend(fontsize=7)
+    print(f"wrote {common.save_figure(fig, stem)}")
+
+
+if __name__ == "__main__":
+    main()
