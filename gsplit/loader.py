@@ -358,7 +358,7 @@ class DataLoader(RankLoader):
         """Sample and load one mini-batch with the loader's communicator (any thread)."""
         comm = self.sampling_comm
         own_group = comm is not self.comm
-        before = comm.traffic.snapshot() if own_group else None
+        before = comm.traffic.snapshot(seconds=True) if own_group else None
         t0 = time.perf_counter()
         # seeds: the whole global mini-batch (the union over replicas); this host splits its slice
         mine = self.schedule.replica_slice(seeds, self.replica_rank) if self.num_replicas > 1 else seeds
@@ -382,7 +382,7 @@ class DataLoader(RankLoader):
             batch.blocks[-1].dstdata[key] = to_device(table[ids], self.device)
         t2 = time.perf_counter()
         stats = IterationStats.of_batch(batch, t1 - t0, t2 - t1, counts)
-        traffic = TrafficCounter.delta(comm.traffic.snapshot(), before) if own_group else None
+        traffic = TrafficCounter.delta(comm.traffic.snapshot(seconds=True), before) if own_group else None
         return PreparedBatch(batch, stats, traffic)
 
     def _deliver(self, item: PreparedBatch) -> MiniBatch:
@@ -396,8 +396,7 @@ class DataLoader(RankLoader):
                     # while this stream may still read it
                     t.record_stream(stream)
         if item.traffic is not None:
-            for tag, rows in item.traffic["rows"].items():
-                self.comm.traffic.add(tag, rows, item.traffic["bytes"].get(tag, 0))
+            self.comm.traffic.merge(item.traffic)
         self.last_stats = item.stats
         return item.batch
 

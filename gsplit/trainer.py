@@ -280,6 +280,47 @@ def _sum_tags(dicts) -> Dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def _max_over_mean(values: List[float]) -> float:
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean else 1.0
+
+
+def iteration_balance(per_rank: List[dict]) -> dict:
+    """Per iteration, max and mean over ranks of each layer's edges and of the seconds spent in each
+    collective (the per-rank records are gathered once per epoch anyway: no collective of its own).
+
+    ``max / mean`` is what the slowest rank costs: 1.0 is perfect balance. Returns the per-iteration
+    records and their averages over the epoch.
+
+    Example:
+        >>> r = lambda e: {"per_iteration": [{"iteration": 0, "edges": e, "train_s": 1.0,
+        ...                                   "collective_s_by_tag": {}}]}
+        >>> iteration_balance([r([30, 10]), r([10, 10])])["edges_max_over_mean"]
+        [1.5, 1.0]
+    """
+    records = []
+    for its in zip(*(r["per_iteration"] for r in per_rank)):
+        layers = range(len(its[0]["edges"]))
+        edges = [[it["edges"][layer] for it in its] for layer in layers]
+        tags = sorted(set().union(*(it.get("collective_s_by_tag", {}) for it in its)))
+        seconds = {tag: [it.get("collective_s_by_tag", {}).get(tag, 0.0) for it in its] for tag in tags}
+        records.append({
+            "iteration": its[0]["iteration"],
+            "edges_max": [max(e) for e in edges], "edges_mean": [sum(e) / len(e) for e in edges],
+            "edges_max_over_mean": [_max_over_mean(e) for e in edges],
+            "train_s_max": max(it["train_s"] for it in its),
+            "train_s_mean": sum(it["train_s"] for it in its) / len(its),
+            "collective_s_max": {tag: max(v) for tag, v in seconds.items()},
+            "collective_s_mean": {tag: sum(v) / len(v) for tag, v in seconds.items()}})
+    n = max(len(records), 1)
+    num_layers = len(records[0]["edges_max"]) if records else 0
+    return {"per_iteration": records,
+            "edges_max_over_mean": [sum(r["edges_max_over_mean"][layer] for r in records) / n
+                                    for layer in range(num_layers)],
+            "train_s_max_over_mean": sum(r["train_s_max"] / r["train_s_mean"] if r["train_s_mean"] else 1.0
+                                         for r in records) / n}
+
+
 def _book_train_time(counters: "EpochCounters", steps) -> None:
     """Add the ``(per-iteration record index or None, seconds)`` of timed training steps to ``counters``."""
     for index, seconds in steps:
@@ -550,7 +591,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         train_loader.set_epoch(epoch, position.iteration if epoch == position.epoch else 0)
         # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
         local_loss, t_epoch = torch.zeros((), dtype=torch.float64, device=device), time.perf_counter()
-        traffic_before = comm.traffic.snapshot()
+        traffic_before, job_before = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
         # GPU: CUDA events on the current stream, read once complete; no per-iteration device synchronise
         timer = StepTimer(device)
         batches = train_loader
@@ -572,12 +613,15 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             timer.stop(len(counters.per_iteration) if cfg.log_iterations else None)
             loss_watch.push(loss, epoch, it, position.step + 1)
             if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
-                traffic_now = comm.traffic.snapshot()
+                traffic_now, job_now = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
                 delta = TrafficCounter.delta(traffic_now, traffic_before)
-                traffic_before = traffic_now
+                calls = _sum_tags([delta["calls"], TrafficCounter.delta(job_now, job_before)["calls"]])
+                traffic_before, job_before = traffic_now, job_now
                 # train_s is filled in once the step's end event is reached (at the latest at the epoch's end)
                 counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": 0.0,
                                                "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"],
+                                               "collectives": sum(calls.values()), "collectives_by_tag": calls,
+                                               "collective_s_by_tag": delta["seconds"],
                                                "gradient_bytes": job_comm.traffic.bytes[GRADIENT_TAG]
                                                - counters.gradient_bytes})
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
@@ -622,6 +666,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         record["gradient_bytes"] = sum(r["gradient_bytes"] for r in per_rank)
         record["traffic_rows_by_tag"] = _sum_tags(r["traffic_rows"] for r in per_rank)
         record["traffic_bytes_by_tag"] = _sum_tags(r["traffic_bytes"] for r in per_rank)
+        if cfg.log_iterations:
+            record["balance"] = iteration_balance(per_rank)
         history.append(record)
         if rank == 0 and report is not None:
             report(record)

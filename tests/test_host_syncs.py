@@ -210,7 +210,7 @@ def report(events) -> str:
 UNAVOIDABLE = {
     "sample size": ("(_sample_kernel)", "(sample_neighbors_torch)"),
     "relabel size": ("(_relabel_kernel)", "(relabel)", "(_relabel_dense)"),
-    "count exchange": ("(exchange_count_lists)",),
+    "count exchange": ("(exchange_count_lists)", "(all_to_all_counted)"),  # the counts that came with the ids
     "frontier size": ("(unique_ids)",),
     "feature load": ("(gather_with_counts)",),
 }

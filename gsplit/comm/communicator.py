@@ -10,6 +10,7 @@ blocks for other ranks (the launcher's progress watchdog reads that).
 from __future__ import annotations
 
 import math
+import time
 import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -29,24 +30,85 @@ class TrafficCounter:
     """Rows sent to other ranks (rows kept on this rank are not counted)."""
     bytes: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
     """Bytes sent to other ranks."""
+    calls: Dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    """Collectives this rank issued, per tag (every rank issues the same ones): each is a point where the
+    faster ranks wait for the slowest."""
+    seconds: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """Wall seconds this rank spent inside the all-to-alls, per tag: with gloo (blocking) the transfer and
+    the wait for the slowest peer; with NCCL only the enqueue (the wait then shows where the host syncs)."""
 
     def add(self, tag: str, rows: int, nbytes: int) -> None:
         self.rows[tag] += rows
         self.bytes[tag] += nbytes
 
+    def add_call(self, tag: str, n: int = 1, seconds: float = 0.0) -> None:
+        self.calls[tag] += n
+        if seconds:
+            self.seconds[tag] += seconds
+
+    def merge(self, delta: dict) -> None:
+        """Add a :meth:`delta` (e.g. what a loader's own group sent for a batch) to these counters."""
+        for tag, rows in delta["rows"].items():
+            self.add(tag, rows, delta["bytes"].get(tag, 0))
+        for tag, n in delta.get("calls", {}).items():
+            self.add_call(tag, n)
+        for tag, sec in delta.get("seconds", {}).items():
+            self.seconds[tag] += sec
+
     def reset(self) -> None:
         self.rows.clear()
         self.bytes.clear()
+        self.calls.clear()
+        self.seconds.clear()
 
-    def snapshot(self) -> dict:
-        return {"rows": dict(self.rows), "bytes": dict(self.bytes)}
+    def snapshot(self, seconds: bool = False) -> dict:
+        """The counts so far (``rows``, ``bytes``, ``calls`` per tag), and with ``seconds=True`` the timings,
+        which differ from run to run."""
+        counts = {"rows": dict(self.rows), "bytes": dict(self.bytes), "calls": dict(self.calls)}
+        return {**counts, "seconds": dict(self.seconds)} if seconds else counts
 
     @staticmethod
     def delta(now: dict, before: dict) -> dict:
         """Per-tag difference of two :meth:`snapshot` results: what was sent in between."""
-        return {kind: {tag: n - before[kind].get(tag, 0) for tag, n in now[kind].items()
-                       if n != before[kind].get(tag, 0)}
-                for kind in ("rows", "bytes")}
+        return {kind: {tag: n - before.get(kind, {}).get(tag, 0) for tag, n in now.get(kind, {}).items()
+                       if n != before.get(kind, {}).get(tag, 0)}
+                for kind in ("rows", "bytes", "calls", "seconds")}
+
+
+@dataclass
+class CapacityBook:
+    """Per-peer capacities of the fixed-size slots of :meth:`Communicator.all_to_all_counted`, per tag.
+
+    The capacity of the slot from rank ``i`` to rank ``j`` is a function of the counts ``i`` sent ``j``
+    under that tag so far, which both ``i`` (who sent them) and ``j`` (who received them) know: the two
+    agree on every slot's size without exchanging it.
+    """
+
+    sent: Dict[str, List[List[int]]] = field(default_factory=dict)
+    """Per tag, per destination rank: the last :attr:`HISTORY` counts this rank sent."""
+    received: Dict[str, List[List[int]]] = field(default_factory=dict)
+    """Per tag, per source rank: the last :attr:`HISTORY` counts this rank received."""
+
+    HISTORY = 8
+    HEADROOM = 1.25
+
+    @classmethod
+    def capacity(cls, history: List[int]) -> int:
+        """The slot size after ``history``: the largest recent count and a quarter more (0 before any)."""
+        return math.ceil(cls.HEADROOM * max(history)) if history else 0
+
+    def capacities(self, tag: str, world_size: int) -> Tuple[List[int], List[int]]:
+        """``(send, recv)`` slot capacities per peer for the next exchange under ``tag``."""
+        sent = self.sent.get(tag) or [[] for _ in range(world_size)]
+        received = self.received.get(tag) or [[] for _ in range(world_size)]
+        return [self.capacity(h) for h in sent], [self.capacity(h) for h in received]
+
+    def record(self, tag: str, sent: Sequence[int], received: Sequence[int]) -> None:
+        for book, counts in ((self.sent, sent), (self.received, received)):
+            histories = book.setdefault(tag, [[] for _ in counts])
+            for history, n in zip(histories, counts):
+                history.append(int(n))
+                del history[:-self.HISTORY]
 
 
 class Communicator:
@@ -80,6 +142,7 @@ class Communicator:
         self.nccl_for_cuda = self.distributed and serves_cuda_with_nccl(group)
         """Whether the group sends CUDA tensors over NCCL (else they are staged through host memory)."""
         self.traffic = TrafficCounter()
+        self.capacities = CapacityBook()
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world_size={self.world_size})"
@@ -111,6 +174,7 @@ class Communicator:
         elif dev.type == "cuda" and send.device.type == "cpu":
             send = send.pin_memory().to(dev, non_blocking=True)
         recv = torch.empty_like(send)
+        self.traffic.add_call("counts")
         dist.all_to_all_single(recv, send, group=self.group)
         with waiting_for_peers():  # under NCCL the host blocks here, until every peer has sent its counts
             both = torch.stack([send, recv]).tolist()
@@ -136,6 +200,82 @@ class Communicator:
             self.traffic.add(tag, remote, remote * row_bytes)
         if self.world_size == 1:
             return x
+        return self._all_to_all(x, send_counts, recv_counts, tag or "rows")
+
+    def all_to_all_counted(self, x: torch.Tensor, dest: torch.Tensor, tag: str
+                           ) -> Tuple[torch.Tensor, List[int], List[int]]:
+        """Send the 1-D integer rows ``x`` (grouped by destination: ``dest`` ascending, ``dest[i]`` the rank
+        row ``i`` goes to) with their counts in ONE all-to-all; returns ``(received, sent, recv)``.
+
+        ``received`` holds the rows from every rank grouped by source rank, ``sent[j]`` / ``recv[j]`` how
+        many rows went to / came from rank ``j`` (host lists, read in one wait). Every pair of ranks has a
+        slot per tag: a header ``[count, overflow]`` and room for ``capacity`` rows, where the capacity
+        follows the counts that pair exchanged before (:class:`CapacityBook`: both ends know them). Rows
+        beyond a slot's capacity go in a second all-to-all, which every rank runs exactly when any rank
+        overflowed (each header tells whether its sender did). Steady state: one collective instead of
+        a count exchange and a row exchange. The first exchange under a tag always overflows (no
+        history yet), so it takes two, as the counted exchange did.
+
+        Example:
+            >>> Communicator().all_to_all_counted(torch.tensor([5, 7]), torch.tensor([0, 0]), "ids")
+            (tensor([5, 7]), [2], [2])
+        """
+        n = x.numel()
+        if self.world_size == 1:
+            return x, [n], [n]
+        if x.dim() != 1 or x.dtype.is_floating_point:
+            raise ValueError(f"all_to_all_counted sends 1-D integer rows (ids) with their counts in one buffer, "
+                             f"got a {x.dtype} tensor of shape {tuple(x.shape)}; use all_to_all_rows for other rows")
+        world, device = self.world_size, x.device
+        send_cap, recv_cap = self.capacities.capacities(tag, world)
+        send_split = [2 + c for c in send_cap]
+        recv_split = [2 + c for c in recv_cap]
+        send_base = [sum(send_split[:j]) for j in range(world)]
+        recv_base = [sum(recv_split[:j]) for j in range(world)]
+        total = sum(send_split)
+        dest = dest.to(torch.int64)
+        counts = torch.zeros(world, dtype=torch.int64, device=device).index_add_(
+            0, dest, torch.ones_like(dest))
+        starts = torch.cumsum(counts, 0) - counts
+        # the slot layout as device tensors, without a sync (a pinned asynchronous copy on a GPU)
+        layout = torch.tensor([send_base, send_cap], dtype=torch.int64)
+        if device.type == "cuda":
+            layout = layout.pin_memory()
+        base_t, cap_t = layout.to(device, non_blocking=True).unbind(0)
+        within = torch.arange(n, device=device) - starts[dest]
+        fits = within < cap_t[dest]
+        # rows that do not fit go past the end (one place each, so no two writes collide) and are dropped
+        pos = torch.where(fits, base_t[dest] + 2 + within, total + torch.arange(n, device=device))
+        buf = x.new_zeros(total + n, dtype=torch.int64)
+        buf.index_copy_(0, pos, x.to(torch.int64))
+        overflow = (counts > cap_t).any().to(torch.int64)
+        buf.index_copy_(0, base_t, counts)
+        buf.index_copy_(0, base_t + 1, overflow.expand(world))
+        buf = buf[:total]
+        out = self._all_to_all(buf, send_split, recv_split, tag)
+        headers = torch.stack([out[recv_base[j]:recv_base[j] + 2] for j in range(world)], 1)  # [count; overflow]
+        with waiting_for_peers():  # under NCCL the host blocks here, until every peer has sent its slots
+            host = torch.cat([counts.unsqueeze(0), headers]).tolist()  # the one wait
+        sent, recv, any_overflow = host[0], host[1], any(host[2])
+        self.capacities.record(tag, sent, recv)
+        remote = sum(sent) - sent[self.rank]
+        self.traffic.add(tag, remote, remote * x.element_size())
+        parts = [out[recv_base[j] + 2:recv_base[j] + 2 + min(recv[j], recv_cap[j])] for j in range(world)]
+        if any_overflow:
+            offsets = [sum(sent[:j]) for j in range(world)]
+            extra_sent = [max(0, sent[j] - send_cap[j]) for j in range(world)]
+            extra_recv = [max(0, recv[j] - recv_cap[j]) for j in range(world)]
+            extra = torch.cat([x[offsets[j] + send_cap[j]:offsets[j] + sent[j]] for j in range(world)
+                               if extra_sent[j]] or [x[:0]])
+            more = self._all_to_all(extra.to(torch.int64), extra_sent, extra_recv, f"{tag}/overflow")
+            more_parts = torch.split(more, extra_recv)
+            parts = [torch.cat([p, m]) for p, m in zip(parts, more_parts)]
+        return torch.cat(parts).to(x.dtype), sent, recv
+
+    def _all_to_all(self, x: torch.Tensor, send_counts: List[int], recv_counts: List[int],
+                    tag: str) -> torch.Tensor:
+        """One all-to-all of rows whose counts both sides know; counted (call, seconds) under ``tag``."""
+        t0 = time.perf_counter()
         x = x.contiguous()
         shape = (sum(recv_counts),) + tuple(x.shape[1:])
         dev = self._collective_device(x)
@@ -143,14 +283,17 @@ class Communicator:
             # the received rows land in a buffer allocated where the collective writes: nothing to copy in
             host_out = torch.empty(shape, dtype=x.dtype, device=dev)
             self._run(dist.all_to_all_single, host_out, x.to(dev), recv_counts, send_counts)
-            return host_out.to(x.device)
-        out = x.new_empty(shape)
-        self._run(dist.all_to_all_single, out, x, recv_counts, send_counts)
+            out = host_out.to(x.device)
+        else:
+            out = x.new_empty(shape)
+            self._run(dist.all_to_all_single, out, x, recv_counts, send_counts)
+        self.traffic.add_call(tag, seconds=time.perf_counter() - t0)
         return out
 
     def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks (a no-op at world size 1)."""
         if self.world_size > 1:
+            self.traffic.add_call("allreduce")
             dev = self._collective_device(t)
             if dev != t.device:
                 staged = t.to(dev)
@@ -164,12 +307,14 @@ class Communicator:
         if self.world_size == 1:
             return [obj]
         out: List = [None] * self.world_size
+        self.traffic.add_call("gather")
         with waiting_for_peers():
             dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def barrier(self) -> None:
         if self.world_size > 1:
+            self.traffic.add_call("barrier")
             self._run(dist.barrier)
 
     def _run(self, collective, *args) -> None:

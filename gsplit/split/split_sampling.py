@@ -2,7 +2,8 @@
 
 Layer by layer from the top, rank ``r`` samples the in-edges of its *local frontier* (vertices it
 owns at that level), giving a block whose sources form a *mixed frontier* of local and remote
-vertices. The ids are sent to their owners with one all-to-all; each owner's next local frontier is
+vertices. The ids are sent to their owners with one all-to-all that also carries their counts
+(:meth:`~gsplit.comm.Communicator.all_to_all_counted`); each owner's next local frontier is
 the union of what it received. Because picks are counter-based, the union over ranks of the blocks
 is exactly the single-process mini-batch of ``NeighborSampler.sample_blocks`` for the same seeds.
 The layer loop itself is :meth:`NeighborSampler.sample_layers`, shared with single-process sampling;
@@ -18,7 +19,6 @@ import torch
 from gsplit import ops
 from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
-from gsplit.ops.aggregate import degrees
 from gsplit.ops.torch_ops import to_device
 from gsplit.sampling.block import MiniBatch, ShuffleIndex
 from gsplit.sampling.neighbor import NeighborSampler
@@ -43,10 +43,10 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
             num_mixed=ids.numel(), tag=f"shuffle/{tag}")
         return frontier, index
     order = torch.argsort(owner, stable=True)
-    # counted on the device (bincount would read the maximum first) and read to the host once, with the
-    # counts received: the one wait of the exchange
-    requests_sent, requests_received = comm.exchange_count_lists(degrees(owner, comm.world_size))
-    requested = comm.all_to_all_rows(ids[order], requests_sent, requests_received, tag=f"ids/{tag}")
+    # the counts travel with the ids: one all-to-all per layer (a second only when a pair's count outgrows
+    # the capacity learnt from earlier iterations), and one wait, for the counts that come back
+    requested, requests_sent, requests_received = comm.all_to_all_counted(ids[order], owner[order],
+                                                                          tag=f"ids/{tag}")
     frontier = ops.unique_ids(requested, num_nodes)
     index = ShuffleIndex(send_idx=torch.searchsorted(frontier, requested), send_counts=requests_received,
                          recv_pos=order, recv_counts=requests_sent, num_local=frontier.numel(),
