@@ -33,14 +33,13 @@ PYG = "## PyG users"
 OFFLINE = "### Offline preparation: expected weights instead of sampling"
 MANY_HOSTS = "## Many hosts"
 GPUS = "## GPUs"
+FULL_GRAPH = "## Full-graph training"
 
-RUN_HERE = {QUICK_START, OWN_LAYERS, PYG, OFFLINE, GPUS}
+RUN_HERE = {QUICK_START, OWN_LAYERS, PYG, OFFLINE, GPUS, FULL_GRAPH}
 RUN_ELSEWHERE = {
     DGL_PORT: "tests/test_dgl_port.py::test_readme_dgl_snippet (needs DGL: ./dev test-dgl)",
     DDP_RECIPE: "tests/test_split_parity.py::test_ddp_recipe_matches_single_process checks this recipe",
     MANY_HOSTS: "needs torchrun on several hosts with GPUs (NCCL)",
-    "## Full-graph training": "not run as written yet (200 epochs on Cora); tests/test_full_graph.py tests "
-                              "FullGraphLoader itself",
 }
 
 
@@ -85,6 +84,14 @@ def test_quick_start_block_runs(tmp_path):
     losses = [float(re.search(r"loss (\S+)", line).group(1)) for line in lines]
     assert losses[-1] < losses[0], out
     assert float(re.search(r"test accuracy (\S+)", lines[-1]).group(1)) > 0.5, out
+
+
+@pytest.mark.slow
+def test_full_graph_block_runs(tmp_path):
+    out = run_script(block(FULL_GRAPH), tmp_path)
+    losses = [float(m) for m in re.findall(r"^epoch \d+  loss (\S+)$", out, flags=re.M)]
+    assert len(losses) == 5, out
+    assert losses[-1] < losses[0], out
 
 
 def test_own_layers_block_runs():
