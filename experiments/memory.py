@@ -28,7 +28,7 @@ import ctypes
 import os
 import threading
 import time
-from typing import Dict, List, Optional
+from typing import Dict
 
 import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import psutil
@@ -100,7 +100,7 @@ def papers100m(rank_process_bytes: float) -> dict:
             out[f"{name}{'_uva' if uva else ''}"] = memory_model(
                 p["num_nodes"], edges, p["feature_dim"], p["ranks"], p["train"] + p["val"] + p["test"],
                 rank_process_bytes, uva=uva)
-    n, e, ranks = p["num_nodes"], 2 * p["directed_edges"], p["ranks"]
+    n, e = p["num_nodes"], 2 * p["directed_edges"]
     graph = (n + 1 + e) * 8
     pow2 = lambda b: 1 << (int(b) - 1).bit_length()  # noqa: E731 - torch's pinned allocator rounds up
     out["launch_transient"] = {"features copied into shared memory by the launching process": n * p["feature_dim"] * 4}

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from gsplit.comm.communicator import Communicator, as_communicator
-from gsplit.sampling.block import Block, ShuffleIndex
+from gsplit.sampling.block import Block
 
 __all__ = ["boundary_first", "OverlapPlan", "build_overlap_plan", "overlapped_forward"]
 

@@ -9,7 +9,6 @@ launcher, same counters. Every number in the returned log comes from the code pa
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import math
 import threading
@@ -29,7 +28,6 @@ from gsplit.comm.hosts import host_groups
 from gsplit.feature_store import parse_size
 from gsplit.fullgraph import FullGraphLoader, recompute_layers
 from gsplit.graph import Graph
-from gsplit.io import atomic_write_bytes
 from gsplit.model_io import save_model
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
@@ -393,12 +391,6 @@ class TrainPosition:
     """Iteration within that epoch (0: its start)."""
     step: int = 0
     """Optimiser steps taken (iterations trained) since the start of the run."""
-
-
-def _state_bytes(obj) -> bytes:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
 
 
 def _save_model(cfg: TrainConfig, model, dataset) -> None:

@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import torch
 
 from gsplit.graph import Graph
-from gsplit.ops import aggregate, cuda, sample_cpu, torch_ops
+from gsplit.ops import aggregate, cpu_ext, cuda, sample_cpu, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 
 __all__ = ["prepare_kernels", "sample_neighbors", "relabel", "unique_ids", "sampling_device", "copy_u_sum", "copy_u_mean",
