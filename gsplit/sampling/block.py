@@ -41,6 +41,10 @@ class ShuffleIndex:
     """Rows of the mixed frontier (output of the shuffle) = the block's ``num_src_nodes()``."""
     tag: str = "shuffle"
     """Traffic-counter tag for this shuffle (e.g. ``"shuffle/layer1"``)."""
+    num_interior: Optional[int] = None
+    """Sampled for overlap (:mod:`gsplit.overlap`): the local frontier is ordered interior first, and its
+    first ``num_interior`` rows are those no other rank reads (``send_idx`` sends only rows from
+    ``num_interior`` on to other ranks); ``None``: the frontier is in id order."""
 
     def to(self, device, non_blocking: bool = False) -> "ShuffleIndex":
         """The plan on ``device``; the plan itself when it is there already (as ``Tensor.to``), so that
@@ -95,6 +99,9 @@ class Block:
     """Per-source-row tensors, e.g. ``srcdata["feat"]`` on the first block."""
     dstdata: Dict[str, torch.Tensor] = field(default_factory=dict)
     """Per-destination-row tensors, e.g. ``dstdata["label"]`` on the last block."""
+    overlap: Optional["OverlapSplit"] = None
+    """Split blocks sampled for overlap, every layer but the last: how this layer computes the rows other
+    ranks need first and overlaps their shuffle with the rest (:mod:`gsplit.overlap`); else ``None``."""
 
     @property
     def dst_nodes(self) -> torch.Tensor:
@@ -132,6 +139,7 @@ class Block:
             edge_dst=mv(self.edge_dst),
             edge_ids=mv(self.edge_ids),
             shuffle_index=None if self.shuffle_index is None else self.shuffle_index.to(device, non_blocking),
+            overlap=None if self.overlap is None else self.overlap.to(device, non_blocking),
             srcdata={k: mv(v) for k, v in self.srcdata.items()},
             dstdata={k: mv(v) for k, v in self.dstdata.items()},
         )
@@ -143,11 +151,64 @@ class Block:
         yield from self.dstdata.values()
         if self.shuffle_index is not None:
             yield from self.shuffle_index.tensors()
+        if self.overlap is not None:
+            yield from self.overlap.tensors()
 
     def __repr__(self) -> str:
         split = "" if self.shuffle_index is None else ", split"
         return (f"Block(layer={self.layer}, num_src_nodes={self.num_src_nodes()}, "
                 f"num_dst_nodes={self.num_dst}, num_edges={self.num_edges()}{split})")
+
+
+@dataclass
+class OverlapSplit:
+    """One layer of a split mini-batch in two parts, boundary rows first (built by :func:`gsplit.overlap.plan_overlap`).
+
+    The layer's destinations (this rank's local frontier at the next level) are ordered interior first:
+    rows ``[0, num_interior)`` only this rank reads, rows ``[num_interior, num_dst)`` (the *boundary*)
+    other ranks read too. The boundary part is computed first, over the input rows it reads, and sent
+    asynchronously; the interior part (a prefix of the block: its edges are an edge prefix) is computed
+    while the rows travel. The exchange fields below are the next block's shuffle plan, cut in the rows
+    that go to other ranks and those that stay.
+    """
+
+    interior_block: "Block"
+    """The interior destinations with their in-edges, over the whole input ``h`` (a prefix of the block)."""
+    boundary_block: "Block"
+    """The boundary destinations with their in-edges, over the input rows ``h[boundary_rows]``."""
+    boundary_rows: torch.Tensor
+    """int64 input rows the boundary part reads: its destinations first (the prefix contract), then its sources."""
+    send_idx: torch.Tensor
+    """int64 boundary rows (``0`` = first boundary row) sent to other ranks, grouped by destination rank."""
+    send_counts: List[int]
+    """Rows sent to each rank (0 to this one)."""
+    recv_pos: torch.Tensor
+    """int64 rows of the next block's sources that come from other ranks, grouped by sender."""
+    recv_counts: List[int]
+    """Rows received from each rank (0 from this one)."""
+    keep_idx: torch.Tensor
+    """int64 rows of this layer's output (interior first) the next block reads on this rank."""
+    keep_pos: torch.Tensor
+    """int64 where they go among the next block's sources."""
+    num_mixed: int
+    """Sources of the next block (rows of the shuffled output)."""
+
+    @property
+    def num_interior(self) -> int:
+        return self.interior_block.num_dst
+
+    def to(self, device, non_blocking: bool = False) -> "OverlapSplit":
+        mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return replace(self, interior_block=self.interior_block.to(device, non_blocking),
+                       boundary_block=self.boundary_block.to(device, non_blocking),
+                       boundary_rows=mv(self.boundary_rows), send_idx=mv(self.send_idx), recv_pos=mv(self.recv_pos),
+                       keep_idx=mv(self.keep_idx), keep_pos=mv(self.keep_pos))
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor of the split (its two blocks' included)."""
+        yield from self.interior_block.tensors()
+        yield from self.boundary_block.tensors()
+        yield from (self.boundary_rows, self.send_idx, self.recv_pos, self.keep_idx, self.keep_pos)
 
 
 class MiniBatch(NamedTuple):

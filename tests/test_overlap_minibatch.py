@@ -1,0 +1,181 @@
+"""Overlapped layers in split-parallel mini-batch training (gsplit.overlap) equal the plain split path.
+
+Every rank trains the same steps twice, with a plain loader and with ``overlap=True``, on the same
+partition map: the sampled edges are the same, the losses agree to rounding and so do the gradients
+(float64, relative 1e-12: the two parts of a layer multiply fewer rows by the weights than the whole
+layer, and a BLAS product's row may change in the last bit with the row count; gradients of weights and
+of input rows read by both parts are sums of two partial sums). The overlapped path must really overlap:
+one asynchronous all-to-all per layer but the last, forward and backward, counted under its own tag.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gsplit
+from gsplit.launch import launch
+from gsplit.loader import DataLoader
+from gsplit.nn import build_model
+from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
+from gsplit.sampling.block import Block
+
+NUM_NODES = 240
+FEAT_DIM = 6
+NUM_CLASSES = 3
+BATCH = 12            # per rank
+ITERS = 3
+FANOUTS = [3, -1, 2]  # includes "all neighbours"
+DROPOUT = 0.4         # vertex-keyed: the parts must get blocks whose dst_nodes are their rows
+TOL = 1e-12
+
+
+def make_problem():
+    g = torch.Generator().manual_seed(7)
+    n_connected = NUM_NODES - 20  # isolated vertices too
+    src = torch.randint(0, n_connected, (900,), generator=g)
+    dst = torch.randint(0, n_connected, (900,), generator=g)
+    graph = gsplit.Graph.from_edges(src, dst, NUM_NODES, symmetric=True, remove_self_loops=True)
+    feats = torch.randn(NUM_NODES, FEAT_DIM, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
+    train_idx = torch.randperm(NUM_NODES, generator=g)[:150]
+    return graph, feats, labels, train_idx
+
+
+def make_maps(graph, train_idx, world_size):
+    maps = {"random": torch.randint(0, world_size, (graph.num_nodes,), generator=torch.Generator().manual_seed(1))}
+    if world_size > 1:
+        starved = maps["random"].clone()
+        starved[train_idx] = starved[train_idx] % (world_size - 1)  # the last rank owns no target
+        maps["starved"] = starved
+        # everything on rank 0 but the targets' own vertices: rank 0's rows are nearly all interior
+        lopsided = torch.zeros(graph.num_nodes, dtype=torch.long)
+        lopsided[train_idx[: 2 * BATCH]] = torch.arange(2 * BATCH) % world_size
+        maps["lopsided"] = lopsided
+    return maps
+
+
+def train(model_name, graph, feats, labels, train_idx, owner, world_size, overlap):
+    torch.manual_seed(0)
+    model = build_model(model_name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2,
+                        dropout=DROPOUT).double()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=3), partition=owner,
+                        use_ddp=world_size > 1, batch_size=BATCH, shuffle=True, ddp_seed=11, features=feats,
+                        labels=labels, overlap=overlap)
+    comm = loader.comm
+    out = {"losses": [], "grads": [], "edges": [], "calls": [], "parts": []}
+    for step, (_, _, blocks) in enumerate(loader):
+        if step == ITERS:
+            break
+        if overlap:
+            out["parts"].append([(b.overlap.num_interior, b.overlap.boundary_block.num_dst) for b in blocks[:-1]])
+        before = dict(comm.traffic.calls)
+        opt.zero_grad()
+        loss = split_cross_entropy(model(blocks, blocks[0].srcdata["feat"]), blocks[-1].dstdata["label"], blocks[-1])
+        loss.backward()
+        out["calls"].append({t: n - before.get(t, 0) for t, n in comm.traffic.calls.items() if n != before.get(t, 0)})
+        allreduce_gradients(model, comm)
+        out["losses"].append(global_sum(loss, comm))
+        out["grads"].append({n: p.grad.clone() for n, p in model.named_parameters()})
+        out["edges"].append([sorted(b.edge_ids.tolist()) for b in blocks])
+        opt.step()
+    return out
+
+
+def rank_worker(rank, world_size, models=("sage", "gat", "gcn")):
+    graph, feats, labels, train_idx = make_problem()
+    results = {}
+    for map_name, owner in make_maps(graph, train_idx, world_size).items():
+        for model_name in models:
+            results[(map_name, model_name)] = {
+                overlap: train(model_name, graph, feats, labels, train_idx, owner, world_size, overlap)
+                for overlap in (False, True)}
+    return results
+
+
+def rel_err(a, b, floor=1e-4):
+    return float((a - b).norm() / b.norm().clamp_min(floor))
+
+
+def check(per_rank, world_size):
+    layers = len(FANOUTS)
+    for case_key in per_rank[0]:
+        case = f"{case_key[1]} on the {case_key[0]} map at world size {world_size}"
+        for r, res in enumerate(per_rank):
+            plain, over = res[case_key][False], res[case_key][True]
+            for it in range(ITERS):
+                assert over["edges"][it] == plain["edges"][it], f"{case}: rank {r} sampled other edges"
+                assert abs(over["losses"][it] - plain["losses"][it]) <= TOL * abs(plain["losses"][it]), case
+                for name, g in plain["grads"][it].items():
+                    err = rel_err(over["grads"][it][name], g)
+                    assert err < TOL, f"{case}: gradient of {name} on rank {r} differs at iteration {it} ({err:.1e})"
+                calls = over["calls"][it]
+                if world_size == 1:  # no collective at all, overlapped or not
+                    assert calls == plain["calls"][it] == {}, (calls, plain["calls"][it])
+                    continue
+                for i in range(1, layers):
+                    for way in ("fwd", "bwd"):
+                        assert calls.get(f"shuffle/layer{i}/overlap/{way}") == 1, f"{case}: {calls}"
+                    # the layer shuffles all went asynchronous: no blocking shuffle of layer i is left
+                    assert f"shuffle/layer{i}/fwd" not in calls and f"shuffle/layer{i}/bwd" not in calls, calls
+                # the plain path issued its blocking shuffles, the same number of collectives
+                assert sum(calls.values()) == sum(plain["calls"][it].values()), (calls, plain["calls"][it])
+    return per_rank
+
+
+def test_one_rank_overlap_equals_plain():
+    per_rank = check([rank_worker(0, 1)], 1)
+    parts = per_rank[0][("random", "sage")][True]["parts"]
+    assert all(nb == 0 for it in parts for _, nb in it), "with one rank no row is read by another rank"
+
+
+def test_two_ranks_overlap_equals_plain():
+    per_rank = check(launch(rank_worker, 2), 2)
+    parts = [p for r in per_rank for key, res in r.items() for p in res[True]["parts"]]
+    flat = [pair for it in parts for pair in it]
+    # the maps give both kinds of part and both empty kinds, so each case below was exercised
+    assert any(ni > 0 and nb > 0 for ni, nb in flat), flat
+    assert any(nb == 0 for _, nb in flat), "no layer without boundary rows was exercised"
+    assert any(ni == 0 for ni, _ in flat), "no layer without interior rows was exercised"
+
+
+@pytest.mark.slow
+def test_three_ranks_overlap_equals_plain():
+    check(launch(rank_worker, 3), 3)
+
+
+# ---------------------------------------------------------------------------------------------- units
+def test_parts_cover_the_block_and_read_the_right_rows():
+    """Outside any process group: the plan's two blocks are the block's destinations and edges, split."""
+    from gsplit.comm.communicator import Communicator
+    from gsplit.split.split_sampling import sp_sample
+
+    graph, _, _, train_idx = make_problem()
+    owner = torch.zeros(graph.num_nodes, dtype=torch.long)
+    batch = sp_sample(graph, train_idx[:20], owner, gsplit.NeighborSampler(FANOUTS, seed=3), Communicator(),
+                      overlap=True)
+    plain = sp_sample(graph, train_idx[:20], owner, gsplit.NeighborSampler(FANOUTS, seed=3), Communicator())
+    assert batch.blocks[-1].overlap is None
+    for b, p in zip(batch.blocks, plain.blocks):
+        assert sorted(b.edge_ids.tolist()) == sorted(p.edge_ids.tolist())
+        if b.overlap is None:
+            continue
+        ib, bb = b.overlap.interior_block, b.overlap.boundary_block
+        assert torch.equal(ib.dst_nodes, b.dst_nodes[:ib.num_dst])
+        assert torch.equal(bb.dst_nodes, b.dst_nodes[ib.num_dst:])
+        assert torch.equal(bb.src_nodes, b.src_nodes[b.overlap.boundary_rows])
+        global_edges = lambda blk: sorted(zip(blk.src_nodes[blk.edge_src].tolist(),  # noqa: E731
+                                              blk.dst_nodes[blk.edge_dst].tolist()))
+        assert sorted(global_edges(ib) + global_edges(bb)) == global_edges(b)
+
+
+def test_plan_refuses_blocks_sampled_without_overlap():
+    from gsplit.overlap import plan_overlap
+
+    idx = gsplit.ShuffleIndex(send_idx=torch.arange(1), send_counts=[1], recv_pos=torch.arange(1), recv_counts=[1],
+                              num_local=1, num_mixed=1)
+    b = Block(src_nodes=torch.tensor([0]), num_dst=1, edge_src=torch.tensor([0]), edge_dst=torch.tensor([0]),
+              edge_ids=torch.tensor([0]), shuffle_index=idx)
+    with pytest.raises(ValueError, match="overlap=True"):
+        plan_overlap([b, b], 0)
