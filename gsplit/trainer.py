@@ -199,6 +199,9 @@ class TrainConfig:
     recompute: bool = False
     """Recompute every layer in backward instead of keeping its intermediates (:func:`gsplit.recompute_layers`):
     less memory, more compute; for full-graph training above all."""
+    overlap: bool = False
+    """Split only: overlapped layers (:mod:`gsplit.overlap`): each layer computes the rows other ranks need
+    first and shuffles them while it computes the rest, forward and backward; same results up to rounding."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -551,6 +554,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
+    if cfg.overlap and cfg.system == "split":
+        split_options["overlap"] = True
     graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}

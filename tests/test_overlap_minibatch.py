@@ -179,3 +179,69 @@ def test_plan_refuses_blocks_sampled_without_overlap():
               edge_ids=torch.tensor([0]), shuffle_index=idx)
     with pytest.raises(ValueError, match="overlap=True"):
         plan_overlap([b, b], 0)
+
+
+# ---------------------------------------------------------------------------------------------- trainer
+def _train_both(rank, world_size, ds, owner):
+    from gsplit.trainer import TrainConfig, train_rank
+
+    logs = {}
+    for overlap, prefetch in ((False, False), (True, True)):
+        cfg = TrainConfig(model="gat", fanouts=[4, 3, 2], batch_size=16, hidden=8, epochs=1, system="split", seed=5,
+                          eval_every=0, final_eval=False, device="cpu", heads=2, max_iters=4, overlap=overlap,
+                          prefetch=prefetch)
+        logs[overlap] = train_rank(rank, world_size, cfg, ds, owner)
+    return logs
+
+
+def test_trainer_overlaps_when_asked_and_logs_the_overlapped_collectives():
+    """``TrainConfig(overlap=True)`` (``gsplit train --overlap``), with prefetch: same loss, and every
+    iteration's ``collectives`` counts the asynchronous shuffles in place of the blocking ones."""
+    import dataclasses
+
+    ds = gsplit.datasets.make_synthetic(num_nodes=400, avg_degree=8, num_communities=4, feature_dim=6,
+                                        num_classes=3, seed=1)
+    ds = dataclasses.replace(ds, train_idx=ds.train_idx[:160])
+    owner = torch.randint(0, 2, (ds.num_nodes,), generator=torch.Generator().manual_seed(2))
+    out = launch(_train_both, 2, args=(ds, owner))
+    for rank, logs in enumerate(out):
+        plain, over = (logs[k]["epochs"][0] for k in (False, True))
+        assert over["loss"] == pytest.approx(plain["loss"], rel=1e-5)  # float32
+        for p_it, o_it in zip(plain["ranks"][rank]["per_iteration"], over["ranks"][rank]["per_iteration"]):
+            tags = o_it["collectives_by_tag"]
+            assert {t for t in tags if "/overlap/" in t} == {f"shuffle/layer{i}/overlap/{w}" for i in (1, 2)
+                                                             for w in ("fwd", "bwd")}, tags
+            # the layer shuffles (not layer 0's: the feature shuffle) all went asynchronous
+            assert not any(t.startswith(("shuffle/layer1/", "shuffle/layer2/")) and "/overlap/" not in t
+                           for t in tags), tags
+            assert o_it["collectives"] == p_it["collectives"], (tags, p_it["collectives_by_tag"])
+
+
+# ---------------------------------------------------------------------------------------------- host syncs
+def _syncs(rank, world_size):
+    """Host-device syncs of forward + backward, plain and overlapped (CPU tensors stand for device ones)."""
+    from gsplit.ops.sync_counter import HostSyncCounter
+
+    graph, feats, labels, train_idx = make_problem()
+    owner = torch.randint(0, world_size, (graph.num_nodes,), generator=torch.Generator().manual_seed(1))
+    out = {}
+    for overlap in (False, True):
+        loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=3), partition=owner, use_ddp=True,
+                            batch_size=BATCH, shuffle=True, features=feats, labels=labels, overlap=overlap)
+        _, _, blocks = next(iter(loader))
+        torch.manual_seed(0)
+        model = build_model("gat", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2, dropout=DROPOUT)
+        counter = HostSyncCounter(cpu_is_device=True)
+        with counter:
+            logits = model(blocks, blocks[0].srcdata["feat"].float())
+            split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1]).backward()
+        out[overlap] = [(e.kind, e.site) for e in counter.events]
+    return out
+
+
+def test_overlapped_forward_and_backward_add_no_host_sync():
+    """Sizes come from the plan (python ints): between starting an all-to-all and waiting for it nothing
+    is read from the device, so on NCCL the host never blocks in the overlapped layers."""
+    for rank, out in enumerate(launch(_syncs, 2)):
+        assert len(out[True]) <= len(out[False]), (rank, out)
+        assert not [site for _, site in out[True] if "overlap.py" in site], (rank, out[True])
