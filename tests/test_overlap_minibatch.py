@@ -245,3 +245,42 @@ def test_overlapped_forward_and_backward_add_no_host_sync():
     for rank, out in enumerate(launch(_syncs, 2)):
         assert len(out[True]) <= len(out[False]), (rank, out)
         assert not [site for _, site in out[True] if "overlap.py" in site], (rank, out[True])
+
+
+def test_boundary_rows_are_sent_before_the_interior_computes(monkeypatch):
+    """G3's order, forward and backward (one process: the exchanges still start and wait): each layer's
+    all-to-all starts before its interior part computes and is waited for after it; in backward the
+    gradients start back before the interior part's backward runs, which ends before the wait."""
+    from gsplit.comm.communicator import Communicator
+    from gsplit.overlap import AsyncRows
+    from gsplit.split.split_sampling import sp_sample
+
+    graph, feats, labels, train_idx = make_problem()
+    owner = torch.zeros(graph.num_nodes, dtype=torch.long)
+    blocks = sp_sample(graph, train_idx[:20], owner, gsplit.NeighborSampler(FANOUTS, seed=3), Communicator(),
+                       overlap=True).blocks
+    events = []
+    start, wait = AsyncRows.start, AsyncRows.wait
+    monkeypatch.setattr(AsyncRows, "start", lambda self, rows, s, r, tag: (events.append(("start", tag)),
+                                                                           start(self, rows, s, r, tag))[1])
+    monkeypatch.setattr(AsyncRows, "wait", lambda self: (events.append(("wait", self.tag)), wait(self))[1])
+    torch.manual_seed(0)
+    model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), dropout=DROPOUT).double()
+    for i, layer in enumerate(model.layers[:-1]):
+        inner = layer.forward
+
+        def forward(block, h, _inner=inner, _i=i):
+            if block is blocks[_i].overlap.interior_block:
+                events.append(("interior forward", _i))
+                h = h.view_as(h)  # read by the interior part only: its gradient is complete after its backward
+                h.register_hook(lambda g: events.append(("interior backward", _i)))
+            return _inner(block, h)
+
+        layer.forward = forward
+    x = feats[blocks[0].src_nodes].requires_grad_()
+    model(blocks, x).sum().backward()
+    at = {e: k for k, e in enumerate(events)}
+    for i in range(len(FANOUTS) - 1):
+        fwd, bwd = f"shuffle/layer{i + 1}/overlap/fwd", f"shuffle/layer{i + 1}/overlap/bwd"
+        assert at[("start", fwd)] < at[("interior forward", i)] < at[("wait", fwd)], events
+        assert at[("start", bwd)] < at[("interior backward", i)] < at[("wait", bwd)], events
