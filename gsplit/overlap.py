@@ -46,7 +46,7 @@ from gsplit.comm.communicator import Communicator
 from gsplit.comm.waits import track_in_flight, waiting_for_peers
 from gsplit.sampling.block import Block, OverlapSplit
 
-__all__ = ["AsyncRows", "plan_overlap", "overlapped_sp_forward"]
+__all__ = ["AsyncRows", "plan_overlap", "overlapped_sp_forward", "splits_sources"]
 
 
 class AsyncRows:
@@ -125,28 +125,21 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
         n_own, n_int, dev = block.num_dst, int(index.num_interior), block.device
         if index.num_local != n_own:
             raise ValueError(f"block {i + 1}'s shuffle reads {index.num_local} rows but block {i} makes {n_own}")
-        # edges are grouped by destination: the interior destinations' edges come first
+        # edges are grouped by destination: the interior destinations' edges come first (the one host read)
         e_int = int(torch.searchsorted(block.edge_dst, torch.tensor([n_int], device=dev))[0]) if n_int else 0
+        # both parts read the whole block's sources (their per-source terms are computed once)
         interior = Block(src_nodes=block.src_nodes, num_dst=n_int, edge_src=block.edge_src[:e_int],
                          edge_dst=block.edge_dst[:e_int], edge_ids=block.edge_ids[:e_int], layer=block.layer)
-        # the boundary part's input rows: its destinations first (a block's prefix contract), then the other
-        # rows its edges read, in row order
-        b_src = block.edge_src[e_int:]
-        reads = torch.zeros(block.num_src_nodes(), dtype=torch.bool, device=dev)
-        reads[b_src] = True
-        reads[n_int:n_own] = False
-        rows = torch.cat([torch.arange(n_int, n_own, device=dev), reads.nonzero().squeeze(1)])
-        local = torch.empty(block.num_src_nodes(), dtype=torch.int64, device=dev)
-        local[rows] = torch.arange(rows.numel(), device=dev)
-        boundary = Block(src_nodes=block.src_nodes[rows], num_dst=n_own - n_int, edge_src=local[b_src],
-                         edge_dst=block.edge_dst[e_int:] - n_int, edge_ids=block.edge_ids[e_int:], layer=block.layer)
+        boundary = Block(src_nodes=block.src_nodes, num_dst=n_own - n_int, dst_start=n_int,
+                         edge_src=block.edge_src[e_int:], edge_dst=block.edge_dst[e_int:] - n_int,
+                         edge_ids=block.edge_ids[e_int:], layer=block.layer)
         # the next shuffle, cut in the rows that stay on this rank and those that go (python-int offsets)
         send_off = [sum(index.send_counts[:j]) for j in range(len(index.send_counts) + 1)]
         recv_off = [sum(index.recv_counts[:j]) for j in range(len(index.recv_counts) + 1)]
         others = [j for j in range(len(index.send_counts)) if j != rank]
         cut = lambda t, off, js: torch.cat([t[off[j]:off[j + 1]] for j in js] or [t[:0]])  # noqa: E731
         block.overlap = OverlapSplit(
-            interior_block=interior, boundary_block=boundary, boundary_rows=rows,
+            interior_block=interior, boundary_block=boundary,
             send_idx=cut(index.send_idx, send_off, others) - n_int,
             send_counts=[0 if j == rank else c for j, c in enumerate(index.send_counts)],
             recv_pos=cut(index.recv_pos, recv_off, others),
@@ -213,6 +206,9 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
         >>> logits = overlapped_sp_forward(model.layers, blocks[0].srcdata["feat"], blocks, model.between,
         ...                                loader.comm)                                   # doctest: +SKIP
     """
+    if not splits_sources(layers):
+        raise ValueError("overlapped layers need layers with project_sources(block, h) and combine(block, sources) "
+                         "(gsplit's SAGEConv, GATConv, GraphConv); run sp_forward, which falls back to the plain path")
     h = feat
     last = len(layers) - 1
     for i, (layer, block) in enumerate(zip(layers, blocks)):
@@ -221,13 +217,28 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
         plan = block.overlap
         tag = f"{blocks[i + 1].shuffle_index.tag}/overlap"
         bb, ib = plan.boundary_block, plan.interior_block
-        hb = layer(bb, h[plan.boundary_rows])
+        sources = layer.project_sources(block, h)  # once, for both parts
+        hb = layer.combine(bb, sources)
         if between is not None:
             hb = between(i, hb, bb)
         ex = AsyncRows(comm)
         token = _SendBoundary.apply(hb, plan, ex, tag)
-        hi = layer(ib, h)  # computed while the boundary rows travel
+        hi = layer.combine(ib, sources)  # computed while the boundary rows travel
         if between is not None:
             hi = between(i, hi, ib)
         h = _Assemble.apply(token, hi, hb, plan, ex, tag)
     return h
+
+
+def splits_sources(layers: Sequence[torch.nn.Module]) -> bool:
+    """Whether every layer computes its per-source terms apart from its destinations (``project_sources`` and
+    ``combine``, as gsplit's layers do): what an overlapped layer needs to compute two parts without repeating
+    the per-source work.
+
+    Example:
+        >>> from gsplit.nn.layers import SAGEConv
+        >>> splits_sources([SAGEConv(4, 4)]), splits_sources([torch.nn.Linear(4, 4)])
+        (True, False)
+    """
+    return all(callable(getattr(layer, "project_sources", None)) and callable(getattr(layer, "combine", None))
+               for layer in layers)

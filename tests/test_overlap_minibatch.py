@@ -146,7 +146,7 @@ def test_three_ranks_overlap_equals_plain():
 
 
 # ---------------------------------------------------------------------------------------------- units
-def test_parts_cover_the_block_and_read_the_right_rows():
+def test_parts_split_the_block_destinations_and_edges():
     """Outside any process group: the plan's two blocks are the block's destinations and edges, split."""
     from gsplit.comm.communicator import Communicator
     from gsplit.split.split_sampling import sp_sample
@@ -164,7 +164,7 @@ def test_parts_cover_the_block_and_read_the_right_rows():
         ib, bb = b.overlap.interior_block, b.overlap.boundary_block
         assert torch.equal(ib.dst_nodes, b.dst_nodes[:ib.num_dst])
         assert torch.equal(bb.dst_nodes, b.dst_nodes[ib.num_dst:])
-        assert torch.equal(bb.src_nodes, b.src_nodes[b.overlap.boundary_rows])
+        assert torch.equal(bb.src_nodes, b.src_nodes) and torch.equal(ib.src_nodes, b.src_nodes)
         global_edges = lambda blk: sorted(zip(blk.src_nodes[blk.edge_src].tolist(),  # noqa: E731
                                               blk.dst_nodes[blk.edge_dst].tolist()))
         assert sorted(global_edges(ib) + global_edges(bb)) == global_edges(b)
@@ -267,16 +267,17 @@ def test_boundary_rows_are_sent_before_the_interior_computes(monkeypatch):
     torch.manual_seed(0)
     model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), dropout=DROPOUT).double()
     for i, layer in enumerate(model.layers[:-1]):
-        inner = layer.forward
+        inner = layer.combine
 
-        def forward(block, h, _inner=inner, _i=i):
+        def combine(block, sources, _inner=inner, _i=i):
             if block is blocks[_i].overlap.interior_block:
                 events.append(("interior forward", _i))
-                h = h.view_as(h)  # read by the interior part only: its gradient is complete after its backward
-                h.register_hook(lambda g: events.append(("interior backward", _i)))
-            return _inner(block, h)
+                # views read by the interior part only: their gradients are complete after its backward
+                sources = tuple(t.view_as(t) for t in sources)
+                sources[0].register_hook(lambda g: events.append(("interior backward", _i)))
+            return _inner(block, sources)
 
-        layer.forward = forward
+        layer.combine = combine
     x = feats[blocks[0].src_nodes].requires_grad_()
     model(blocks, x).sum().backward()
     at = {e: k for k, e in enumerate(events)}

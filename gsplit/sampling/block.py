@@ -102,11 +102,15 @@ class Block:
     overlap: Optional["OverlapSplit"] = None
     """Split blocks sampled for overlap, every layer but the last: how this layer computes the rows other
     ranks need first and overlaps their shuffle with the rest (:mod:`gsplit.overlap`); else ``None``."""
+    dst_start: int = 0
+    """The destinations are ``src_nodes[dst_start : dst_start + num_dst]``. 0 (a prefix) for every block a
+    sampler makes; only the parts of an overlapped layer (:class:`OverlapSplit`) start later, and only
+    gsplit's layers (:mod:`gsplit.nn.layers`) read them."""
 
     @property
     def dst_nodes(self) -> torch.Tensor:
-        """int64 global ids of the layer's outputs (a prefix of ``src_nodes``)."""
-        return self.src_nodes[: self.num_dst]
+        """int64 global ids of the layer's outputs (a prefix of ``src_nodes``, from ``dst_start``)."""
+        return self.src_nodes[self.dst_start: self.dst_start + self.num_dst]
 
     @property
     def device(self) -> torch.device:
@@ -166,18 +170,17 @@ class OverlapSplit:
 
     The layer's destinations (this rank's local frontier at the next level) are ordered interior first:
     rows ``[0, num_interior)`` only this rank reads, rows ``[num_interior, num_dst)`` (the *boundary*)
-    other ranks read too. The boundary part is computed first, over the input rows it reads, and sent
-    asynchronously; the interior part (a prefix of the block: its edges are an edge prefix) is computed
-    while the rows travel. The exchange fields below are the next block's shuffle plan, cut in the rows
-    that go to other ranks and those that stay.
+    other ranks read too. Each part is a block over the same sources as the whole one, with its
+    destinations (``dst_start``) and their in-edges (an edge range: edges are grouped by destination), so
+    both read the same per-source terms, computed once. The boundary part is computed first and sent
+    asynchronously; the interior part is computed while the rows travel. The exchange fields below are
+    the next block's shuffle plan, cut in the rows that go to other ranks and those that stay.
     """
 
     interior_block: "Block"
-    """The interior destinations with their in-edges, over the whole input ``h`` (a prefix of the block)."""
+    """The interior destinations with their in-edges (``dst_start`` 0)."""
     boundary_block: "Block"
-    """The boundary destinations with their in-edges, over the input rows ``h[boundary_rows]``."""
-    boundary_rows: torch.Tensor
-    """int64 input rows the boundary part reads: its destinations first (the prefix contract), then its sources."""
+    """The boundary destinations with their in-edges (``dst_start = num_interior``)."""
     send_idx: torch.Tensor
     """int64 boundary rows (``0`` = first boundary row) sent to other ranks, grouped by destination rank."""
     send_counts: List[int]
@@ -201,14 +204,14 @@ class OverlapSplit:
         mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return replace(self, interior_block=self.interior_block.to(device, non_blocking),
                        boundary_block=self.boundary_block.to(device, non_blocking),
-                       boundary_rows=mv(self.boundary_rows), send_idx=mv(self.send_idx), recv_pos=mv(self.recv_pos),
+                       send_idx=mv(self.send_idx), recv_pos=mv(self.recv_pos),
                        keep_idx=mv(self.keep_idx), keep_pos=mv(self.keep_pos))
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor of the split (its two blocks' included)."""
         yield from self.interior_block.tensors()
         yield from self.boundary_block.tensors()
-        yield from (self.boundary_rows, self.send_idx, self.recv_pos, self.keep_idx, self.keep_pos)
+        yield from (self.send_idx, self.recv_pos, self.keep_idx, self.keep_pos)
 
 
 class MiniBatch(NamedTuple):
