@@ -4,11 +4,13 @@ Plain split training runs, for every layer ``i`` above the input, a blocking all
 and then the layer; backward mirrors it. Every layer is then a barrier: the faster rank waits for the
 slower one. Overlapped, layer ``i`` (all but the last) runs in this order on every rank:
 
-1. the *boundary* part: the layer's destinations that another rank's next block reads, over only the
-   input rows they read (``h[boundary_rows]``), with the activation and dropout that follow the layer;
-2. the asynchronous all-to-all of those rows starts (``async_op=True``);
-3. the *interior* part: the destinations only this rank reads, computed while the rows travel;
-4. wait, and assemble the next block's source rows (received rows plus this rank's own).
+1. the per-source terms of the layer, once (``layer.project_sources``: GAT's projection, SAGE's and
+   GCN's when they multiply first);
+2. the *boundary* part: the layer's destinations that another rank's next block reads
+   (``layer.combine`` on their in-edges), with the activation and dropout that follow the layer;
+3. the asynchronous all-to-all of those rows starts (``async_op=True``);
+4. the *interior* part: the destinations only this rank reads, computed while the rows travel;
+5. wait, and assemble the next block's source rows (received rows plus this rank's own).
 
 Backward does the same for the returning gradients: the gradients of the received rows start back to
 their owners as soon as the next layer's backward has them, autograd runs the interior part's backward
@@ -16,22 +18,25 @@ meanwhile (it was created later in forward, so it runs first), and only the boun
 then waits only when a peer has not finished its *boundary* part by the time it finished its whole layer.
 
 What makes it cheap: sampling (:func:`gsplit.split.sp_sample` with ``overlap=True``) orders every local
-frontier above the input interior first, so the interior part is a prefix of the block (its edges are an
-edge prefix: the whole input ``h``, no copy) and only the boundary part gathers its input rows. The plan
-(:class:`~gsplit.sampling.block.OverlapSplit`, one per block but the last) is built with the batch, on
-the loader's (prefetch) side, with python-int sizes: the forward reads nothing from the device between
-starting and waiting for a collective, so it works unchanged on NCCL.
+frontier above the input interior first, so each part's destinations are a row range and their in-edges
+an edge range (edges are grouped by destination): the two parts are views of the block
+(:class:`~gsplit.sampling.block.OverlapSplit`, ``Block.dst_start``), over the same per-source terms, so
+nothing is gathered and no per-source work is repeated. The plan (one per block but the last) is built
+with the batch, on the loader's (prefetch) side, with python-int sizes: the forward reads nothing from the
+device between starting and waiting for a collective, so it works unchanged on NCCL.
 
-Exactness: every destination sums the same in-edges in the same order as the plain path. The two parts
-multiply different numbers of rows by the weights, and a BLAS matrix product's row may differ in the last
-bit with the number of rows (seen on this CPU in float64), and the gradients of the weights and of input
-rows read by both parts are sums of two partial sums; so results equal the plain path up to rounding
-(float64: relative 1e-12 in ``tests/test_overlap_minibatch.py``), as the plain path equals single-process
-training. The last layer sends nothing after it and runs whole; layer 0's input is the feature shuffle.
+Exactness: every destination sums the same in-edges in the same order as the plain path, from the same
+per-source terms. The per-destination products (e.g. SAGE's ``fc_self``) multiply fewer rows at once,
+and a BLAS product's row may differ in the last bit with the number of rows (seen on this CPU in
+float64); the gradients of the per-source terms are the sum of two parts' partial sums. So results equal
+the plain path up to rounding (float64: relative 1e-12 in ``tests/test_overlap_minibatch.py``), as the
+plain path equals single-process training. The last layer sends nothing after it and runs whole;
+layer 0's input is the feature shuffle.
 
-Which models: gsplit's own (:mod:`gsplit.nn.models`, through :func:`gsplit.sp_forward`) use it whenever the
-blocks carry a plan; models wrapped by :class:`gsplit.SplitParallel` (DGL / PyG layers via hooks) stay
-on the plain path.
+Which models: gsplit's own (:mod:`gsplit.nn.models`, through :func:`gsplit.sp_forward`) whenever the
+blocks carry a plan and every layer has ``project_sources`` / ``combine`` (gsplit's layers do); other
+layers, and models wrapped by :class:`gsplit.SplitParallel` (DGL / PyG layers via hooks), run the plain
+path on the same blocks.
 """
 
 from __future__ import annotations
