@@ -10,7 +10,8 @@ breakdown (each phase at its max over ranks, as in the trainer's log). The count
     python experiments/end_to_end.py --quick
     python experiments/end_to_end.py --quick --systems split,split-overlap   # overlapped layers vs plain
 
-``split-overlap`` is split with overlapped layers (``gsplit train``'s default, :mod:`gsplit.overlap`),
+``split-overlap`` is split with overlapped layers (:mod:`gsplit.overlap`; ``gsplit train``'s default for
+SAGE and GCN),
 ``split`` the plain path (``gsplit train --no-overlap``: a blocking shuffle before every layer); the
 systems of one (model, ranks) run in one launch, interleaved (ABBA), and ``split/this`` is the ratio of
 the plain split epoch to this one (> 1: faster than plain split).
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=0, help="synthetic graph size (default 20000 quick, 100000 full)")
     p.add_argument("--worlds", default="2,4")
     p.add_argument("--systems", default="split,split-overlap,dp",
-                   help="comma-separated: split (--no-overlap), split-overlap (gsplit train's default), dp")
+                   help="comma-separated: split (--no-overlap), split-overlap (--overlap), dp")
     p.add_argument("--models", default="sage,gat")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
     p.add_argument("--fanouts", default="15,10,5")

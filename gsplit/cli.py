@@ -1033,10 +1033,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "refused")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="split: overlapped layers: compute the rows other ranks need first and shuffle them while "
                         "the rest of the layer computes (forward and backward); same results up to rounding; "
-                        "--no-overlap: a blocking shuffle before every layer (default: on)")
+                        "--no-overlap: a blocking shuffle before every layer (default: on for sage and gcn, off "
+                        "for gat, as measured on CPU ranks)")
     p.add_argument("--uva", action="store_true",
                    help="GPUs: keep the graph in host memory, pinned once per host, and sample it from the GPUs "
                         "(UVA) instead of copying it to every GPU; for graphs too large for each GPU")

@@ -285,3 +285,12 @@ def test_boundary_rows_are_sent_before_the_interior_computes(monkeypatch):
         fwd, bwd = f"shuffle/layer{i + 1}/overlap/fwd", f"shuffle/layer{i + 1}/overlap/bwd"
         assert at[("start", fwd)] < at[("interior forward", i)] < at[("wait", fwd)], events
         assert at[("start", bwd)] < at[("interior backward", i)] < at[("wait", bwd)], events
+
+
+def test_trainer_default_follows_the_measurement():
+    """On for SAGE and GCN, off for GAT (experiments/README.md, "Overlapped layers"); an explicit choice wins."""
+    from gsplit.trainer import TrainConfig
+
+    assert TrainConfig(model="sage").overlap and TrainConfig(model="gcn").overlap
+    assert not TrainConfig(model="gat").overlap
+    assert TrainConfig(model="gat", overlap=True).overlap and not TrainConfig(model="sage", overlap=False).overlap
