@@ -266,6 +266,16 @@ def _prepare_dataset(args, out: Path):
         print(f"  {rep.num_nodes:,} vertices, {rep.num_edges:,} edges from {rep.file_edges:,} lines in {rep.chunks} "
               f"chunk(s) ({time.perf_counter() - t:.1f}s: "
               + ", ".join(f"{k} {v:.1f}s" for k, v in rep.seconds.items()) + ")", flush=True)
+    elif args.dataset.startswith("ogbn-") and _ogb_raw_folder(args) is not None:
+        from gsplit.datasets.chunked import convert_ogb
+
+        source = _ogb_raw_folder(args)
+        opts = {k: v for k, v in parse_dataset_options(args.dataset_opts).items() if k in ("symmetric",
+                                                                                         "remove_self_loops")}
+        print(f"converting OGB's raw files in {source} into {folder} in chunks of {args.chunk_edges:,} edges ...",
+              flush=True)
+        rep = convert_ogb(source, folder, name=args.dataset, chunk_edges=args.chunk_edges, **opts)
+        print(f"  {rep.num_nodes:,} vertices, {rep.num_edges:,} edges ({time.perf_counter() - t:.1f}s)", flush=True)
     else:
         ds = _load_dataset(args)
         print(f"writing the dataset to {folder} ...", flush=True)
@@ -275,6 +285,15 @@ def _prepare_dataset(args, out: Path):
     ds = datasets.load(f"folder:{folder}")
     print(f"  mapped {folder}: train with --dataset folder:{folder}", flush=True)
     return ds
+
+
+def _ogb_raw_folder(args) -> Optional[Path]:
+    """The unpacked OGB folder of ``--dataset ogbn-NAME`` (``-D root=``) when its raw files are there, else None."""
+    from gsplit.datasets.ogb import default_root
+
+    root = parse_dataset_options(args.dataset_opts).get("root")
+    folder = (Path(str(root)).expanduser() if root else default_root()) / args.dataset.replace("-", "_")
+    return folder if (folder / "raw" / "edge.csv.gz").is_file() else None
 
 
 def _print_peak() -> None:
@@ -1041,7 +1060,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_presample_args(p)
     p.add_argument("--out", required=True, help="folder for the map, its metadata and stats")
     p.add_argument("--dataset-out", help="also write the dataset as a folder of memory-mapped .npy files there "
-                        "(an edgelist: converted in chunks) and prepare from it; train with --dataset folder:DIR")
+                        "(an edgelist, or an ogbn-NAME whose raw files are unpacked: converted in chunks) and "
+                        "prepare from it; train with --dataset folder:DIR")
     p.add_argument("--chunk-edges", type=int, default=1 << 22,
                    help="edges per chunk when --dataset-out converts an edge list (default 4194304)")
     p.add_argument("--full-graph", action="store_true",

@@ -17,7 +17,7 @@ import torch
 import gsplit
 from gsplit.datasets import load_edgelist, load_folder, save_folder
 from gsplit.datasets.base import known_finite
-from gsplit.datasets.chunked import convert_edgelist
+from gsplit.datasets.chunked import convert_edgelist, convert_ogb
 from gsplit.feature_store import first_non_finite_row
 from gsplit.trainer import TrainConfig, train_rank
 
@@ -202,3 +202,36 @@ def test_cli_prepare_writes_a_folder_that_train_reads(tmp_path):
     _same(load_edgelist(src, feature_dim=8), load_folder(tmp_path / "ds"))
     pmap = gsplit.PartitionMap.load(tmp_path / "map")
     pmap.check_graph(load_folder(tmp_path / "ds").graph)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_chunked_ogb_conversion_equals_load_ogb(tmp_path, symmetric):
+    pytest.importorskip("ogb", reason="the ogb extra is not installed")
+    from test_datasets import _write_tiny_arxiv  # ogbn-arxiv's raw layout, a few dozen vertices
+
+    _write_tiny_arxiv(tmp_path)
+    want = gsplit.datasets.load_ogb("ogbn-arxiv", root=tmp_path, download=False, symmetric=symmetric,
+                                    remove_self_loops=symmetric)
+    for chunk in (7, 10_000):  # 100 edges: many chunks, and one
+        rep = convert_ogb(tmp_path / "ogbn_arxiv", tmp_path / f"out{chunk}", symmetric=symmetric,
+                          remove_self_loops=symmetric, chunk_edges=chunk)
+        assert rep.file_edges == 100 and rep.chunks == -(-100 // chunk)
+        got = load_folder(tmp_path / f"out{chunk}")
+        _same(want, got)
+        assert got.meta["split"] == want.meta["split"] == "official (time)"
+
+
+def test_cli_prepare_converts_unpacked_ogb_files(tmp_path):
+    pytest.importorskip("pandas", reason="parsing OGB's csv.gz files needs pandas (the ogb extra)")
+    from test_datasets import _write_tiny_arxiv
+
+    _write_tiny_arxiv(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-m", "gsplit", "prepare", "--dataset", "ogbn-arxiv", "-D",
+                          f"root={tmp_path}", "--dataset-out", str(tmp_path / "ds"), "--chunk-edges", "30", "--out",
+                          str(tmp_path / "map"), "--num-parts", "2", "--batch-size", "8", "--fanouts", "3"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "converting OGB's raw files" in run.stdout
+    got = load_folder(tmp_path / "ds")
+    assert got.name == "ogbn-arxiv" and got.num_nodes == 40 and got.num_classes == 40

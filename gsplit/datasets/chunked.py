@@ -1,5 +1,6 @@
 """Chunked edge list -> CSC conversion into a prepared dataset folder, never holding the edge list and
-the CSC in memory at once.
+the CSC in memory at once: from a text edge list (:func:`convert_edgelist`) or an unpacked OGB
+dataset folder (:func:`convert_ogb`).
 
 :func:`load_edgelist` parses the whole file, then sorts every edge (``Graph.from_edges``): the edge
 list, its sort keys and the CSC are all in memory together (~50 B per edge). :func:`convert_edgelist`
@@ -28,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Union
+from typing import Dict, Iterable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -139,11 +140,159 @@ def convert_edgelist(
     if feature_dim < 1 or num_classes < 1:
         raise ValueError(f"feature_dim and num_classes must be positive, got {feature_dim} and {num_classes}")
     src_path = _existing_file(path, "edge list")
+    out = _fresh_folder(out)
+    seconds: Dict[str, float] = {}
+    csc = _write_csc(_read_chunks(src_path, delimiter, chunk_edges), out, None, symmetric, remove_self_loops,
+                     chunk_edges, f"edge list {str(src_path)!r}", seconds)
+    ids, n, written, file_edges, chunks = csc
+    graph = Graph.load(out / "graph", mmap=True, validate=True)  # one pass: the converter's own output is checked
+
+    # ---- features, labels, split: the values load_edgelist makes, features written straight to the file
+    t = time.perf_counter()
+    gen = torch.Generator().manual_seed(int(seed))
+    feats = _open_npy(out / "features.npy", np.float32, (n, feature_dim))
+    torch.randn(n, feature_dim, generator=gen, out=torch.from_numpy(feats))
+    feats.flush()
+    bad = first_non_finite_row(torch.from_numpy(feats))  # recorded as checked below: readers skip the scan
+    del feats
+    if bad is not None:
+        raise RuntimeError(f"internal error: generated feature row {bad} is not finite")
+    labels = torch.randint(num_classes, (n,), generator=gen, dtype=torch.int64)
+    train, val, test = random_split(n, split_fractions, seed=seed)
+    seconds["features"] = time.perf_counter() - t
+    provenance = {"source": str(src_path), "format": "edgelist", "file_edges": int(file_edges),
+                  "symmetric": symmetric, "remove_self_loops": remove_self_loops,
+                  "split": f"random {tuple(split_fractions)} seed={seed}", "converted_in_chunks": int(chunk_edges)}
+    arrays = {"labels.npy": labels.numpy(), "node_ids.npy": ids,
+              **{f"{k}.npy": v.numpy() for k, v in zip(_SPLITS, (train, val, test))}}
+    features_meta = torch.empty(0, feature_dim)  # only its width is read
+    write_array_dir(out, arrays, folder_meta(graph, features_meta, name or src_path.stem, num_classes,
+                                             True, True, ["node_ids"], provenance), default=str)
+    report = ConversionReport(str(out), n, written, file_edges, chunks,
+                              {k: round(v, 3) for k, v in seconds.items()}, peak_rss_bytes())
+    log.info("converted %s -> %s: %d vertices, %d edges in %d chunk(s), %s", src_path, out, n, written, chunks,
+             report.seconds)
+    return report
+
+
+OGB_NUM_CLASSES = {"ogbn-arxiv": 40, "ogbn-products": 47, "ogbn-papers100M": 172}
+"""``num classes`` of OGB's ``master.csv`` for the datasets :func:`convert_ogb` knows (others: max label + 1)."""
+
+
+def _csv_gz_chunks(path: Path, rows: int, dtype=None):
+    """``[k, columns]`` arrays of a headerless OGB ``.csv.gz``, ``rows`` lines at a time, parsed as ogb does
+    (pandas, then cast), so that the values equal :func:`load_ogb`'s."""
+    try:
+        import pandas as pd
+    except ImportError as e:
+        raise ImportError("reading OGB's .csv.gz files needs pandas: pip install gsplit[ogb]") from e
+    with pd.read_csv(path, compression="gzip", header=None, chunksize=rows) as reader:
+        for frame in reader:
+            values = frame.values
+            yield values if dtype is None else values.astype(dtype)
+
+
+def convert_ogb(
+    dataset_dir: PathLike,
+    out: PathLike,
+    *,
+    name: Optional[str] = None,
+    symmetric: bool = True,
+    remove_self_loops: bool = True,
+    chunk_edges: int = DEFAULT_CHUNK_EDGES,
+) -> ConversionReport:
+    """Write the prepared dataset folder ``out`` from an OGB node-property dataset folder's raw files, in chunks.
+
+    ``dataset_dir`` is the unpacked OGB folder (``.../ogbn_papers100M`` with ``raw/edge.csv.gz``,
+    ``raw/num-node-list.csv.gz``, ``raw/node-feat.csv.gz``, ``raw/node-label.csv.gz`` and
+    ``split/<kind>/{train,valid,test}.csv.gz``). The graph goes through the chunked CSC build (see the
+    module doc), the features are parsed ``chunk_edges`` values at a time straight into
+    ``features.npy``; neither ogb's processing (which holds everything at once) nor its package is
+    used. ``symmetric`` and ``remove_self_loops`` mean what they mean for :func:`load_ogb`, and the
+    folder holds what ``load_ogb`` returns.
+
+    Example:
+        >>> convert_ogb("/data/ogb/ogbn_papers100M", "prepared/papers100M")    # doctest: +SKIP
+    """
+    from gsplit.datasets.ogb import _labels_to_int64
+    from gsplit.feature_store import first_non_finite_row
+
+    if chunk_edges < 1:
+        raise ValueError(f"chunk_edges must be a positive number of edges, got {chunk_edges}")
+    src_dir = Path(dataset_dir).expanduser()
+    raw = src_dir / "raw"
+    needed = [raw / f for f in ("edge.csv.gz", "num-node-list.csv.gz", "node-feat.csv.gz", "node-label.csv.gz")]
+    missing = [str(f) for f in needed if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{src_dir} is not an unpacked OGB node-property dataset: {missing} missing; "
+                                f"pass the folder that holds raw/ and split/")
+    kinds = sorted(d for d in (src_dir / "split").glob("*") if d.is_dir()) if (src_dir / "split").is_dir() else []
+    if len(kinds) != 1:
+        raise FileNotFoundError(f"{src_dir / 'split'} must hold one split folder (e.g. time/), found "
+                                f"{[d.name for d in kinds]}")
+    name = name or src_dir.name.replace("_", "-")
+    n = int(next(_csv_gz_chunks(raw / "num-node-list.csv.gz", 1, np.int64))[0, 0])
+    out = _fresh_folder(out)
+    seconds: Dict[str, float] = {}
+    _, n, written, file_edges, chunks = _write_csc(
+        _csv_gz_chunks(raw / "edge.csv.gz", chunk_edges, np.int64), out, n, symmetric, remove_self_loops,
+        chunk_edges, f"{raw / 'edge.csv.gz'}", seconds)
+    graph = Graph.load(out / "graph", mmap=True, validate=True)
+
+    t = time.perf_counter()
+    feats, row = None, 0
+    for block in _csv_gz_chunks(raw / "node-feat.csv.gz", max(1, chunk_edges // 64), np.float32):
+        if feats is None:
+            feats = _open_npy(out / "features.npy", np.float32, (n, block.shape[1]))
+        if row + block.shape[0] > n:
+            raise ValueError(f"{raw / 'node-feat.csv.gz'} has more than {n} rows (the vertex count)")
+        feats[row:row + block.shape[0]] = block
+        row += block.shape[0]
+    if feats is None or row != n:
+        raise ValueError(f"{raw / 'node-feat.csv.gz'} has {row} rows but the graph has {n} vertices")
+    feats.flush()
+    bad = first_non_finite_row(torch.from_numpy(feats))
+    dim = feats.shape[1]
+    del feats
+    if bad is not None:
+        raise ValueError(f"{raw / 'node-feat.csv.gz'} row {bad} holds NaN or inf; clean the features")
+    labels = _labels_to_int64(np.concatenate(list(_csv_gz_chunks(raw / "node-label.csv.gz", 1 << 22))), name)
+    splits = [np.concatenate(list(_csv_gz_chunks(kinds[0] / f"{k}.csv.gz", 1 << 22, np.int64))).reshape(-1)
+              for k in ("train", "valid", "test")]
+    seconds["features"] = time.perf_counter() - t
+    num_classes = OGB_NUM_CLASSES.get(name, int(labels.max()) + 1 if labels.numel() else 1)
+    provenance = {"source": str(src_dir), "format": "ogb", "symmetric": symmetric,
+                  "remove_self_loops": remove_self_loops, "split": f"official ({kinds[0].name})",
+                  "converted_in_chunks": int(chunk_edges)}
+    arrays = {"labels.npy": labels.numpy(), **{f"{k}.npy": v for k, v in zip(_SPLITS, splits)}}
+    write_array_dir(out, arrays, folder_meta(graph, torch.empty(0, dim), name, num_classes, False, False, [],
+                                             provenance), default=str)
+    from gsplit.datasets.folder import load_folder
+
+    load_folder(out)  # labels in range, splits labelled and disjoint: the Dataset checks, on the mapped files
+    report = ConversionReport(str(out), n, written, file_edges, chunks,
+                              {k: round(v, 3) for k, v in seconds.items()}, peak_rss_bytes())
+    log.info("converted %s -> %s: %d vertices, %d edges in %d chunk(s), %s", src_dir, out, n, written, chunks,
+             report.seconds)
+    return report
+
+
+def _fresh_folder(out: PathLike) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if (out / "meta.json").exists():
+    if (out / "meta.json").exists():  # old metadata must not describe the new arrays if this write dies midway
         (out / "meta.json").unlink()
-    seconds: Dict[str, float] = {}
+    return out
+
+
+def _write_csc(chunk_source: Iterable[np.ndarray], out: Path, num_nodes: Optional[int], symmetric: bool,
+               remove_self_loops: bool, chunk_edges: int, what: str, seconds: Dict[str, float]):
+    """Passes 1-4 of the module doc: ``out/graph`` from ``[k, 2]`` (src, dst) chunks.
+
+    ``num_nodes=None`` remaps the ids to ``0..N-1`` in increasing order (and returns them); otherwise ids
+    must lie in ``[0, num_nodes)``. Returns ``(ids or None, N, edges written, edge lines, chunks)`` and
+    adds each pass's wall seconds to ``seconds``.
+    """
     scratch = out / ".edges.tmp"
     placed = out / ".indices.tmp"
     try:
@@ -152,14 +301,18 @@ def convert_edgelist(
         ids = np.empty(0, dtype=np.int64)
         file_edges, chunks = 0, 0
         with open(scratch, "wb") as f:
-            for edges in _read_chunks(src_path, delimiter, chunk_edges):
-                f.write(np.ascontiguousarray(edges).tobytes())
-                ids = np.union1d(ids, np.unique(edges))
+            for edges in chunk_source:
+                if num_nodes is None:
+                    ids = np.union1d(ids, np.unique(edges))
+                elif edges.size and (int(edges.min()) < 0 or int(edges.max()) >= num_nodes):
+                    bad = int(edges.min()) if int(edges.min()) < 0 else int(edges.max())
+                    raise ValueError(f"{what} holds vertex id {bad} outside [0, {num_nodes}) (its vertex count)")
+                f.write(np.ascontiguousarray(edges, dtype=np.int64).tobytes())
                 file_edges += edges.shape[0]
                 chunks += 1
         if file_edges == 0:
-            raise ValueError(f"edge list {str(src_path)!r} holds no edges")
-        n = int(ids.size)
+            raise ValueError(f"{what} holds no edges")
+        n = int(ids.size) if num_nodes is None else int(num_nodes)
         seconds["parse"] = time.perf_counter() - t
 
         # ---- pass 1: remap ids in place, drop self loops, count in-degrees
@@ -168,7 +321,8 @@ def convert_edgelist(
         degree = np.zeros(n, dtype=np.int64)
         for start in range(0, file_edges, chunk_edges):
             chunk = pairs[start:start + chunk_edges]
-            chunk[:] = np.searchsorted(ids, chunk)
+            if num_nodes is None:
+                chunk[:] = np.searchsorted(ids, chunk)
             src, dst = _directed(chunk, symmetric, remove_self_loops)
             degree += np.bincount(dst, minlength=n)
         pairs.flush()
@@ -232,34 +386,7 @@ def convert_edgelist(
     atomic_save_npy(graph_dir / "indptr.npy", indptr)
     atomic_write_json(graph_dir / "meta.json", {"format": "gsplit-graph", "version": 1, "num_nodes": n,
                                                 "num_edges": written})
-    graph = Graph.load(graph_dir, mmap=True, validate=True)  # one pass: the converter's own output is checked
-
-    # ---- features, labels, split: the values load_edgelist makes, features written straight to the file
-    t = time.perf_counter()
-    gen = torch.Generator().manual_seed(int(seed))
-    feats = _open_npy(out / "features.npy", np.float32, (n, feature_dim))
-    torch.randn(n, feature_dim, generator=gen, out=torch.from_numpy(feats))
-    feats.flush()
-    bad = first_non_finite_row(torch.from_numpy(feats))  # recorded as checked below: readers skip the scan
-    del feats
-    if bad is not None:
-        raise RuntimeError(f"internal error: generated feature row {bad} is not finite")
-    labels = torch.randint(num_classes, (n,), generator=gen, dtype=torch.int64)
-    train, val, test = random_split(n, split_fractions, seed=seed)
-    seconds["features"] = time.perf_counter() - t
-    provenance = {"source": str(src_path), "format": "edgelist", "file_edges": int(file_edges),
-                  "symmetric": symmetric, "remove_self_loops": remove_self_loops,
-                  "split": f"random {tuple(split_fractions)} seed={seed}", "converted_in_chunks": int(chunk_edges)}
-    arrays = {"labels.npy": labels.numpy(), "node_ids.npy": ids,
-              **{f"{k}.npy": v.numpy() for k, v in zip(_SPLITS, (train, val, test))}}
-    features_meta = torch.empty(0, feature_dim)  # only its width is read
-    write_array_dir(out, arrays, folder_meta(graph, features_meta, name or src_path.stem, num_classes,
-                                             True, True, ["node_ids"], provenance), default=str)
-    report = ConversionReport(str(out), n, written, file_edges, chunks,
-                              {k: round(v, 3) for k, v in seconds.items()}, peak_rss_bytes())
-    log.info("converted %s -> %s: %d vertices, %d edges in %d chunk(s), %s", src_path, out, n, written, chunks,
-             report.seconds)
-    return report
+    return (ids if num_nodes is None else None), n, written, file_edges, chunks
 
 
 def _directed(chunk: np.ndarray, symmetric: bool, remove_self_loops: bool):
