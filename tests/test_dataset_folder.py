@@ -69,6 +69,34 @@ def test_folder_round_trips_and_is_memory_mapped(synthetic):
     assert _mapped_file(load_folder(folder, mmap=False).features) is None
 
 
+def _resident_bytes(path: Path) -> int:
+    """Bytes of ``path``'s mappings in this process that are resident (faulted in by this process)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's header line
+                inside = len(head) > 5 and head[5] == str(path)
+            elif inside and head[0] == "Rss:":
+                total += int(head[1]) * 1024
+    return total
+
+
+def test_opening_the_folder_and_building_a_loader_reads_no_feature_pages(tmp_path):
+    """The first epoch must not wait for the whole feature file: opening the folder, validating the dataset
+    and building a loader fault in (almost) none of the features' pages; a full NaN scan would fault all."""
+    ds = gsplit.datasets.load("synthetic", num_nodes=20000, avg_degree=4, feature_dim=64, seed=0)
+    folder = save_folder(ds, tmp_path / "ds")
+    size = (folder / "features.npy").stat().st_size
+    mapped = load_folder(folder)
+    loader = gsplit.DataLoader(mapped.graph, mapped.train_idx, gsplit.NeighborSampler([2]), batch_size=16,
+                               features=mapped.features, labels=mapped.labels)
+    assert _resident_bytes(folder / "features.npy") < size / 20
+    next(iter(loader))  # reads its rows (and, through the kernel's fault-around, their neighbouring pages)
+    scanned = load_folder(folder, validate=True)  # the full pass, for contrast: every page
+    assert _resident_bytes(folder / "features.npy") >= size - 4096 and scanned.num_nodes == 20000
+
+
 def test_writes_to_a_mapped_tensor_never_reach_the_file(synthetic):
     ds, folder = synthetic
     mapped = load_folder(folder)
