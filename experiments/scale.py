@@ -2,15 +2,20 @@
 
 For each size, on a synthetic graph (average degree 15, 128-d float32 features):
 
-* **prepare** runs in its own process (``--worker``): it generates the dataset, then calls
-  :func:`gsplit.partitioning.prepare_partition` at 4 parts (what ``gsplit prepare`` runs). Stage by stage
-  (generation, pre-sampling weights, METIS partitioning, split statistics) it records the wall and CPU
+* **prepare** runs in its own process (``--worker``): it generates the dataset, writes it as a prepared
+  folder and maps it (what ``gsplit prepare --dataset-out`` does; ``--in-memory``: the old path, no
+  folder), then calls :func:`gsplit.partitioning.prepare_partition` at 4 parts on the mapped dataset.
+  Stage by stage (generation, writing the folder, pre-sampling weights, METIS partitioning, split
+  statistics) it records the wall and CPU
   time and the **peak RSS reached inside that stage**: before a stage the process resets its high-water
   mark (``echo 5 > /proc/self/clear_refs``, Linux 4.0+) and after it reads ``VmHWM`` from
   ``/proc/self/status``; the resident set just before the stage is recorded too, so the stage's own
-  increment is ``peak - before``.
-* **train** runs ``gsplit train`` at 2 CPU ranks (the CLI's own launcher, which shares the dataset with
-  the ranks in shared memory) for ``--epochs`` epochs of ``--iters`` iterations, sampling every process's
+  increment is ``peak - before``. METIS runs in a forked child: its own peak RSS (and its RSS before
+  METIS, so the difference is METIS's memory) is reported by the child (``metis_child_*``).
+  Mapped file pages that a stage reads count in its RSS (they are shared page cache, not private).
+* **train** runs ``gsplit train --dataset folder:DIR`` at 2 CPU ranks (each rank maps the folder;
+  ``--in-memory``: the CLI generates the dataset and its launcher hands it to the ranks in shared
+  memory) for ``--epochs`` epochs of ``--iters`` iterations, sampling every process's
   RSS and PSS with psutil every 0.5 s: peak RSS per rank, and the host's peak as the sum of PSS over the
   launcher and its ranks (PSS splits shared pages among the processes that map them). Time per
   iteration is the last epoch's ``epoch_s / iters`` (the first epoch includes warm-up).
@@ -138,7 +143,10 @@ def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: in
                "prepare_peak_rss_mb": max(s["peak_rss_mb"] for k, s in meter.stages.items()
                                           if k in ("weights", "metis", "stats")),
                # METIS runs in a forked child (its own memory): its peak RSS, reported by the child
+               # (its RSS includes the pages it shares with this process after the fork: at its peak it is
+               # about the host's memory during METIS; peak - start is METIS's own)
                "metis_child_peak_rss_mb": prepared.pmap.metadata.get("metis_child_peak_rss_mb"),
+               "metis_child_start_rss_mb": prepared.pmap.metadata.get("metis_child_start_rss_mb"),
                "data_folder": bool(data_folder),
                "process_peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
                "partition_substages_s": prepared.report.get("partition_stage_s", {}),
