@@ -18,6 +18,7 @@ import inspect
 from gsplit.datasets.base import Dataset, check_finite, planetoid_split, random_split
 from gsplit.datasets.files import load_edgelist, load_npz, read_edgelist
 from gsplit.datasets.folder import is_folder, load_folder, save_folder
+from gsplit.datasets.chunked import ConversionReport, convert_edgelist, convert_ogb
 from gsplit.datasets.ogb import SUPPORTED as OGB_DATASETS
 from gsplit.datasets.ogb import default_root, load_ogb
 from gsplit.datasets.synthetic import make_synthetic, synthetic_graph
@@ -89,5 +90,6 @@ def load(name: str, **kwargs) -> Dataset:
 
 __all__ = [
     "Dataset", "load", "option_names", "option_defaults", "NAMES", "make_synthetic", "synthetic_graph", "load_npz", "load_edgelist",
-    "read_edgelist", "load_folder", "save_folder", "is_folder", "load_ogb", "OGB_DATASETS", "default_root", "planetoid_split", "random_split", "check_finite",
+    "read_edgelist", "load_folder", "save_folder", "is_folder", "convert_edgelist", "convert_ogb",
+    "ConversionReport", "load_ogb", "OGB_DATASETS", "default_root", "planetoid_split", "random_split", "check_finite",
 ]
