@@ -147,6 +147,7 @@ def rank_memory(rank, world_size, ds):
             "features_shared": ds.features.is_shared(), "indices_shared": ds.graph.indices.is_shared()}
 
 
+@pytest.mark.slow
 def test_launched_ranks_map_the_folder_instead_of_receiving_copies(synthetic):
     ds, folder = synthetic
     mapped = load_folder(folder)
@@ -159,6 +160,7 @@ def test_launched_ranks_map_the_folder_instead_of_receiving_copies(synthetic):
         assert info["features_shared"] and info["features_file"] != str(folder / "features.npy")
 
 
+@pytest.mark.slow
 def test_training_on_the_folder_equals_training_in_memory(synthetic):
     ds, folder = synthetic
     pmap = gsplit.partition(ds.graph, 2, method="random", seed=0)
@@ -216,6 +218,7 @@ def test_chunked_conversion_of_a_larger_random_list(tmp_path):
     _same(want, load_folder(tmp_path / "out"))
 
 
+@pytest.mark.slow
 def test_cli_prepare_writes_a_folder_that_train_reads(tmp_path):
     src = tmp_path / "edges.csv"
     rng = np.random.default_rng(1)
@@ -249,6 +252,7 @@ def test_chunked_ogb_conversion_equals_load_ogb(tmp_path, symmetric):
         assert got.meta["split"] == want.meta["split"] == "official (time)"
 
 
+@pytest.mark.slow
 def test_cli_prepare_converts_unpacked_ogb_files(tmp_path):
     pytest.importorskip("pandas", reason="parsing OGB's csv.gz files needs pandas (the ogb extra)")
     from test_datasets import _write_tiny_arxiv
