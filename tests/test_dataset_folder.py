@@ -219,7 +219,7 @@ def test_chunked_conversion_of_a_larger_random_list(tmp_path):
 
 
 @pytest.mark.slow
-def test_cli_prepare_writes_a_folder_that_train_reads(tmp_path):
+def test_cli_prepare_writes_a_folder_and_a_map_for_it(tmp_path):
     src = tmp_path / "edges.csv"
     rng = np.random.default_rng(1)
     np.savetxt(src, rng.integers(0, 400, size=(3000, 2)), fmt="%d", delimiter=",")
