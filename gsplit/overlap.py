@@ -49,7 +49,7 @@ import torch.distributed as dist
 
 from gsplit.comm.communicator import Communicator
 from gsplit.comm.waits import track_in_flight, waiting_for_peers
-from gsplit.sampling.block import Block, OverlapSplit
+from gsplit.sampling.block import Block, OverlapSplit, split_destinations
 
 __all__ = ["AsyncRows", "plan_overlap", "overlapped_sp_forward", "splits_sources"]
 
@@ -133,11 +133,7 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
         # edges are grouped by destination: the interior destinations' edges come first (the one host read)
         e_int = int(torch.searchsorted(block.edge_dst, torch.tensor([n_int], device=dev))[0]) if n_int else 0
         # both parts read the whole block's sources (their per-source terms are computed once)
-        interior = Block(src_nodes=block.src_nodes, num_dst=n_int, edge_src=block.edge_src[:e_int],
-                         edge_dst=block.edge_dst[:e_int], edge_ids=block.edge_ids[:e_int], layer=block.layer)
-        boundary = Block(src_nodes=block.src_nodes, num_dst=n_own - n_int, dst_start=n_int,
-                         edge_src=block.edge_src[e_int:], edge_dst=block.edge_dst[e_int:] - n_int,
-                         edge_ids=block.edge_ids[e_int:], layer=block.layer)
+        interior, boundary = split_destinations(block, n_int, e_int)
         # the next shuffle, cut in the rows that stay on this rank and those that go (python-int offsets)
         send_off = [sum(index.send_counts[:j]) for j in range(len(index.send_counts) + 1)]
         recv_off = [sum(index.recv_counts[:j]) for j in range(len(index.recv_counts) + 1)]

@@ -168,6 +168,10 @@ def test_parts_split_the_block_destinations_and_edges():
         global_edges = lambda blk: sorted(zip(blk.src_nodes[blk.edge_src].tolist(),  # noqa: E731
                                               blk.dst_nodes[blk.edge_dst].tolist()))
         assert sorted(global_edges(ib) + global_edges(bb)) == global_edges(b)
+        # a moved block keeps its plan, its parts re-cut from the moved edges (views on a GPU too)
+        moved = b.to("cpu")
+        assert moved.overlap.boundary_block.dst_start == ib.num_dst
+        assert torch.equal(moved.overlap.boundary_block.edge_ids, bb.edge_ids)
 
 
 def test_plan_refuses_blocks_sampled_without_overlap():

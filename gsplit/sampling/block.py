@@ -136,17 +136,20 @@ class Block:
 
     def to(self, device, non_blocking: bool = False) -> "Block":
         mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return replace(
+        moved = replace(
             self,
             src_nodes=mv(self.src_nodes),
             edge_src=mv(self.edge_src),
             edge_dst=mv(self.edge_dst),
             edge_ids=mv(self.edge_ids),
             shuffle_index=None if self.shuffle_index is None else self.shuffle_index.to(device, non_blocking),
-            overlap=None if self.overlap is None else self.overlap.to(device, non_blocking),
+            overlap=None,
             srcdata={k: mv(v) for k, v in self.srcdata.items()},
             dstdata={k: mv(v) for k, v in self.dstdata.items()},
         )
+        if self.overlap is not None:  # its parts are views of the moved block's edges, not copies of their own
+            moved.overlap = self.overlap.to(device, non_blocking, block=moved)
+        return moved
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor the block holds, its shuffle index's and data included (one list, kept here)."""
@@ -200,10 +203,14 @@ class OverlapSplit:
     def num_interior(self) -> int:
         return self.interior_block.num_dst
 
-    def to(self, device, non_blocking: bool = False) -> "OverlapSplit":
+    def to(self, device, non_blocking: bool = False, block: Optional["Block"] = None) -> "OverlapSplit":
+        """The split on ``device``; given ``block`` (the whole block, already there) its parts are views of it."""
         mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return replace(self, interior_block=self.interior_block.to(device, non_blocking),
-                       boundary_block=self.boundary_block.to(device, non_blocking),
+        if block is not None:
+            interior, boundary = split_destinations(block, self.num_interior, self.interior_block.num_edges())
+        else:
+            interior, boundary = self.interior_block.to(device, non_blocking), self.boundary_block.to(device, non_blocking)
+        return replace(self, interior_block=interior, boundary_block=boundary,
                        send_idx=mv(self.send_idx), recv_pos=mv(self.recv_pos),
                        keep_idx=mv(self.keep_idx), keep_pos=mv(self.keep_pos))
 
@@ -212,6 +219,28 @@ class OverlapSplit:
         yield from self.interior_block.tensors()
         yield from self.boundary_block.tensors()
         yield from (self.send_idx, self.recv_pos, self.keep_idx, self.keep_pos)
+
+
+def split_destinations(block: Block, num_first: int, num_first_edges: int) -> Tuple[Block, Block]:
+    """``block`` as two blocks over the same sources: its first ``num_first`` destinations with their
+    ``num_first_edges`` in-edges (an edge prefix, as edges are grouped by destination), and the others
+    (``dst_start = num_first``). Views of ``block``'s tensors (but the second part's ``edge_dst``, shifted):
+    nothing is read from a device.
+
+    Example:
+        >>> b = Block(src_nodes=torch.tensor([7, 3, 9]), num_dst=2, edge_src=torch.tensor([1, 2, 0]),
+        ...           edge_dst=torch.tensor([0, 0, 1]), edge_ids=torch.tensor([40, 41, 42]))
+        >>> first, rest = split_destinations(b, 1, 2)
+        >>> first.dst_nodes.tolist(), rest.dst_nodes.tolist(), rest.edge_dst.tolist()
+        ([7], [3], [0])
+    """
+    n, e = int(num_first), int(num_first_edges)
+    first = Block(src_nodes=block.src_nodes, num_dst=n, dst_start=block.dst_start, edge_src=block.edge_src[:e],
+                  edge_dst=block.edge_dst[:e], edge_ids=block.edge_ids[:e], layer=block.layer)
+    rest = Block(src_nodes=block.src_nodes, num_dst=block.num_dst - n, dst_start=block.dst_start + n,
+                 edge_src=block.edge_src[e:], edge_dst=block.edge_dst[e:] - n, edge_ids=block.edge_ids[e:],
+                 layer=block.layer)
+    return first, rest
 
 
 class MiniBatch(NamedTuple):
