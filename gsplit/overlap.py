@@ -234,12 +234,13 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
 def splits_sources(layers: Sequence[torch.nn.Module]) -> bool:
     """Whether every layer computes its per-source terms apart from its destinations (``project_sources`` and
     ``combine``, as gsplit's layers do): what an overlapped layer needs to compute two parts without repeating
-    the per-source work.
+    the per-source work. Layers under :func:`gsplit.recompute_layers` do not (they run the plain path).
 
     Example:
         >>> from gsplit.nn.layers import SAGEConv
         >>> splits_sources([SAGEConv(4, 4)]), splits_sources([torch.nn.Linear(4, 4)])
         (True, False)
     """
+    # a layer under gsplit.recompute_layers recomputes its forward; its parts would bypass that: plain path
     return all(callable(getattr(layer, "project_sources", None)) and callable(getattr(layer, "combine", None))
-               for layer in layers)
+               and not getattr(layer, "_gsplit_recompute", False) for layer in layers)

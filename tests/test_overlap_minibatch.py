@@ -298,3 +298,25 @@ def test_trainer_default_follows_the_measurement():
     assert TrainConfig(model="sage").overlap and TrainConfig(model="gcn").overlap
     assert not TrainConfig(model="gat").overlap
     assert TrainConfig(model="gat", overlap=True).overlap and not TrainConfig(model="sage", overlap=False).overlap
+
+
+def test_recomputed_layers_run_the_plain_path(monkeypatch):
+    """Layers under recompute_layers recompute their forward in backward; overlapped parts would bypass it."""
+    from gsplit.comm.communicator import Communicator
+    from gsplit.fullgraph import recompute_layers
+    from gsplit.overlap import AsyncRows
+    from gsplit.split.split_sampling import sp_sample
+
+    graph, feats, _, train_idx = make_problem()
+    blocks = sp_sample(graph, train_idx[:20], torch.zeros(graph.num_nodes, dtype=torch.long),
+                       gsplit.NeighborSampler(FANOUTS, seed=3), Communicator(), overlap=True).blocks
+    starts = []
+    start = AsyncRows.start
+    monkeypatch.setattr(AsyncRows, "start", lambda self, *a: (starts.append(a[-1]), start(self, *a))[1])
+    for recompute in (False, True):
+        starts.clear()
+        model = build_model("sage", FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS)).double()
+        if recompute:
+            recompute_layers(model)
+        model(blocks, feats[blocks[0].src_nodes]).sum().backward()
+        assert len(starts) == (0 if recompute else 2 * (len(FANOUTS) - 1)), (recompute, starts)
