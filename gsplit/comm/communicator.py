@@ -34,7 +34,7 @@ class TrafficCounter:
     """Collectives this rank issued, per tag (every rank issues the same ones): each is a point where the
     faster ranks wait for the slowest."""
     seconds: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    """Wall seconds this rank spent inside the all-to-alls, per tag: with gloo (blocking) the transfer and
+    """Wall seconds this rank spent inside the all-to-alls and all-reduces, per tag: with gloo (blocking) the transfer and
     the wait for the slowest peer; with NCCL only the enqueue (the wait then shows where the host syncs)."""
 
     def add(self, tag: str, rows: int, nbytes: int) -> None:
@@ -293,7 +293,7 @@ class Communicator:
     def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks (a no-op at world size 1)."""
         if self.world_size > 1:
-            self.traffic.add_call("allreduce")
+            t0 = time.perf_counter()
             dev = self._collective_device(t)
             if dev != t.device:
                 staged = t.to(dev)
@@ -301,6 +301,8 @@ class Communicator:
                 t.copy_(staged)
             else:
                 self._run(dist.all_reduce, t)
+            # timed as the all-to-alls: with gloo the transfer and the wait for the slowest rank
+            self.traffic.add_call("allreduce", seconds=time.perf_counter() - t0)
         return t
 
     def all_gather_object(self, obj) -> List:
