@@ -12,8 +12,12 @@ Runs ``gsplit train --system split`` (CPU ranks over gloo) with ``--log`` and re
 * ``map part``: the gap that the ranks' edges explain (mean compute x (edges max/mean - 1), edges of
   every layer summed per rank), ``noise part``: the rest (the same work taking different times on
   shared cores);
-* ``rest of the collectives``: in collectives - gap: the transfers themselves and the per-layer waits
-  the iteration-level gap does not see (``experiments/bench_transport.py`` gives the transfer alone).
+* ``shuffles transfer`` / ``shuffles wait``: the layer shuffles' seconds split per collective into the
+  least over ranks (the transfer: the last rank to arrive waits for no one) and the mean beyond it
+  (waiting for the slowest); the wait can exceed the gap: a rank slower at one layer and faster at the
+  next waits at both shuffles while its compute over the iteration evens out (``bench_transport.py``
+  measures the transfer alone, in lockstep);
+* ``all-reduce``: the gradient all-reduce (in collectives minus the shuffles).
 
 ``--busy N`` runs N busy-loop processes during training (another job on the cores), to show the noise
 part grow while the map part stays. Sampling and loading have their own collectives (id exchanges,
@@ -84,12 +88,16 @@ def run_once(args, busy: int, scratch: Path) -> dict:
                    for r in ranks for it in r["per_iteration"]) / n
 
     step = sum(r["train_s"] for r in ranks) / n
+    shuffle_tags = [t for t in b["wait_s_by_tag"] if t.startswith("shuffle/") and t != "shuffle/layer0/fwd"]
+    transfer = sum(b["transfer_s_by_tag"][t] for t in shuffle_tags)
+    wait = sum(b["wait_s_by_tag"][t] for t in shuffle_tags)
     row = {"busy": busy, "load_average_before": load_before, "iterations": len(b["per_iteration"]),
            "epoch_s": epoch["epoch_s"], "step_s": step, "in_collectives_s": b["step_collective_s_mean"],
            "compute_s": b["compute_s_mean"], "compute_max_over_mean": b["compute_s_max_over_mean"],
            "edges_max_over_mean": b["edges_max_over_mean"], "gap_s": b["compute_gap_s"],
            "map_part_s": b["edges_gap_s"], "noise_part_s": b["noise_gap_s"],
-           "rest_of_collectives_s": b["step_collective_s_mean"] - b["compute_gap_s"],
+           "shuffles_transfer_s": transfer, "shuffles_wait_s": wait,
+           "allreduce_s": b["step_collective_s_mean"] - transfer - wait,
            "ids_s": mean_tag("ids/"), "features_s": mean_tag("shuffle/layer0/fwd"),
            "torch_threads": [r.get("torch_threads") for r in ranks], "log": common._rel(log)}
     print(f"busy {busy}: epoch {row['epoch_s']:.2f}s, step {step:.2f}s of which in collectives "
@@ -108,11 +116,12 @@ def main(argv=None) -> int:
     table = common.format_table(
         ["busy procs", "load avg", "iterations", "epoch s", "step s", "in collectives s", "compute s",
          "compute max/mean", "edges max/mean per layer", "gap s", "map part s", "noise part s",
-         "rest of collectives s", "ids s", "features s"],
+         "shuffles transfer s", "shuffles wait s", "all-reduce s", "ids s", "features s"],
         [[r["busy"], f"{r['load_average_before'][0]:.1f}" if r["load_average_before"] else "-", r["iterations"],
           f(r["epoch_s"]), f(r["step_s"]), f(r["in_collectives_s"]), f(r["compute_s"]), f(r["compute_max_over_mean"]),
           " ".join(f"{x:.3f}" for x in r["edges_max_over_mean"]), f(r["gap_s"]), f(r["map_part_s"]),
-          f(r["noise_part_s"]), f(r["rest_of_collectives_s"]), f(r["ids_s"]), f(r["features_s"])] for r in rows])
+          f(r["noise_part_s"]), f(r["shuffles_transfer_s"]), f(r["shuffles_wait_s"]), f(r["allreduce_s"]),
+          f(r["ids_s"]), f(r["features_s"])] for r in rows])
     head = (f"split, {args.model}, {args.ranks} CPU ranks, synthetic {args.nodes:,} vertices, batch {args.batch_size}"
             f"/rank, fanouts {args.fanouts}, hidden {args.hidden}; epoch 1, seconds summed over its iterations "
             "(mean over ranks)")

@@ -295,8 +295,10 @@ def iteration_balance(per_rank: List[dict]) -> dict:
     mean of compute) is what the average rank waits for the slowest one at least; ``edges_gap_s`` is the
     part the map's imbalance explains if compute followed the edges (mean compute x (max/mean of the
     ranks' edges over all layers - 1)); the rest, ``noise_gap_s``, is the ranks' different speed on the
-    same work (shared cores, caches). Returns the per-iteration records, their averages over the epoch
-    (ratios) and their sums (seconds).
+    same work (shared cores, caches). Per collective, the least seconds over ranks are the transfer
+    (the last rank to arrive waits for no one) and the mean beyond it the waiting: ``transfer_s_by_tag``
+    and ``wait_s_by_tag`` over the epoch. Returns the per-iteration records, their averages over the
+    epoch (ratios) and their sums (seconds).
 
     Example:
         >>> r = lambda e: {"per_iteration": [{"iteration": 0, "edges": e, "train_s": 1.0,
@@ -322,6 +324,7 @@ def iteration_balance(per_rank: List[dict]) -> dict:
             "train_s_mean": sum(it["train_s"] for it in its) / len(its),
             "collective_s_max": {tag: max(v) for tag, v in seconds.items()},
             "collective_s_mean": {tag: sum(v) / len(v) for tag, v in seconds.items()},
+            "collective_s_min": {tag: min(v) for tag, v in seconds.items()},
             "step_collective_s_max": max(it.get("step_collective_s", 0.0) for it in its),
             "step_collective_s_mean": sum(it.get("step_collective_s", 0.0) for it in its) / len(its),
             "compute_s_max": max(compute), "compute_s_mean": compute_mean,
@@ -329,6 +332,7 @@ def iteration_balance(per_rank: List[dict]) -> dict:
             "compute_gap_s": max(compute) - compute_mean, "edges_gap_s": edges_gap,
             "noise_gap_s": max(compute) - compute_mean - edges_gap})
     n = max(len(records), 1)
+    tags = sorted(set().union(*(r["collective_s_mean"] for r in records)))
     num_layers = len(records[0]["edges_max"]) if records else 0
     return {"per_iteration": records,
             "edges_max_over_mean": [sum(r["edges_max_over_mean"][layer] for r in records) / n
@@ -337,7 +341,12 @@ def iteration_balance(per_rank: List[dict]) -> dict:
                                          for r in records) / n,
             "compute_s_max_over_mean": sum(r["compute_s_max_over_mean"] for r in records) / n,
             **{key: sum(r[key] for r in records) for key in ("compute_s_mean", "step_collective_s_mean",
-                                                             "compute_gap_s", "edges_gap_s", "noise_gap_s")}}
+                                                             "compute_gap_s", "edges_gap_s", "noise_gap_s")},
+            # in a collective the last rank to arrive waits for no one: the least seconds over ranks are the
+            # transfer, the mean beyond it the waiting for the slowest (exact in lockstep, gloo)
+            "transfer_s_by_tag": {tag: sum(r["collective_s_min"].get(tag, 0.0) for r in records) for tag in tags},
+            "wait_s_by_tag": {tag: sum(r["collective_s_mean"].get(tag, 0.0) - r["collective_s_min"].get(tag, 0.0)
+                                       for r in records) for tag in tags}}
 
 
 def _collective_seconds(*comms: Communicator) -> float:

@@ -30,6 +30,7 @@ def test_balance_splits_the_compute_gap_into_map_imbalance_and_the_rest():
     # compute 0.8 s and 0.4 s (mean 0.6, gap 0.2); edges 30+10 vs 10+10 (max/mean 40/30): 0.6 x 1/3 = 0.2
     # of the gap follows from the edges, none is noise
     b = iteration_balance([_rank([30, 10], 1.0, 0.2), _rank([10, 10], 1.0, 0.6)])
+    assert b["transfer_s_by_tag"] == {} and b["wait_s_by_tag"] == {}
     rec = b["per_iteration"][0]
     assert rec["compute_s_max"] == pytest.approx(0.8) and rec["compute_s_mean"] == pytest.approx(0.6)
     assert rec["compute_s_max_over_mean"] == pytest.approx(0.8 / 0.6)
@@ -41,6 +42,15 @@ def test_balance_splits_the_compute_gap_into_map_imbalance_and_the_rest():
     b = iteration_balance([_rank([10], 1.0, 0.2), _rank([10], 1.0, 0.6)])
     assert b["edges_gap_s"] == pytest.approx(0.0) and b["noise_gap_s"] == pytest.approx(0.2)
     assert b["compute_s_max_over_mean"] == pytest.approx(0.8 / 0.6)
+
+
+def test_balance_takes_the_least_seconds_of_a_collective_as_its_transfer_and_the_rest_as_waiting():
+    ranks = [_rank([10], 1.0, 0.5), _rank([10], 1.0, 0.5)]
+    ranks[0]["per_iteration"][0]["collective_s_by_tag"] = {"shuffle/layer1/fwd": 0.30, "ids/layer0": 0.01}
+    ranks[1]["per_iteration"][0]["collective_s_by_tag"] = {"shuffle/layer1/fwd": 0.10, "ids/layer0": 0.05}
+    b = iteration_balance(ranks)
+    assert b["transfer_s_by_tag"] == pytest.approx({"ids/layer0": 0.01, "shuffle/layer1/fwd": 0.10})
+    assert b["wait_s_by_tag"] == pytest.approx({"ids/layer0": 0.02, "shuffle/layer1/fwd": 0.10})
 
 
 def _all_reduce_seconds(rank, world_size):
