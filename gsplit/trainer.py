@@ -710,4 +710,5 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         if cfg.final_eval and cfg.eval_every else {}
     num_hosts = 1 if hosts is None else train_loader.num_replicas
     return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,
-            "ranks_per_host": world_size // num_hosts, "device": str(device), "epochs": history, **final}
+            "ranks_per_host": world_size // num_hosts, "device": str(device), "transport": comm.transport,
+            "epochs": history, **final}
