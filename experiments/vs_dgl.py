@@ -14,7 +14,9 @@ and hidden size, all on CPU ranks over gloo:
   batch (``ranks x batch-size`` targets per iteration): ``dgl_peer.py --ranks 1`` (a plain model and
   loader, no process group, no DDP) and ``gsplit train --num-ranks 1 --system dp``. They are compared
   with the multi-process runs of the same ``ranks`` (same global batch); the table's ratios are to DGL's
-  multi-process epoch. ``--systems dgl,split,dp`` leaves them out.
+  multi-process epoch. ``--systems dgl,split,dp`` leaves them out;
+* ``split-shm`` (issue 20, item 5): ``split`` with ``GSPLIT_CPU_TRANSPORT=shm``, its all-to-alls through
+  shared memory instead of gloo's loopback sockets (``gsplit.comm.shm``).
 
 Each run is its own process (``python -m gsplit.cli train`` from this checkout, the same as
 ``.venv/bin/gsplit train`` in the main checkout) with ``--epochs 2``; the second epoch is reported (the
@@ -43,6 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import numpy as np
@@ -50,7 +53,7 @@ import numpy as np
 from gsplit import datasets
 from gsplit.io import read_run_log
 
-SYSTEMS = ("dgl", "split", "dp", "dgl-1proc", "gsplit-1proc")
+SYSTEMS = ("dgl", "split", "dp", "dgl-1proc", "gsplit-1proc", "split-shm")
 """The compared systems, in the order of even rounds."""
 
 ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
@@ -132,12 +135,12 @@ def export_dataset(ds, folder: Path, opts: dict) -> Path:
     return folder
 
 
-def run(cmd, log_file: Path, timeout: float) -> float:
+def run(cmd, log_file: Path, timeout: float, env: Optional[dict] = None) -> float:
     """Run ``cmd`` from the repository root with its output in ``log_file``; its wall time, or an error."""
     t = time.perf_counter()
     with open(log_file, "w") as f:
         proc = subprocess.run([str(c) for c in cmd], cwd=common.REPO, stdout=f, stderr=subprocess.STDOUT,
-                              timeout=timeout)
+                              timeout=timeout, env=env)
     if proc.returncode != 0:
         tail = "\n".join(log_file.read_text().splitlines()[-25:])
         raise RuntimeError(f"exit status {proc.returncode} of\n  {' '.join(map(str, cmd))}\n"
@@ -184,19 +187,21 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         cmd = [args.dgl_python, common.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks",
                processes, "--json", log, *common_args]
     else:
+        gsplit_system = {"gsplit-1proc": "dp", "split-shm": "split"}.get(system, system)
         cmd = GSPLIT + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", processes,
-                        "--system", "dp" if system == "gsplit-1proc" else system, "--device", "cpu", "--log", log,
-                        "--eval-every", "0", *common_args]
-        if system == "split":
+                        "--system", gsplit_system, "--device", "cpu", "--log", log, "--eval-every", "0",
+                        *common_args]
+        if gsplit_system == "split":
             cmd += ["--partition", maps[world]["dir"]]
+    env = {**os.environ, "GSPLIT_CPU_TRANSPORT": "shm" if system == "split-shm" else "gloo"}
     load_before = loadavg()
-    wall = run(cmd, log.with_suffix(".log"), args.timeout)
+    wall = run(cmd, log.with_suffix(".log"), args.timeout, env=env if not dgl else None)
     doc = read_run_log(log)  # gsplit's JSON Lines log; the DGL peer's single JSON object reads the same
     rec = doc["epochs"][-1]
     iterations = rec["iterations"] if dgl else max(r["iterations"] for r in rec["ranks"])
     threads = [r.get("torch_threads") for r in rec["ranks"]]
     out = {"system": system, "model": model, "ranks": world, "processes": processes, "batch_per_process": batch,
-           "torch_threads": threads, "load_average_before": load_before, "load_average_after": loadavg(),
+           "torch_threads": threads, "transport": doc.get("transport"), "load_average_before": load_before, "load_average_after": loadavg(),
            "round": rnd, "epoch": rec["epoch"],
            "epoch_s": rec["epoch_s"], "sample_s": rec["sample_s"], "load_s": rec.get("load_s"),
            "train_s": rec["train_s"], "iterations": iterations, "edges": rec["edges"],
@@ -257,7 +262,8 @@ def tables(summary, args):
                          "/".join(fmt(got[s]["edges_total"] / 1e6, ".3f") if got[s] else "-" for s in SYSTEMS[:3]),
                          "/".join(fmt(got[s]["input_rows"] / 1e3, ".1f") if got[s] else "-" for s in SYSTEMS[:3])])
     main = common.format_table(["model", "ranks", "DGL s", "split s", "dp s", "DGL 1proc s", "gsplit 1proc s",
-                                "split/DGL", "dp/DGL", "DGL 1proc/DGL", "gsplit 1proc/DGL",
+                                "split-shm s", "split/DGL", "dp/DGL", "DGL 1proc/DGL", "gsplit 1proc/DGL",
+                                "split-shm/DGL",
                                 "split sample/load/fwd-bwd s", "dp sample/load/fwd-bwd s",
                                 "edges M DGL/split/dp", "feature rows k DGL/split/dp"], rows)
     detail = common.format_table(
@@ -305,7 +311,8 @@ def main(argv=None) -> int:
     print(f"synthetic {opts}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train; "
           f"exported for DGL to {common._rel(data_dir)} ({time.perf_counter() - t:.1f}s)", flush=True)
     del ds
-    maps = {w: prepare_map(args, opts, w, scratch) for w in args.ranks} if "split" in args.systems else {}
+    maps = ({w: prepare_map(args, opts, w, scratch) for w in args.ranks}
+            if {"split", "split-shm"} & set(args.systems) else {})
 
     runs = []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
