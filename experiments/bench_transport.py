@@ -18,6 +18,10 @@ ranks, itself included), the seconds of one exchange by:
   hogged). x86 keeps stores in program order (glibc's non-temporal ``memcpy`` loops end with
   ``sfence``), so a rank that sees the flag sees the rows; on weaker memory models this needs a fence.
 
+* ``gsplit-shm``: the transport the library ships (``gsplit.comm.shm.ShmAllToAll``, what
+  ``GSPLIT_CPU_TRANSPORT=shm`` selects): per-pair slots written by the sender and read by the receiver,
+  rows kept on the rank copied once, the same flag wait (sleeping 50 us at a time after 200 yields).
+
 Also the latency of the synchronisations alone (``barrier``: ``dist.barrier``; ``spin``: the flag
 exchange). An exchange in lockstep is all this measures: in training the ranks
 arrive at different times and the waiting for the slower one is not transport (see the ``balance``
@@ -46,8 +50,9 @@ import torch
 import torch.distributed as dist
 
 import gsplit
+from gsplit.comm.shm import ShmAllToAll
 
-METHODS = ("gloo", "memcpy", "shm+barrier", "shm+spin")
+METHODS = ("gloo", "memcpy", "shm+barrier", "shm+spin", "gsplit-shm")
 """The transports compared, per message size."""
 
 
@@ -156,6 +161,8 @@ def bench_rank(rank: int, world: int, args, token: str) -> dict:
     cap = max(args.sizes) + 64 * world
     shm = ShmExchange(token, rank, world, cap)
     dist.barrier()  # every rank has mapped every file
+    lib = ShmAllToAll()
+    lib.setup()
     res = {"threads": torch.get_num_threads(), "sync_ms": {}, "exchange_ms": {}}
     res["sync_ms"]["barrier"] = 1e3 * timed(dist.barrier, args.sync_iters, args.repeats)
     res["sync_ms"]["spin"] = 1e3 * timed(lambda: (shm.sync("spin"), setattr(shm, "k", shm.k + 1)),
@@ -169,8 +176,8 @@ def bench_rank(rank: int, world: int, args, token: str) -> dict:
         out = x.new_empty((sum(recv), width))
         ref = torch.empty_like(out)
         dist.all_to_all_single(ref, x, recv, counts)
-        for how in ("barrier", "spin"):  # the shared-memory path gives gloo's result exactly
-            got = shm.exchange(x, counts, recv, how)
+        for how in ("barrier", "spin", "lib"):  # the shared-memory paths give gloo's result exactly
+            got = lib.all_to_all(x, counts, recv) if how == "lib" else shm.exchange(x, counts, recv, how)
             if not torch.equal(got, ref):
                 raise AssertionError(f"shm+{how} differs from gloo at {size} bytes on rank {rank}")
         ms = {
@@ -178,6 +185,7 @@ def bench_rank(rank: int, world: int, args, token: str) -> dict:
             "memcpy": timed(lambda: out.copy_(x), args.iters, args.repeats),
             "shm+barrier": timed(lambda: shm.exchange(x, counts, recv, "barrier"), args.iters, args.repeats),
             "shm+spin": timed(lambda: shm.exchange(x, counts, recv, "spin"), args.iters, args.repeats),
+            "gsplit-shm": timed(lambda: lib.all_to_all(x, counts, recv), args.iters, args.repeats),
         }
         res["exchange_ms"][x.numel() * 4] = {m: 1e3 * s for m, s in ms.items()}
     dist.barrier()
