@@ -201,7 +201,8 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
     iterations = rec["iterations"] if dgl else max(r["iterations"] for r in rec["ranks"])
     threads = [r.get("torch_threads") for r in rec["ranks"]]
     out = {"system": system, "model": model, "ranks": world, "processes": processes, "batch_per_process": batch,
-           "torch_threads": threads, "transport": doc.get("transport"), "load_average_before": load_before, "load_average_after": loadavg(),
+           "torch_threads": threads, "transport": doc.get("transport"), "load_average_before": load_before,
+           "load_average_after": loadavg(),
            "round": rnd, "epoch": rec["epoch"],
            "epoch_s": rec["epoch_s"], "sample_s": rec["sample_s"], "load_s": rec.get("load_s"),
            "train_s": rec["train_s"], "iterations": iterations, "edges": rec["edges"],

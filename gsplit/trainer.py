@@ -682,8 +682,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0:
             for name, loader in eval_loaders.items():
                 record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)
-        per_rank = job_comm.all_gather_object({"rank": rank, "epoch_s": epoch_s, "torch_threads": torch.get_num_threads(),
-                                               **asdict(counters)})
+        per_rank = job_comm.all_gather_object({"rank": rank, "epoch_s": epoch_s,
+                                               "torch_threads": torch.get_num_threads(), **asdict(counters)})
         record["ranks"] = per_rank
         for phase in ("sample_s", "load_s", "wait_s", "train_s", "epoch_s"):
             record[phase] = max(r[phase] for r in per_rank)  # the slowest rank sets the pace

@@ -35,8 +35,9 @@ class TrafficCounter:
     """Collectives this rank issued, per tag (every rank issues the same ones): each is a point where the
     faster ranks wait for the slowest."""
     seconds: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    """Wall seconds this rank spent inside the all-to-alls and all-reduces, per tag: with gloo (blocking) the transfer and
-    the wait for the slowest peer; with NCCL only the enqueue (the wait then shows where the host syncs)."""
+    """Wall seconds this rank spent inside the all-to-alls and all-reduces, per tag: with gloo (blocking) the
+    transfer and the wait for the slowest peer; with NCCL only the enqueue (the wait then shows where the host
+    syncs)."""
 
     def add(self, tag: str, rows: int, nbytes: int) -> None:
         self.rows[tag] += rows
