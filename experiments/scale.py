@@ -2,15 +2,20 @@
 
 For each size, on a synthetic graph (average degree 15, 128-d float32 features):
 
-* **prepare** runs in its own process (``--worker``): it generates the dataset, then calls
-  :func:`gsplit.partitioning.prepare_partition` at 4 parts (what ``gsplit prepare`` runs). Stage by stage
-  (generation, pre-sampling weights, METIS partitioning, split statistics) it records the wall and CPU
+* **prepare** runs in its own process (``--worker``): it generates the dataset, writes it as a prepared
+  folder and maps it (what ``gsplit prepare --dataset-out`` does; ``--in-memory``: the old path, no
+  folder), then calls :func:`gsplit.partitioning.prepare_partition` at 4 parts on the mapped dataset.
+  Stage by stage (generation, writing the folder, pre-sampling weights, METIS partitioning, split
+  statistics) it records the wall and CPU
   time and the **peak RSS reached inside that stage**: before a stage the process resets its high-water
   mark (``echo 5 > /proc/self/clear_refs``, Linux 4.0+) and after it reads ``VmHWM`` from
   ``/proc/self/status``; the resident set just before the stage is recorded too, so the stage's own
-  increment is ``peak - before``.
-* **train** runs ``gsplit train`` at 2 CPU ranks (the CLI's own launcher, which shares the dataset with
-  the ranks in shared memory) for ``--epochs`` epochs of ``--iters`` iterations, sampling every process's
+  increment is ``peak - before``. METIS runs in a forked child: its own peak RSS (and its RSS before
+  METIS, so the difference is METIS's memory) is reported by the child (``metis_child_*``).
+  Mapped file pages that a stage reads count in its RSS (they are shared page cache, not private).
+* **train** runs ``gsplit train --dataset folder:DIR`` at 2 CPU ranks (each rank maps the folder;
+  ``--in-memory``: the CLI generates the dataset and its launcher hands it to the ranks in shared
+  memory) for ``--epochs`` epochs of ``--iters`` iterations, sampling every process's
   RSS and PSS with psutil every 0.5 s: peak RSS per rank, and the host's peak as the sum of PSS over the
   launcher and its ranks (PSS splits shared pages among the processes that map them). Time per
   iteration is the last epoch's ``epoch_s / iters`` (the first epoch includes warm-up).
@@ -88,8 +93,10 @@ class StageMeter:
         self._open = None
 
 
-def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: int, fanouts: List[int]) -> None:
-    """Generate, then prepare at ``NUM_PARTS`` parts, measuring each stage; writes ``result`` (JSON)."""
+def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: int, fanouts: List[int],
+           data_folder: Optional[str]) -> None:
+    """Generate (and with ``data_folder`` write the prepared folder and map it), then prepare at ``NUM_PARTS``
+    parts, measuring each stage; writes ``result`` (JSON)."""
     from gsplit import datasets
     from gsplit.partitioning import prepare_partition
 
@@ -102,6 +109,13 @@ def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: in
     meter.start("generate")
     ds = datasets.load("synthetic", num_nodes=nodes, avg_degree=AVG_DEGREE, feature_dim=FEATURE_DIM)
     meter.stop()
+    if data_folder:
+        # what `gsplit prepare --dataset-out` does: write the prepared folder, then work on the mapped files
+        meter.start("write folder")
+        datasets.save_folder(ds, data_folder)
+        del ds
+        ds = datasets.load_folder(data_folder)
+        meter.stop()
     # prepare_partition announces each stage as it starts and, with its time, as it ends
     starts = {"expected pre-sampling": "weights", "pre-sampling": "weights", "partitioning into": "metis",
               "split statistics on": "stats"}
@@ -125,6 +139,15 @@ def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: in
                "feature_bytes": ds.features.numel() * ds.features.element_size(),
                "label_bytes": ds.labels.numel() * ds.labels.element_size(),
                "stages": meter.stages, "peak_reset_worked": meter.resettable,
+               # the stages of `gsplit prepare` proper (not generating or writing the data)
+               "prepare_peak_rss_mb": max(s["peak_rss_mb"] for k, s in meter.stages.items()
+                                          if k in ("weights", "metis", "stats")),
+               # METIS runs in a forked child (its own memory): its peak RSS, reported by the child
+               # (its RSS includes the pages it shares with this process after the fork: at its peak it is
+               # about the host's memory during METIS; peak - start is METIS's own)
+               "metis_child_peak_rss_mb": prepared.pmap.metadata.get("metis_child_peak_rss_mb"),
+               "metis_child_start_rss_mb": prepared.pmap.metadata.get("metis_child_start_rss_mb"),
+               "data_folder": bool(data_folder),
                "process_peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
                "partition_substages_s": prepared.report.get("partition_stage_s", {}),
                "cross_edge_fraction": prepared.report.get("stats", {}).get("cross_edge_fraction")}
@@ -172,7 +195,7 @@ def run_prepare(nodes: int, folder: Path, args) -> dict:
     result = folder / "prepare_result.json"
     cmd = [sys.executable, __file__, "--worker", "--nodes", str(nodes), "--map", str(folder / "map"),
            "--result", str(result), "--stats-batches", str(args.stats_batches), "--batch-size", str(args.batch_size),
-           "--fanouts", args.fanouts]
+           "--fanouts", args.fanouts] + ([] if args.in_memory else ["--data-folder", str(folder / "ds")])
     load0 = os.getloadavg()
     t = time.perf_counter()
     proc = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
@@ -186,8 +209,9 @@ def run_prepare(nodes: int, folder: Path, args) -> dict:
 
 def run_train(nodes: int, folder: Path, args) -> dict:
     log = folder / "train.jsonl"
-    cmd = [sys.executable, "-m", "gsplit", "train", "--dataset", "synthetic", "-D", f"num_nodes={nodes}",
-           "-D", f"avg_degree={AVG_DEGREE}", "-D", f"feature_dim={FEATURE_DIM}", "--num-ranks", str(TRAIN_RANKS),
+    data = (["--dataset", "synthetic", "-D", f"num_nodes={nodes}", "-D", f"avg_degree={AVG_DEGREE}", "-D",
+             f"feature_dim={FEATURE_DIM}"] if args.in_memory else ["--dataset", f"folder:{folder / 'ds'}"])
+    cmd = [sys.executable, "-m", "gsplit", "train", *data, "--num-ranks", str(TRAIN_RANKS),
            "--partition", str(folder / "map2"), "--epochs", str(args.epochs), "--max-iters", str(args.iters),
            "--eval-every", "0", "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--log", str(log)]
     load0 = os.getloadavg()
@@ -250,6 +274,9 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--timeout", type=float, default=1800, help="seconds per subprocess")
     p.add_argument("--no-train", action="store_true")
+    p.add_argument("--in-memory", action="store_true",
+                   help="the old path: no prepared folder; prepare on the in-memory dataset and let `gsplit train` "
+                        "generate it and hand it to the ranks in shared memory (default: write the folder, map it)")
     p.add_argument("--out", default=str(common.RESULTS / "scale"))
     p.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
     # worker mode
@@ -257,13 +284,14 @@ def main() -> None:
     p.add_argument("--nodes", type=int)
     p.add_argument("--map")
     p.add_argument("--result")
+    p.add_argument("--data-folder")
     args = p.parse_args()
     fanouts = [int(f) for f in args.fanouts.split(",")]
     if args.worker:
-        worker(args.nodes, args.map, args.result, args.stats_batches, args.batch_size, fanouts)
+        worker(args.nodes, args.map, args.result, args.stats_batches, args.batch_size, fanouts, args.data_folder)
         return
     sizes = [100_000, 200_000] if args.quick else [int(s) for s in args.sizes.split(",")]
-    stem = Path(args.out + ("_quick" if args.quick else ""))
+    stem = Path(args.out + ("_quick" if args.quick else "") + ("_in_memory" if args.in_memory else ""))
     rows = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for nodes in sizes:
@@ -302,6 +330,9 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
                 "prepare ns/edge": round(prep_s / pr["num_edges"] * 1e9, 1),
                 "peak RSS MB": pr["process_peak_rss_mb"],
                 "peak / data": round(pr["process_peak_rss_mb"] / data_mb, 2),
+                "prepare stages peak MB": pr.get("prepare_peak_rss_mb"),
+                "prepare stages peak / data": round(pr.get("prepare_peak_rss_mb", 0) / data_mb, 2),
+                "METIS child peak MB": pr.get("metis_child_peak_rss_mb"),
                 # less the interpreter with torch and gsplit loaded (RSS before generation): the data's share
                 "(peak - interpreter) / data": round((pr["process_peak_rss_mb"]
                                                       - pr["stages"]["generate"]["rss_before_mb"]) / data_mb, 2)}
@@ -323,7 +354,8 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
     payload = {"rows": rows, "summary": summary, "costs": costs,
                "settings": {"avg_degree": AVG_DEGREE, "feature_dim": FEATURE_DIM, "num_parts": NUM_PARTS,
                             "train_ranks": TRAIN_RANKS, "batch_size": args.batch_size, "fanouts": args.fanouts,
-                            "stats_batches": args.stats_batches, "epochs": args.epochs, "iters": args.iters},
+                            "stats_batches": args.stats_batches, "epochs": args.epochs, "iters": args.iters,
+                            "data": "in memory" if args.in_memory else "prepared folder, memory-mapped"},
                    "machine": common.machine_info(), "shared_machine_note":
                    "the 2-core machine was shared with other jobs during the run: see load_before/load_after"}
     print(f"wrote {common.save_json(stem, payload)}")

@@ -103,7 +103,8 @@ def check_dataset_options(dataset: str, opts: Dict[str, object]) -> None:
 
 def _add_dataset_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="synthetic",
-                   help="synthetic (default), npz:PATH, edgelist:PATH or ogbn-NAME")
+                   help="synthetic (default), npz:PATH, edgelist:PATH, folder:PATH (gsplit prepare --dataset-out) "
+                        "or ogbn-NAME")
     p.add_argument("-D", dest="dataset_opts", action="append", metavar="KEY=VALUE",
                    help="dataset option, repeatable (e.g. -D num_nodes=100000 -D avg_degree=20)")
 
@@ -245,11 +246,78 @@ def cmd_prepare_full_graph(args, ds) -> int:
     return 0
 
 
+def _prepare_dataset(args, out: Path):
+    """``prepare``'s dataset: as ``--dataset`` says or, with ``--dataset-out``, written there first (an edge
+    list converted in chunks) and memory-mapped from there, as ``train --dataset folder:DIR`` will."""
+    if not args.dataset_out:
+        return _load_dataset(args)
+    from gsplit import datasets
+    from gsplit.datasets.chunked import convert_edgelist
+
+    folder = check_output_folder(args.dataset_out, "--dataset-out")
+    if folder.resolve() == out.resolve():
+        raise CliError(f"--dataset-out {folder} is the --out folder; both write a meta.json: pass another folder "
+                       f"(e.g. {out / 'dataset'})")
+    t = time.perf_counter()
+    if args.dataset.startswith("edgelist:"):
+        path = args.dataset.partition(":")[2]
+        print(f"converting {path} into {folder} in chunks of {args.chunk_edges:,} edges ...", flush=True)
+        rep = convert_edgelist(path, folder, chunk_edges=args.chunk_edges, **parse_dataset_options(args.dataset_opts))
+        print(f"  {rep.num_nodes:,} vertices, {rep.num_edges:,} edges from {rep.file_edges:,} lines in {rep.chunks} "
+              f"chunk(s) ({time.perf_counter() - t:.1f}s: "
+              + ", ".join(f"{k} {v:.1f}s" for k, v in rep.seconds.items()) + ")", flush=True)
+    elif args.dataset.startswith("ogbn-") and _ogb_raw_folder(args) is not None:
+        from gsplit.datasets.chunked import convert_ogb
+
+        source = _ogb_raw_folder(args)
+        opts = {k: v for k, v in parse_dataset_options(args.dataset_opts).items() if k in ("symmetric",
+                                                                                         "remove_self_loops")}
+        print(f"converting OGB's raw files in {source} into {folder} in chunks of {args.chunk_edges:,} edges ...",
+              flush=True)
+        rep = convert_ogb(source, folder, name=args.dataset, chunk_edges=args.chunk_edges, **opts)
+        print(f"  {rep.num_nodes:,} vertices, {rep.num_edges:,} edges ({time.perf_counter() - t:.1f}s)", flush=True)
+    else:
+        ds = _load_dataset(args)
+        print(f"writing the dataset to {folder} ...", flush=True)
+        datasets.save_folder(ds, folder)
+        del ds  # from here on the dataset is the mapped folder: one copy, in the page cache
+        print(f"  written ({time.perf_counter() - t:.1f}s)", flush=True)
+    ds = datasets.load(f"folder:{folder}")
+    print(f"  mapped {folder}: train with --dataset folder:{folder}", flush=True)
+    return ds
+
+
+def _ogb_raw_folder(args) -> Optional[Path]:
+    """The unpacked OGB folder of ``--dataset ogbn-NAME`` (``-D root=``) when its raw files are there, else None."""
+    from gsplit.datasets.ogb import default_root
+
+    root = parse_dataset_options(args.dataset_opts).get("root")
+    folder = (Path(str(root)).expanduser() if root else default_root()) / args.dataset.replace("-", "_")
+    return folder if (folder / "raw" / "edge.csv.gz").is_file() else None
+
+
+def _print_peak() -> None:
+    from gsplit.datasets.chunked import peak_rss_bytes
+
+    peak = peak_rss_bytes()
+    if peak is not None:
+        print(f"peak memory of this process (VmHWM): {peak / 2**30:.2f} GiB", flush=True)
+
+
 def cmd_prepare(args) -> int:
     check_dataset_options(args.dataset, parse_dataset_options(args.dataset_opts))
     out = check_output_folder(args.out, "--out")
-    ds = _load_dataset(args)
+    if args.chunk_edges < 1:
+        raise CliError(f"--chunk-edges {args.chunk_edges}: pass a positive number of edges per chunk")
+    ds = _prepare_dataset(args, out)
     _prepare_kernels()
+    try:
+        return _prepare_map(args, ds, out)
+    finally:
+        _print_peak()
+
+
+def _prepare_map(args, ds, out: Path) -> int:
     if args.full_graph:
         return cmd_prepare_full_graph(args, ds)
     fanouts = parse_fanouts(args.fanouts)
@@ -991,6 +1059,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="gsplit", choices=METHODS)
     _add_presample_args(p)
     p.add_argument("--out", required=True, help="folder for the map, its metadata and stats")
+    p.add_argument("--dataset-out", help="also write the dataset as a folder of memory-mapped .npy files there "
+                        "(an edgelist, or an ogbn-NAME whose raw files are unpacked: converted in chunks) and "
+                        "prepare from it; train with --dataset folder:DIR")
+    p.add_argument("--chunk-edges", type=int, default=1 << 22,
+                   help="edges per chunk when --dataset-out converts an edge list (default 4194304)")
     p.add_argument("--full-graph", action="store_true",
                    help="a map for full-graph training: METIS balancing in-edges and vertices per rank and "
                         "minimising cut edges, no pre-sampling (--method, --fanouts and --batch-size are not used)")

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from gsplit import ops
+from gsplit.datasets.base import known_finite
 from gsplit.graph import id_range_error
 
 log = logging.getLogger(__name__)
@@ -88,8 +89,8 @@ def first_non_finite_row(features: torch.Tensor) -> Optional[int]:
         >>> first_non_finite_row(torch.ones(3, 2)) is None
         True
     """
-    if not features.dtype.is_floating_point or features.numel() == 0:
-        return None
+    if not features.dtype.is_floating_point or features.numel() == 0 or known_finite(features):
+        return None  # known_finite: a prepared folder's writer scanned it (gsplit.datasets.mark_finite)
     rows = features.reshape(features.shape[0], -1) if features.dim() != 2 else features
     step = max(1, _CHECK_BYTES // max(1, rows.shape[1] * rows.element_size()))
     for start in range(0, rows.shape[0], step):

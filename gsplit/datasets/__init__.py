@@ -7,6 +7,7 @@
 ``"npz:PATH"``         gnn-benchmark CSR ``.npz`` (Cora, CiteSeer), :func:`load_npz`
 ``"edgelist:PATH"``    CSV/TSV/whitespace edge list, random features and labels, :func:`load_edgelist`
 ``"ogbn-arxiv"`` etc.  OGB node-property datasets (needs ``gsplit[ogb]``), :func:`load_ogb`
+``"folder:PATH"``      a prepared folder of memory-mapped ``.npy`` files, :func:`load_folder`
 =====================  =============================================================================
 """
 
@@ -16,11 +17,13 @@ import inspect
 
 from gsplit.datasets.base import Dataset, check_finite, planetoid_split, random_split
 from gsplit.datasets.files import load_edgelist, load_npz, read_edgelist
+from gsplit.datasets.folder import is_folder, load_folder, save_folder
+from gsplit.datasets.chunked import ConversionReport, convert_edgelist, convert_ogb
 from gsplit.datasets.ogb import SUPPORTED as OGB_DATASETS
 from gsplit.datasets.ogb import default_root, load_ogb
 from gsplit.datasets.synthetic import make_synthetic, synthetic_graph
 
-NAMES = ("synthetic", "npz:PATH", "edgelist:PATH") + OGB_DATASETS
+NAMES = ("synthetic", "npz:PATH", "edgelist:PATH", "folder:PATH") + OGB_DATASETS
 """The accepted forms of ``load``'s ``name``."""
 
 
@@ -30,11 +33,11 @@ def _loader(name: str):
         raise TypeError(f"dataset name must be a string, got {type(name).__name__}; accepted: {', '.join(NAMES)}")
     if name == "synthetic":
         return make_synthetic, ()
-    if name.startswith(("npz:", "edgelist:")):
+    if name.startswith(("npz:", "edgelist:", "folder:")):
         kind, _, path = name.partition(":")
         if not path:
             raise ValueError(f"dataset name {name!r} has no path after '{kind}:'; write e.g. '{kind}:data/graph.csv'")
-        return (load_npz if kind == "npz" else load_edgelist), (path,)
+        return {"npz": load_npz, "edgelist": load_edgelist, "folder": load_folder}[kind], (path,)
     if name.startswith("ogbn-"):
         return load_ogb, (name,)
     raise ValueError(f"unknown dataset name {name!r}; accepted: {', '.join(NAMES)}")
@@ -69,7 +72,7 @@ def load(name: str, **kwargs) -> Dataset:
 
     Names: ``"synthetic"`` (:func:`make_synthetic`), ``"npz:PATH"`` (:func:`load_npz`),
     ``"edgelist:PATH"`` (:func:`load_edgelist`), ``"ogbn-arxiv"``, ``"ogbn-products"``,
-    ``"ogbn-papers100M"`` (:func:`load_ogb`).
+    ``"ogbn-papers100M"`` (:func:`load_ogb`), ``"folder:PATH"`` (:func:`load_folder`: memory-mapped).
 
     Example:
         >>> ds = load("synthetic", num_nodes=5000, seed=1)
@@ -87,5 +90,6 @@ def load(name: str, **kwargs) -> Dataset:
 
 __all__ = [
     "Dataset", "load", "option_names", "option_defaults", "NAMES", "make_synthetic", "synthetic_graph", "load_npz", "load_edgelist",
-    "read_edgelist", "load_ogb", "OGB_DATASETS", "default_root", "planetoid_split", "random_split", "check_finite",
+    "read_edgelist", "load_folder", "save_folder", "is_folder", "convert_edgelist", "convert_ogb",
+    "ConversionReport", "load_ogb", "OGB_DATASETS", "default_root", "planetoid_split", "random_split", "check_finite",
 ]

@@ -98,7 +98,8 @@ class Dataset:
                 row = int(torch.nonzero(self.labels == bad)[0])
                 raise ValueError(f"labels[{row}] = {bad} is outside [0, {self.num_classes}) "
                                  "(-1 marks an unlabelled vertex); fix the labels or num_classes")
-        check_finite(self.features, "features")
+        if not known_finite(self.features):  # a prepared folder's writer scanned it (datasets.folder)
+            check_finite(self.features, "features")
         counts = torch.zeros(n, dtype=torch.int32)
         for what in ("train_idx", "val_idx", "test_idx"):
             idx = getattr(self, what)
@@ -120,6 +121,24 @@ class Dataset:
                 _check_tensor(t, what, torch.int64, 1)
                 if t.shape[0] != n:
                     raise ValueError(f"{what} has {t.shape[0]} entries but the graph has {n} vertices")
+
+    # ------------------------------------------------------------------ pickling
+    def __reduce_ex__(self, protocol):
+        """A dataset mapped from a prepared folder (:func:`gsplit.datasets.load_folder`) and still holding the
+        tensors it was loaded with pickles as the folder's path: a process that unpickles it (a rank that
+        :func:`gsplit.launch` starts) maps the same files and shares their page cache, instead of receiving
+        a copy of the tensors in shared memory. Any other dataset pickles its tensors as usual."""
+        source = self.__dict__.get("_folder_source")
+        if source is not None and source.matches(self):
+            from gsplit.datasets.folder import reopen
+
+            return reopen, (source.path, source.mmap, self.name, self.meta)
+        return super().__reduce_ex__(protocol)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_folder_source", None)  # holds the tensors again, and means nothing in another process
+        return state
 
     # ------------------------------------------------------------------ display
     def describe(self) -> str:
@@ -154,6 +173,31 @@ def _check_tensor(t, what: str, dtype: torch.dtype, dim: int) -> None:
         raise TypeError(f"{what} must have dtype {dtype}, got {t.dtype}; convert it with .to({dtype})")
     if t.dim() != dim:
         raise ValueError(f"{what} must be {dim}-dimensional, got shape {tuple(t.shape)}")
+
+
+_KNOWN_FINITE = "_gsplit_known_finite"
+
+
+def mark_finite(features: torch.Tensor) -> torch.Tensor:
+    """Record on the tensor object that ``features`` was checked to hold no NaN/inf; returns it.
+
+    :func:`load_folder` marks the features of a folder whose writer checked them (``meta.json``'s
+    ``checks``), so that :class:`Dataset` and the loaders (:func:`gsplit.feature_store.first_non_finite_row`)
+    skip their full pass over a memory-mapped table, which would read the whole file before the first
+    epoch. The mark is an attribute of this tensor object: a tensor derived from it is checked again.
+    Writing NaN into a marked tensor in place is not noticed.
+
+    Example:
+        >>> known_finite(mark_finite(torch.zeros(2, 2)))
+        True
+    """
+    setattr(features, _KNOWN_FINITE, True)
+    return features
+
+
+def known_finite(features: torch.Tensor) -> bool:
+    """True when :func:`mark_finite` marked this tensor object."""
+    return bool(getattr(features, _KNOWN_FINITE, False))
 
 
 def check_finite(features: torch.Tensor, what: str = "features") -> None:

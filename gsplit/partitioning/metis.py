@@ -143,8 +143,8 @@ def _call_kway(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt, seed: in
     return parts.astype(np.int64, copy=False), int(cut[0])
 
 
-def metis_part_kway(xadj, adjncy, nparts: int, vwgt=None, adjwgt=None, seed: int = 0, ufactor: int = 30
-                    ) -> Tuple[np.ndarray, int, str]:
+def metis_part_kway(xadj, adjncy, nparts: int, vwgt=None, adjwgt=None, seed: int = 0, ufactor: int = 30,
+                    memory: Optional[dict] = None) -> Tuple[np.ndarray, int, str]:
     """k-way min-edge-cut METIS on an undirected CSR graph; several balance constraints allowed.
 
     Args:
@@ -155,6 +155,8 @@ def metis_part_kway(xadj, adjncy, nparts: int, vwgt=None, adjwgt=None, seed: int
         adjwgt: positive integer weight of each adjacency entry (symmetric), or None for unit weights.
         seed: METIS's random seed; equal inputs and seed give equal output.
         ufactor: allowed imbalance in thousandths: ``30`` lets a part weigh up to 1.03x the average.
+        memory: a dict that receives the METIS process's RSS before METIS and its peak, in MB
+            (``metis_child_start_rss_mb``, ``metis_child_peak_rss_mb``) where they were measured.
 
     Returns:
         ``(parts, edgecut, backend)``: int64 part of every vertex, the weighted cut METIS reports, and
@@ -172,7 +174,9 @@ def metis_part_kway(xadj, adjncy, nparts: int, vwgt=None, adjwgt=None, seed: int
         log.warning("cannot call METIS through ctypes (%s: %s); falling back to pymetis.part_graph, which "
                     "balances a single constraint (the constraints are summed)", type(err).__name__, err)
         return _pymetis_fallback(xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
-    parts, cut = _call_kway_in_child(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
+    parts, cut, used = _call_kway_in_child(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
+    if memory is not None:
+        memory.update(used)
     return parts, cut, "ctypes"
 
 
@@ -193,10 +197,13 @@ def _read_exactly(fd: int, n: int) -> bytes:
 
 
 def _call_kway_in_child(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt, seed: int, ufactor: int
-                        ) -> Tuple[np.ndarray, int]:
-    """:func:`_call_kway` in a forked child (see the module doc: METIS traps SIGTERM); inline without fork."""
+                        ) -> Tuple[np.ndarray, int, dict]:
+    """:func:`_call_kway` in a forked child (see the module doc: METIS traps SIGTERM); inline without fork.
+
+    Also returns the child's RSS before METIS and its peak (MB): METIS's own memory is the difference,
+    and it is not in this process's peak (``VmHWM``)."""
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
-        return _call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
+        return (*_call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor), {})
     read_fd, write_fd = os.pipe()
     with warnings.catch_warnings():  # the child only runs METIS (C) and numpy copies: no locks of other threads
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -213,12 +220,13 @@ def _call_kway_in_child(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt,
             except (OSError, AttributeError):
                 pass
             try:
+                start_kb = _status_kb("VmRSS")
                 parts, cut = _call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
                 data = np.ascontiguousarray(parts, dtype=np.int64).tobytes()
-                message = struct.pack("<bqq", 0, cut, len(data)) + data
+                message = struct.pack(_HEADER, 0, cut, start_kb, _status_kb("VmHWM"), len(data)) + data
             except BaseException as e:  # noqa: BLE001 - the parent re-raises it
                 text = f"{type(e).__name__}: {e}".encode()
-                message = struct.pack("<bqq", 1, 0, len(text)) + text
+                message = struct.pack(_HEADER, 1, 0, 0, 0, len(text)) + text
             view = memoryview(message)
             while view:
                 view = view[os.write(write_fd, view):]
@@ -227,12 +235,12 @@ def _call_kway_in_child(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt,
             os._exit(status)
     os.close(write_fd)
     try:
-        header = _read_exactly(read_fd, struct.calcsize("<bqq"))
-        if len(header) == struct.calcsize("<bqq"):
-            failed, cut, size = struct.unpack("<bqq", header)
+        header = _read_exactly(read_fd, struct.calcsize(_HEADER))
+        if len(header) == struct.calcsize(_HEADER):
+            failed, cut, start_kb, peak_kb, size = struct.unpack(_HEADER, header)
             body = _read_exactly(read_fd, size)
         else:
-            failed, cut, body = None, 0, b""
+            failed, cut, start_kb, peak_kb, body = None, 0, 0, 0, b""
         _, wait_status = os.waitpid(pid, 0)
         pid = 0
     finally:
@@ -247,7 +255,25 @@ def _call_kway_in_child(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt,
                            f"{nparts} parts); if it was killed for memory, partition on a larger machine")
     if failed:
         raise RuntimeError(body.decode(errors="replace"))
-    return np.frombuffer(body, dtype=np.int64).copy(), int(cut)
+    memory = {"metis_child_start_rss_mb": round(start_kb / 1024, 1) if start_kb >= 0 else None,
+              "metis_child_peak_rss_mb": round(peak_kb / 1024, 1) if peak_kb >= 0 else None}
+    return np.frombuffer(body, dtype=np.int64).copy(), int(cut), memory
+
+
+_HEADER = "<bqqqq"
+"""The METIS child's message header: failed, edge cut, its RSS before METIS and its peak RSS (KiB), body size."""
+
+
+def _status_kb(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), or -1 where it cannot be read."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
 
 
 def _pymetis_fallback(xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor) -> Tuple[np.ndarray, int, str]:
@@ -286,21 +312,25 @@ def to_metis_weights(w: np.ndarray, max_weight: int = 1 << 20, max_total: int = 
         >>> to_metis_weights(np.array([0.0, 0.5, 1.0]), max_weight=10).tolist()
         [0, 5, 10]
     """
-    w = np.asarray(w, dtype=np.float64)
+    w = np.asarray(w)
+    if w.dtype.kind != "f":
+        w = w.astype(np.float64)
     if w.size and (not np.isfinite(w).all() or w.min() < 0):
         raise ValueError("weights must be finite and non-negative; check the pre-sampling weights")
     cols = w.reshape(len(w), -1)
     out = np.zeros(cols.shape, dtype=np.int64)
     for j in range(cols.shape[1]):
         c = cols[:, j]
-        top, total = (c.max(), c.sum()) if c.size else (0.0, 0.0)
+        top, total = (float(c.max()), float(c.sum(dtype=np.float64))) if c.size else (0.0, 0.0)
         if top <= 0:
             continue
         s = min(max_weight / top, max_total / total)
-        q = np.rint(c * s).astype(np.int64)
-        if keep_positive:
-            q[(q == 0) & (c > 0)] = 1
-        out[:, j] = q
+        for a, b in _chunks(len(c)):  # in chunks: the float64 temporaries stay small
+            part = c[a:b].astype(np.float64)
+            q = np.rint(part * s).astype(np.int64)
+            if keep_positive:
+                q[(q == 0) & (part > 0)] = 1
+            out[a:b, j] = q
     return out.reshape(w.shape)
 
 
@@ -331,30 +361,77 @@ def symmetrize(graph: Graph, edge_weights: Optional[torch.Tensor] = None, drop_z
 
     indptr = graph.indptr.cpu().numpy()
     src = graph.indices.cpu().numpy()
-    if edge_weights is None:
-        w = np.ones(src.size, dtype=np.float64)
-    else:
-        w = edge_weights.detach().cpu().numpy().astype(np.float64, copy=False)
-    dst = np.repeat(np.arange(graph.num_nodes, dtype=np.int64), np.diff(indptr))
+    n, m = graph.num_nodes, src.size
+    # float32 weights stay float32 here; each chunk is widened to float64 as it is summed (no full copy)
+    w = None if edge_weights is None else edge_weights.detach().cpu().numpy()
     rev = reverse_edges(indptr, src)
-    repeated = src.size > 1 and bool(np.any((src[1:] == src[:-1]) & (dst[1:] == dst[:-1])))
-    if rev.size and rev.min() >= 0 and not repeated:
+    if rev.size and rev.min() >= 0 and not _has_repeats(indptr, src):
         # every edge has its reverse, none is repeated: the in-edge lists are the symmetric adjacency
-        # lists already; each entry's weight is the sum of its two directions
-        if drop_zero:
-            w = np.where(w > 0, w, 0.0)
-        sym = w + w[rev]
-        keep = (src != dst) & (sym > 0)  # a zero sum is dropped either way, as scipy's A + A^T drops it
+        # lists already; each entry's weight is the sum of its two directions. Built chunk by chunk:
+        # the full-size arrays are the summed weights, a keep mask and (when some are dropped) the kept
+        # ids, never a destination per edge or float64 copies of the weights.
+        sym = np.empty(m, dtype=np.float64)
+        keep = np.empty(m, dtype=bool)
+        for a, b in _chunks(m):
+            if w is None:
+                sym[a:b] = 2.0
+            else:
+                here, there = w[a:b].astype(np.float64), w[rev[a:b]].astype(np.float64)
+                if drop_zero:
+                    np.maximum(here, 0.0, out=here)
+                    np.maximum(there, 0.0, out=there)
+                np.add(here, there, out=sym[a:b])
+            # a zero sum is dropped either way, as scipy's A + A^T drops it; self loops too
+            keep[a:b] = (src[a:b] != _rows(indptr, a, b)) & (sym[a:b] > 0)
+        del rev
         if keep.all():
             xadj, adjncy, data = indptr.astype(np.int64, copy=False), src.astype(np.int64, copy=False), sym
         else:
-            xadj = np.zeros(graph.num_nodes + 1, dtype=np.int64)
-            np.cumsum(np.bincount(dst[keep], minlength=graph.num_nodes), out=xadj[1:])
-            adjncy, data = src[keep].astype(np.int64, copy=False), sym[keep]
+            counts = np.zeros(n, dtype=np.int64)
+            adjncy = np.empty(int(np.count_nonzero(keep)), dtype=np.int64)
+            written = 0
+            for a, b in _chunks(m):
+                k = keep[a:b]
+                kept = int(np.count_nonzero(k))
+                counts += np.bincount(_rows(indptr, a, b)[k], minlength=n)
+                adjncy[written:written + kept] = src[a:b][k]
+                sym[written:written + kept] = sym[a:b][k]  # compacted in place: written <= a
+                written += kept
+            xadj = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(counts, out=xadj[1:])
+            data = sym[:written]
     else:
-        xadj, adjncy, data = _symmetrize_scipy(graph.num_nodes, src, dst, w, drop_zero)
+        del rev
+        dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+        w = np.ones(m, dtype=np.float64) if w is None else w.astype(np.float64, copy=False)
+        xadj, adjncy, data = _symmetrize_scipy(n, src, dst, w, drop_zero)
     uniform = data.size == 0 or bool(np.all(data == data[0]))
     return xadj, adjncy, (None if uniform else data)
+
+
+_CHUNK = 1 << 22
+"""Edges per chunk in :func:`symmetrize` and :func:`to_metis_weights`: bounds their temporaries (~100 MB)."""
+
+
+def _chunks(m: int):
+    return ((a, min(a + _CHUNK, m)) for a in range(0, m, _CHUNK))
+
+
+def _rows(indptr: np.ndarray, a: int, b: int) -> np.ndarray:
+    """The destination (CSC column) of edges ``a..b-1`` (``a < b``)."""
+    r0 = int(np.searchsorted(indptr, a, side="right")) - 1
+    r1 = int(np.searchsorted(indptr, b - 1, side="right")) - 1
+    counts = np.minimum(indptr[r0 + 1:r1 + 2], b) - np.maximum(indptr[r0:r1 + 1], a)
+    return np.repeat(np.arange(r0, r1 + 1, dtype=np.int64), counts)
+
+
+def _has_repeats(indptr: np.ndarray, src: np.ndarray) -> bool:
+    """True when some in-edge list holds a source twice next to each other (sorted lists: any repeat)."""
+    for a, b in _chunks(max(src.size - 1, 0)):  # pairs (i, i + 1) for i in a..b-1
+        same = src[a:b] == src[a + 1:b + 1]
+        if same.any() and bool((same & (_rows(indptr, a, b) == _rows(indptr, a + 1, b + 1))).any()):
+            return True
+    return False
 
 
 def _symmetrize_scipy(n: int, src: np.ndarray, dst: np.ndarray, w: np.ndarray, drop_zero: bool
@@ -524,7 +601,10 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
         ew_int = None if ew is None else to_metis_weights(ew, *limits, keep_positive=True)
         del vw, ew
         t_metis, c_metis = time.perf_counter(), time.process_time()
-        assign, cut, backend = metis_part_kway(xadj, adjncy, num_parts, vw_int, ew_int, seed=seed, ufactor=int(ufactor))
+        metis_memory: dict = {}
+        assign, cut, backend = metis_part_kway(xadj, adjncy, num_parts, vw_int, ew_int, seed=seed, ufactor=int(ufactor),
+                                               memory=metis_memory)
+        meta.update(metis_memory)
         meta.update(metis_edgecut=cut, metis_backend=backend, ncon=1 if vw_int.ndim == 1 else int(vw_int.shape[1]),
                     ufactor=int(ufactor), metis_adjacency_entries=int(adjncy.size),
                     stage_seconds={"build_graph": round(t_scale - t_graph, 3), "scale_weights": round(t_metis - t_scale, 3),

@@ -28,10 +28,10 @@ PRESAMPLING_METHODS = ("gsplit", "node")
 
 PREPARE_BYTES_PER_EDGE = 144
 """Peak host memory ``prepare_partition`` adds to the loaded dataset, per stored (directed) edge: METIS's
-stage holds the symmetrised graph with int64 ids and weights (``symmetrize``: ~32 B per edge) and METIS
-coarsens copies of it. Measured by ``experiments/scale.py`` (``experiments/results/scale.json``:
-the METIS stage's peak RSS less the RSS before it: 111 B per edge at 15M edges, 134 at 60M, growing)
-and rounded up."""
+stage holds the symmetric graph with int64 ids and weights (``symmetrize``, built in chunks: ~24 B per
+edge) and METIS, in its forked process, coarsens copies of it. Measured by ``experiments/scale.py``
+(``experiments/results/scale.json``: the METIS process's peak RSS less the data: 118 B per edge at 15M
+edges, 119 at 60M, of which METIS's own 79 and 109, growing) and rounded up."""
 PREPARE_BYTES_PER_VERTEX = 64
 """Likewise per vertex: weights, degrees, part ids and METIS's per-vertex arrays, int64/float64."""
 PREPARE_NS_PER_EDGE = {"weights": 450, "partition": 2500, "stats": 500}
