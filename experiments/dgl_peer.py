@@ -5,6 +5,9 @@ this script never imports gsplit). ``experiments/vs_dgl.py`` calls it; it can al
 
     .venv-dgl/bin/python experiments/dgl_peer.py --data DIR --ranks 2 --model sage --json out.json
 
+``--ranks 1`` trains in this process with a plain model and loader (no process group, no DDP, no
+``use_ddp``) and every core: what a CPU user runs without any multi-process setup.
+
 The training loop follows DGL's ``examples/multigpu/node_classification_sage.py``: one process per
 rank (``torch.multiprocessing.spawn``), the DGL graph built once in the parent and handed to the
 ranks, ``NeighborSampler(fanouts, prefetch_node_feats=["feat"], prefetch_labels=["label"])``,
@@ -133,7 +136,11 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
     # DGL's C++ kernels and sampler run on their own OpenMP runtime (the system's libgomp, not torch's),
     # which would otherwise use every core in every rank; give them the same share.
     dgl.utils.set_num_threads(torch.get_num_threads())
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank)
+    # One rank is what a CPU user runs without any multi-process setup: a plain model and loader in this
+    # process, no process group, no DDP (vs_dgl.py's "dgl-1proc" with the global batch and every core).
+    distributed = world > 1
+    if distributed:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=world, rank=rank)
     torch.manual_seed(args.seed)
     # The example leaves sampling and the order unseeded; seeded here for repeatable counts. DGL 2.1's
     # use_ddp loader gives each rank a contiguous slice of train_idx and shuffles it with numpy.
@@ -142,20 +149,22 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
     fanouts = [int(x) for x in args.fanouts.split(",")]
     sampler = NeighborSampler(fanouts, prefetch_node_feats=["feat"], prefetch_labels=["label"])
     loader = DataLoader(g, train_idx, sampler, batch_size=args.batch_size, shuffle=True, drop_last=False,
-                        num_workers=0, use_ddp=True, ddp_seed=args.seed)
+                        num_workers=0, use_ddp=distributed, **({"ddp_seed": args.seed} if distributed else {}))
     in_size = g.ndata["feat"].shape[1]
     if args.model == "sage":
         model = SAGE(in_size, args.hidden, num_classes, len(fanouts), args.dropout)
     else:
         model = GAT(in_size, args.hidden, num_classes, len(fanouts), args.dropout, args.heads)
-    model = nn.parallel.DistributedDataParallel(model)
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
     epochs = []
     for epoch in range(args.epochs):
         model.train()
         rec = {"rank": rank, "iterations": 0, "sample_s": 0.0, "train_s": 0.0, "input_rows": 0,
-               "edges": [0] * len(fanouts), "dst_vertices": [0] * len(fanouts)}
+               "edges": [0] * len(fanouts), "dst_vertices": [0] * len(fanouts),
+               "torch_threads": torch.get_num_threads(), "dgl_threads": dgl.utils.get_num_threads()}
         loss_sum = 0.0
         t_epoch = time.perf_counter()
         it = iter(loader)
@@ -185,7 +194,10 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
         rec["epoch_s"] = time.perf_counter() - t_epoch
         rec["loss"] = loss_sum / max(rec["iterations"], 1)
         per_rank = [None] * world
-        dist.all_gather_object(per_rank, rec)
+        if distributed:
+            dist.all_gather_object(per_rank, rec)
+        else:
+            per_rank = [rec]
         epochs.append(summarise(epoch, per_rank))
         if rank == 0:
             e = epochs[-1]
@@ -194,6 +206,8 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
     if rank == 0:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({**header, "epochs": epochs}, indent=1))
+    if not distributed:
+        return
     dist.barrier()
     dist.destroy_process_group()
     # Skip interpreter teardown, as gsplit's launcher does: with 4 ranks a rank now and then hung for
@@ -260,7 +274,11 @@ def main(argv=None) -> int:
               "config": vars(args), "num_nodes": g.num_nodes(), "num_edges": g.num_edges(),
               "train": int(train_idx.numel())}
     t = time.perf_counter()
-    mp.spawn(run_rank, args=(args.ranks, free_port(), g, train_idx, num_classes, args, header), nprocs=args.ranks)
+    if args.ranks == 1:  # in this process, as a user without a multi-process setup runs it
+        run_rank(0, 1, 0, g, train_idx, num_classes, args, header)
+    else:
+        mp.spawn(run_rank, args=(args.ranks, free_port(), g, train_idx, num_classes, args, header),
+                 nprocs=args.ranks)
     print(f"wrote {args.json} ({args.ranks} ranks ran {time.perf_counter() - t:.1f}s)")
     return 0
 

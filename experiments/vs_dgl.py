@@ -8,7 +8,15 @@ and hidden size, all on CPU ranks over gloo:
   (build it with ``./dev dgl-env``: DGL needs torch 2.2, gsplit torch >= 2.4, so they never share a venv);
 * ``split``: ``gsplit train --system split`` with a partition map prepared once per world size
   (``gsplit prepare``, outside the timing);
-* ``dp``: ``gsplit train --system dp``, gsplit's data-parallel baseline.
+* ``dp``: ``gsplit train --system dp``, gsplit's data-parallel baseline;
+* ``dgl-1proc`` and ``gsplit-1proc`` (issue 20, item 2): what a CPU user runs without any multi-process
+  setup, ONE process with every core (``torch.get_num_threads()`` is logged per run) and the global
+  batch (``ranks x batch-size`` targets per iteration): ``dgl_peer.py --ranks 1`` (a plain model and
+  loader, no process group, no DDP) and ``gsplit train --num-ranks 1 --system dp``. They are compared
+  with the multi-process runs of the same ``ranks`` (same global batch); the table's ratios are to DGL's
+  multi-process epoch. ``--systems dgl,split,dp`` leaves them out;
+* ``split-shm`` (issue 20, item 5): ``split`` with ``GSPLIT_CPU_TRANSPORT=shm``, its all-to-alls through
+  shared memory instead of gloo's loopback sockets (``gsplit.comm.shm``).
 
 Each run is its own process (``python -m gsplit.cli train`` from this checkout, the same as
 ``.venv/bin/gsplit train`` in the main checkout) with ``--epochs 2``; the second epoch is reported (the
@@ -30,12 +38,14 @@ options. Scratch files (the export, partition maps, per-run logs) go to ``OUT/sc
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import numpy as np
@@ -43,8 +53,11 @@ import numpy as np
 from gsplit import datasets
 from gsplit.io import read_run_log
 
-SYSTEMS = ("dgl", "split", "dp")
+SYSTEMS = ("dgl", "split", "dp", "dgl-1proc", "gsplit-1proc", "split-shm")
 """The compared systems, in the order of even rounds."""
+
+ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
+"""Systems that train in one process with every core and the global batch of ``ranks`` processes."""
 
 
 def parse_args(argv=None):
@@ -55,7 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 3; quick 1)")
     p.add_argument("--ranks", default="", help="comma-separated world sizes (default 2,4; quick 2)")
     p.add_argument("--models", default="sage,gat", help="comma-separated: sage, gat")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of dgl, split, dp")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all)")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
     p.add_argument("--fanouts", default="15,10,5")
     p.add_argument("--hidden", type=int, default=256)
@@ -121,12 +135,12 @@ def export_dataset(ds, folder: Path, opts: dict) -> Path:
     return folder
 
 
-def run(cmd, log_file: Path, timeout: float) -> float:
+def run(cmd, log_file: Path, timeout: float, env: Optional[dict] = None) -> float:
     """Run ``cmd`` from the repository root with its output in ``log_file``; its wall time, or an error."""
     t = time.perf_counter()
     with open(log_file, "w") as f:
         proc = subprocess.run([str(c) for c in cmd], cwd=common.REPO, stdout=f, stderr=subprocess.STDOUT,
-                              timeout=timeout)
+                              timeout=timeout, env=env)
     if proc.returncode != 0:
         tail = "\n".join(log_file.read_text().splitlines()[-25:])
         raise RuntimeError(f"exit status {proc.returncode} of\n  {' '.join(map(str, cmd))}\n"
@@ -161,33 +175,49 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
                rnd: int) -> dict:
     """One training run; returns the reported (last) epoch's record in a common form."""
     log = scratch / f"r{rnd}-{model}-w{world}-{system}.json"
-    common_args = ["--fanouts", args.fanouts, "--batch-size", args.batch_size, "--hidden", args.hidden,
+    processes = 1 if system in ONE_PROCESS else world
+    batch = args.batch_size * world // processes  # one process takes the global batch of `world` ranks
+    common_args = ["--fanouts", args.fanouts, "--batch-size", batch, "--hidden", args.hidden,
                    "--heads", args.heads, "--dropout", args.dropout, "--lr", args.lr, "--epochs", args.epochs,
                    "--seed", args.seed, "--model", model]
     if args.max_iters:
         common_args += ["--max-iters", args.max_iters]
-    if system == "dgl":
-        cmd = [args.dgl_python, common.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks", world,
-               "--json", log, *common_args]
+    dgl = system.startswith("dgl")
+    if dgl:
+        cmd = [args.dgl_python, common.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks",
+               processes, "--json", log, *common_args]
     else:
-        cmd = GSPLIT + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", world,
-                                        "--system", system, "--device", "cpu", "--log", log, "--eval-every", "0",
-                                        *common_args]
-        if system == "split":
+        gsplit_system = {"gsplit-1proc": "dp", "split-shm": "split"}.get(system, system)
+        cmd = GSPLIT + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", processes,
+                        "--system", gsplit_system, "--device", "cpu", "--log", log, "--eval-every", "0",
+                        *common_args]
+        if gsplit_system == "split":
             cmd += ["--partition", maps[world]["dir"]]
-    wall = run(cmd, log.with_suffix(".log"), args.timeout)
+    env = {**os.environ, "GSPLIT_CPU_TRANSPORT": "shm" if system == "split-shm" else "gloo"}
+    load_before = loadavg()
+    wall = run(cmd, log.with_suffix(".log"), args.timeout, env=env if not dgl else None)
     doc = read_run_log(log)  # gsplit's JSON Lines log; the DGL peer's single JSON object reads the same
     rec = doc["epochs"][-1]
-    iterations = rec["iterations"] if system == "dgl" else max(r["iterations"] for r in rec["ranks"])
-    out = {"system": system, "model": model, "ranks": world, "round": rnd, "epoch": rec["epoch"],
+    iterations = rec["iterations"] if dgl else max(r["iterations"] for r in rec["ranks"])
+    threads = [r.get("torch_threads") for r in rec["ranks"]]
+    out = {"system": system, "model": model, "ranks": world, "processes": processes, "batch_per_process": batch,
+           "torch_threads": threads, "transport": doc.get("transport"), "load_average_before": load_before,
+           "load_average_after": loadavg(),
+           "round": rnd, "epoch": rec["epoch"],
            "epoch_s": rec["epoch_s"], "sample_s": rec["sample_s"], "load_s": rec.get("load_s"),
            "train_s": rec["train_s"], "iterations": iterations, "edges": rec["edges"],
            "dst_vertices": rec.get("dst_vertices"), "input_rows": rec["input_rows"], "loss": rec["loss"],
            "traffic_bytes": rec.get("traffic_bytes", 0), "process_wall_s": wall,
            "first_epoch_s": doc["epochs"][0]["epoch_s"], "log": common._rel(log)}
-    if system == "dgl":
-        out.update(dgl=doc["dgl"], torch=doc["torch"], threads_per_rank=doc["threads_per_rank"])
+    if dgl:
+        out.update(dgl=doc["dgl"], torch=doc["torch"], threads_per_rank=doc["threads_per_rank"],
+                   dgl_threads=[r.get("dgl_threads") for r in rec["ranks"]])
     return out
+
+
+def loadavg():
+    """The host's 1/5/15-minute load averages (other work sharing the cores), or None where unknown."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def median_of(runs, key):
@@ -208,6 +238,10 @@ def summarise(runs, args) -> list:
                 out.append({"model": model, "ranks": world, "system": system, "rounds": len(rs),
                             **{k: median_of(rs, k) for k in ("epoch_s", "sample_s", "load_s", "train_s")},
                             "epoch_s_all": [r["epoch_s"] for r in rs], "iterations": last["iterations"],
+                            "processes": last["processes"], "batch_per_process": last["batch_per_process"],
+                            "torch_threads": last["torch_threads"],
+                            "load_average_1min_all": [r["load_average_before"][0] if r["load_average_before"]
+                                                      else None for r in rs],
                             "edges": last["edges"], "edges_total": sum(last["edges"]),
                             "input_rows": last["input_rows"], "traffic_bytes": last["traffic_bytes"]})
     return out
@@ -225,18 +259,21 @@ def tables(summary, args):
             phases = lambda s: ("/".join(fmt(got[s][k]) for k in ("sample_s", "load_s", "train_s"))  # noqa: E731
                                 if got[s] else "-")
             rows.append([model, world, *[fmt(got[s]["epoch_s"]) if got[s] else "-" for s in SYSTEMS],
-                         ratio("split"), ratio("dp"), phases("split"), phases("dp"),
-                         "/".join(fmt(got[s]["edges_total"] / 1e6, ".3f") if got[s] else "-" for s in SYSTEMS),
-                         "/".join(fmt(got[s]["input_rows"] / 1e3, ".1f") if got[s] else "-" for s in SYSTEMS)])
-    main = common.format_table(["model", "ranks", "DGL s", "split s", "dp s", "split/DGL", "dp/DGL",
+                         *[ratio(s) for s in SYSTEMS[1:]], phases("split"), phases("dp"),
+                         "/".join(fmt(got[s]["edges_total"] / 1e6, ".3f") if got[s] else "-" for s in SYSTEMS[:3]),
+                         "/".join(fmt(got[s]["input_rows"] / 1e3, ".1f") if got[s] else "-" for s in SYSTEMS[:3])])
+    main = common.format_table(["model", "ranks", "DGL s", "split s", "dp s", "DGL 1proc s", "gsplit 1proc s",
+                                "split-shm s", "split/DGL", "dp/DGL", "DGL 1proc/DGL", "gsplit 1proc/DGL",
+                                "split-shm/DGL",
                                 "split sample/load/fwd-bwd s", "dp sample/load/fwd-bwd s",
                                 "edges M DGL/split/dp", "feature rows k DGL/split/dp"], rows)
     detail = common.format_table(
-        ["model", "ranks", "system", "rounds", "epoch s (median)", "all rounds s", "sample s", "load s", "fwd-bwd s",
-         "iterations", "edges per layer", "feature rows"],
-        [[s["model"], s["ranks"], s["system"], s["rounds"], fmt(s["epoch_s"]),
-          " ".join(fmt(x) for x in s["epoch_s_all"]), fmt(s["sample_s"]),
-          "(in sample)" if s["system"] == "dgl" else fmt(s["load_s"]), fmt(s["train_s"]), s["iterations"],
+        ["model", "ranks", "system", "processes x threads", "rounds", "epoch s (median)", "all rounds s",
+         "load avg 1 min", "sample s", "load s", "fwd-bwd s", "iterations", "edges per layer", "feature rows"],
+        [[s["model"], s["ranks"], s["system"], f"{s['processes']} x {'/'.join(map(str, s['torch_threads']))}",
+          s["rounds"], fmt(s["epoch_s"]), " ".join(fmt(x) for x in s["epoch_s_all"]),
+          " ".join(fmt(x, ".1f") for x in s["load_average_1min_all"]), fmt(s["sample_s"]),
+          "(in sample)" if s["system"].startswith("dgl") else fmt(s["load_s"]), fmt(s["train_s"]), s["iterations"],
           " ".join(f"{e:,}" for e in s["edges"]), s["input_rows"]] for s in summary])
     return main, detail
 
@@ -275,9 +312,11 @@ def main(argv=None) -> int:
     print(f"synthetic {opts}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train; "
           f"exported for DGL to {common._rel(data_dir)} ({time.perf_counter() - t:.1f}s)", flush=True)
     del ds
-    maps = {w: prepare_map(args, opts, w, scratch) for w in args.ranks} if "split" in args.systems else {}
+    maps = ({w: prepare_map(args, opts, w, scratch) for w in args.ranks}
+            if {"split", "split-shm"} & set(args.systems) else {})
 
     runs = []
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     configs = [(m, w) for m in args.models for w in args.ranks]
     for rnd in range(args.rounds):
         order = args.systems if rnd % 2 == 0 else args.systems[::-1]
@@ -285,8 +324,12 @@ def main(argv=None) -> int:
             for system in order:
                 r = run_system(system, model, world, args, opts, data_dir, maps, scratch, rnd)
                 runs.append(r)
+                if system in ONE_PROCESS and r["torch_threads"] != [cores]:
+                    print(f"warning: {system} ran with {r['torch_threads']} torch threads, not the host's {cores} "
+                          "cores (OMP_NUM_THREADS set?)", flush=True)
                 load = "" if r["load_s"] is None else f" / load {r['load_s']:.2f}"
-                print(f"round {rnd} {model} {world} ranks {system:>5}: epoch {r['epoch_s']:.2f}s (sample "
+                print(f"round {rnd} {model} {world} ranks {system:>12} ({r['processes']} x "
+                      f"{'/'.join(map(str, r['torch_threads']))} threads): epoch {r['epoch_s']:.2f}s (sample "
                       f"{r['sample_s']:.2f}{load} / fwd-bwd {r['train_s']:.2f}), {r['iterations']} it, "
                       f"{sum(r['edges']):,} edges, {r['input_rows']:,} rows  [process {r['process_wall_s']:.0f}s]",
                       flush=True)
@@ -296,7 +339,8 @@ def main(argv=None) -> int:
     head = (f"synthetic {args.nodes:,} vertices, batch {args.batch_size}/rank, fanouts {args.fanouts}, hidden "
             f"{args.hidden} (GAT {args.heads} heads), epoch {args.epochs - 1} of each run"
             f"{f' ({args.max_iters} iterations)' if args.max_iters else ''}, median of {args.rounds} round(s); "
-            "DGL's sample includes its feature loading")
+            "DGL's sample includes its feature loading; the 1proc systems run one process with every core "
+            "and the global batch of `ranks` processes; ratios are to DGL's multi-process epoch")
     print(f"\n{head}\n{main_table}\n\n{detail_table}")
     common.save_json(stem, {"experiment": "gsplit vs DGL (issue 10)", "dataset": info, "dataset_options": opts,
                             "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},

@@ -292,11 +292,21 @@ def _max_over_mean(values: List[float]) -> float:
 
 
 def iteration_balance(per_rank: List[dict]) -> dict:
-    """Per iteration, max and mean over ranks of each layer's edges and of the seconds spent in each
-    collective (the per-rank records are gathered once per epoch anyway: no collective of its own).
+    """Per iteration, max and mean over ranks of each layer's edges, of the seconds spent in each
+    collective and of the training step's compute (the per-rank records are gathered once per epoch
+    anyway: no collective of its own).
 
-    ``max / mean`` is what the slowest rank costs: 1.0 is perfect balance. Returns the per-iteration
-    records and their averages over the epoch.
+    ``max / mean`` is what the slowest rank costs: 1.0 is perfect balance. A rank's compute is its
+    ``train_s`` minus the seconds inside the step's collectives (``step_collective_s``: layer shuffles
+    forward and backward, gradient all-reduce; with gloo these hold the transfer and the waiting, with
+    NCCL only the enqueue, so there compute includes the waits). Per iteration, ``compute_gap_s`` (max -
+    mean of compute) is what the average rank waits for the slowest one at least; ``edges_gap_s`` is the
+    part the map's imbalance explains if compute followed the edges (mean compute x (max/mean of the
+    ranks' edges over all layers - 1)); the rest, ``noise_gap_s``, is the ranks' different speed on the
+    same work (shared cores, caches). Per collective, the least seconds over ranks are the transfer
+    (the last rank to arrive waits for no one) and the mean beyond it the waiting: ``transfer_s_by_tag``
+    and ``wait_s_by_tag`` over the epoch. Returns the per-iteration records, their averages over the
+    epoch (ratios) and their sums (seconds).
 
     Example:
         >>> r = lambda e: {"per_iteration": [{"iteration": 0, "edges": e, "train_s": 1.0,
@@ -310,6 +320,10 @@ def iteration_balance(per_rank: List[dict]) -> dict:
         edges = [[it["edges"][layer] for it in its] for layer in layers]
         tags = sorted(set().union(*(it.get("collective_s_by_tag", {}) for it in its)))
         seconds = {tag: [it.get("collective_s_by_tag", {}).get(tag, 0.0) for it in its] for tag in tags}
+        compute = [max(0.0, it["train_s"] - it.get("step_collective_s", 0.0)) for it in its]
+        compute_mean = sum(compute) / len(compute)
+        rank_edges = [sum(it["edges"]) for it in its]
+        edges_gap = compute_mean * (_max_over_mean(rank_edges) - 1.0)
         records.append({
             "iteration": its[0]["iteration"],
             "edges_max": [max(e) for e in edges], "edges_mean": [sum(e) / len(e) for e in edges],
@@ -317,14 +331,35 @@ def iteration_balance(per_rank: List[dict]) -> dict:
             "train_s_max": max(it["train_s"] for it in its),
             "train_s_mean": sum(it["train_s"] for it in its) / len(its),
             "collective_s_max": {tag: max(v) for tag, v in seconds.items()},
-            "collective_s_mean": {tag: sum(v) / len(v) for tag, v in seconds.items()}})
+            "collective_s_mean": {tag: sum(v) / len(v) for tag, v in seconds.items()},
+            "collective_s_min": {tag: min(v) for tag, v in seconds.items()},
+            "step_collective_s_max": max(it.get("step_collective_s", 0.0) for it in its),
+            "step_collective_s_mean": sum(it.get("step_collective_s", 0.0) for it in its) / len(its),
+            "compute_s_max": max(compute), "compute_s_mean": compute_mean,
+            "compute_s_max_over_mean": _max_over_mean(compute),
+            "compute_gap_s": max(compute) - compute_mean, "edges_gap_s": edges_gap,
+            "noise_gap_s": max(compute) - compute_mean - edges_gap})
     n = max(len(records), 1)
+    tags = sorted(set().union(*(r["collective_s_mean"] for r in records)))
     num_layers = len(records[0]["edges_max"]) if records else 0
     return {"per_iteration": records,
             "edges_max_over_mean": [sum(r["edges_max_over_mean"][layer] for r in records) / n
                                     for layer in range(num_layers)],
             "train_s_max_over_mean": sum(r["train_s_max"] / r["train_s_mean"] if r["train_s_mean"] else 1.0
-                                         for r in records) / n}
+                                         for r in records) / n,
+            "compute_s_max_over_mean": sum(r["compute_s_max_over_mean"] for r in records) / n,
+            **{key: sum(r[key] for r in records) for key in ("compute_s_mean", "step_collective_s_mean",
+                                                             "compute_gap_s", "edges_gap_s", "noise_gap_s")},
+            # in a collective the last rank to arrive waits for no one: the least seconds over ranks are the
+            # transfer, the mean beyond it the waiting for the slowest (exact in lockstep, gloo)
+            "transfer_s_by_tag": {tag: sum(r["collective_s_min"].get(tag, 0.0) for r in records) for tag in tags},
+            "wait_s_by_tag": {tag: sum(r["collective_s_mean"].get(tag, 0.0) - r["collective_s_min"].get(tag, 0.0)
+                                       for r in records) for tag in tags}}
+
+
+def _collective_seconds(*comms: Communicator) -> float:
+    """Seconds spent so far inside the collectives of ``comms`` (all tags, the gradient all-reduce included)."""
+    return sum(sum(c.traffic.seconds.values()) for c in comms)
 
 
 def _book_train_time(counters: "EpochCounters", steps) -> None:
@@ -605,6 +640,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         for it, (_, _, blocks) in enumerate(batches, start=position.iteration if epoch == position.epoch else 0):
             stats = train_loader.last_stats
             counters.add_iteration(stats)
+            if cfg.log_iterations:  # hook-free per-rank compute time: the step's time minus its collectives'
+                step_collective_s = _collective_seconds(comm, job_comm)
             timer.start()
             opt.zero_grad()
             logits = model(blocks, blocks[0].srcdata["feat"], comm)
@@ -613,6 +650,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             allreduce_gradients(model, job_comm)
             opt.step()
             timer.stop(len(counters.per_iteration) if cfg.log_iterations else None)
+            if cfg.log_iterations:
+                step_collective_s = _collective_seconds(comm, job_comm) - step_collective_s
             loss_watch.push(loss, epoch, it, position.step + 1)
             if cfg.log_iterations:  # the id exchanges of this iteration ran in the loader, its shuffles here
                 traffic_now, job_now = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
@@ -624,6 +663,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                                                "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"],
                                                "collectives": sum(calls.values()), "collectives_by_tag": calls,
                                                "collective_s_by_tag": delta["seconds"],
+                                               "step_collective_s": step_collective_s,
                                                "gradient_bytes": job_comm.traffic.bytes[GRADIENT_TAG]
                                                - counters.gradient_bytes})
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
@@ -652,7 +692,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0:
             for name, loader in eval_loaders.items():
                 record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)
-        per_rank = job_comm.all_gather_object({"rank": rank, "epoch_s": epoch_s, **asdict(counters)})
+        per_rank = job_comm.all_gather_object({"rank": rank, "epoch_s": epoch_s,
+                                               "torch_threads": torch.get_num_threads(), **asdict(counters)})
         record["ranks"] = per_rank
         for phase in ("sample_s", "load_s", "wait_s", "train_s", "epoch_s"):
             record[phase] = max(r[phase] for r in per_rank)  # the slowest rank sets the pace
@@ -679,4 +720,5 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         if cfg.final_eval and cfg.eval_every else {}
     num_hosts = 1 if hosts is None else train_loader.num_replicas
     return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,
-            "ranks_per_host": world_size // num_hosts, "device": str(device), "epochs": history, **final}
+            "ranks_per_host": world_size // num_hosts, "device": str(device), "transport": comm.transport,
+            "epochs": history, **final}

@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 
+from gsplit.comm import shm
 from gsplit.comm.waits import track_in_flight, waiting_for_peers
 
 
@@ -34,8 +35,9 @@ class TrafficCounter:
     """Collectives this rank issued, per tag (every rank issues the same ones): each is a point where the
     faster ranks wait for the slowest."""
     seconds: Dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    """Wall seconds this rank spent inside the all-to-alls, per tag: with gloo (blocking) the transfer and
-    the wait for the slowest peer; with NCCL only the enqueue (the wait then shows where the host syncs)."""
+    """Wall seconds this rank spent inside the all-to-alls and all-reduces, per tag: with gloo (blocking) the
+    transfer and the wait for the slowest peer; with NCCL only the enqueue (the wait then shows where the host
+    syncs)."""
 
     def add(self, tag: str, rows: int, nbytes: int) -> None:
         self.rows[tag] += rows
@@ -143,6 +145,9 @@ class Communicator:
         """Whether the group sends CUDA tensors over NCCL (else they are staged through host memory)."""
         self.traffic = TrafficCounter()
         self.capacities = CapacityBook()
+        # GSPLIT_CPU_TRANSPORT=shm (the same on every rank): CPU all-to-alls through /dev/shm instead of gloo's
+        # loopback sockets, set up at the first one; a group spanning hosts keeps gloo
+        self._shm = shm.ShmAllToAll(group) if self.distributed and self.world_size > 1 and shm.requested() else None
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world_size={self.world_size})"
@@ -281,19 +286,34 @@ class Communicator:
         dev = self._collective_device(x)
         if dev != x.device:  # e.g. CUDA tensors over gloo: stage through host memory
             # the received rows land in a buffer allocated where the collective writes: nothing to copy in
-            host_out = torch.empty(shape, dtype=x.dtype, device=dev)
-            self._run(dist.all_to_all_single, host_out, x.to(dev), recv_counts, send_counts)
-            out = host_out.to(x.device)
+            if self._shared_memory(dev):
+                out = self._shm.all_to_all(x.to(dev), send_counts, recv_counts).to(x.device)
+            else:
+                host_out = torch.empty(shape, dtype=x.dtype, device=dev)
+                self._run(dist.all_to_all_single, host_out, x.to(dev), recv_counts, send_counts)
+                out = host_out.to(x.device)
+        elif self._shared_memory(dev):
+            out = self._shm.all_to_all(x, send_counts, recv_counts)
         else:
             out = x.new_empty(shape)
             self._run(dist.all_to_all_single, out, x, recv_counts, send_counts)
         self.traffic.add_call(tag, seconds=time.perf_counter() - t0)
         return out
 
+    def _shared_memory(self, dev: torch.device) -> bool:
+        """Whether this CPU all-to-all goes through :mod:`gsplit.comm.shm` (set up at the first one)."""
+        return self._shm is not None and dev.type == "cpu" and self._shm.setup()
+
+    @property
+    def transport(self) -> str:
+        """The CPU all-to-all transport in use: ``"shm"`` or ``"gloo"`` (``"shm"`` requested but not set up yet
+        counts as ``"shm"``; a group that spans hosts falls back to ``"gloo"`` at its first all-to-all)."""
+        return "shm" if self._shm is not None and self._shm.usable is not False else "gloo"
+
     def all_reduce_(self, t: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks (a no-op at world size 1)."""
         if self.world_size > 1:
-            self.traffic.add_call("allreduce")
+            t0 = time.perf_counter()
             dev = self._collective_device(t)
             if dev != t.device:
                 staged = t.to(dev)
@@ -301,6 +321,8 @@ class Communicator:
                 t.copy_(staged)
             else:
                 self._run(dist.all_reduce, t)
+            # timed as the all-to-alls: with gloo the transfer and the wait for the slowest rank
+            self.traffic.add_call("allreduce", seconds=time.perf_counter() - t0)
         return t
 
     def all_gather_object(self, obj) -> List:

@@ -1,0 +1,136 @@
+"""Issue 20, item 6: how much of split's waiting is the map's imbalance and how much is shared cores.
+
+Runs ``gsplit train --system split`` (CPU ranks over gloo) with ``--log`` and reads the last epoch's
+``balance`` record (``gsplit.trainer.iteration_balance``), summed over the epoch's iterations:
+
+* ``step``: the training step (forward, loss, backward, gradient all-reduce, optimiser), mean over ranks;
+* ``in collectives``: the seconds inside the step's collectives (layer shuffles forward and backward,
+  gradient all-reduce), mean over ranks: with gloo the transfer plus the waiting for the slowest rank;
+* ``compute``: step minus its collectives, per rank; ``compute max/mean`` its imbalance;
+* ``gap``: max - mean of the ranks' compute, summed over iterations: what the average rank waits for
+  the slowest at least (per iteration; the waits at each layer can add up to more);
+* ``map part``: the gap that the ranks' edges explain (mean compute x (edges max/mean - 1), edges of
+  every layer summed per rank), ``noise part``: the rest (the same work taking different times on
+  shared cores);
+* ``shuffles transfer`` / ``shuffles wait``: the layer shuffles' seconds split per collective into the
+  least over ranks (the transfer: the last rank to arrive waits for no one) and the mean beyond it
+  (waiting for the slowest); the wait can exceed the gap: a rank slower at one layer and faster at the
+  next waits at both shuffles while its compute over the iteration evens out (``bench_transport.py``
+  measures the transfer alone, in lockstep);
+* ``all-reduce``: the gradient all-reduce (in collectives minus the shuffles).
+
+``--busy N`` runs N busy-loop processes during training (another job on the cores), to show the noise
+part grow while the map part stays. Sampling and loading have their own collectives (id exchanges,
+feature shuffle), reported apart as ``ids s`` / ``features s`` (seconds inside them, mean over ranks).
+
+    python experiments/bench_balance.py --quick              # 20k vertices, 5 iterations
+    python experiments/bench_balance.py                      # 100k vertices, 30 iterations, quiet and --busy 1
+    python experiments/bench_balance.py --busy 0 --model gat
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+
+from gsplit.io import read_run_log
+
+GSPLIT = [sys.executable, "-m", "gsplit.cli"]
+
+
+def parse_args(argv=None):
+    p = common.make_parser(__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=0, help="vertices of the synthetic graph (default 100000; quick 20000)")
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--model", default="sage", choices=["sage", "gat"])
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--max-iters", type=int, default=0, help="iterations per epoch (default all; quick 5)")
+    p.add_argument("--busy", default="", help="comma-separated busy-loop process counts, one run each "
+                   "(default 0,1; quick 0)")
+    args = p.parse_args(argv)
+    args.nodes = args.nodes or (20_000 if args.quick else 100_000)
+    args.max_iters = args.max_iters or (5 if args.quick else 0)
+    args.busy = [int(x) for x in (args.busy or ("0" if args.quick else "0,1")).split(",")]
+    return args
+
+
+def run_once(args, busy: int, scratch: Path) -> dict:
+    log = scratch / f"balance-{args.model}-w{args.ranks}-n{args.nodes}-busy{busy}.json"
+    cmd = GSPLIT + ["train", "--dataset", "synthetic", "-D", f"num_nodes={args.nodes}", "--num-ranks", args.ranks,
+                    "--system", "split", "--device", "cpu", "--model", args.model, "--fanouts", args.fanouts,
+                    "--batch-size", args.batch_size, "--hidden", args.hidden, "--epochs", 2, "--eval-every", 0,
+                    "--seed", args.seed, "--log", log, "--partition", scratch / f"map-n{args.nodes}-w{args.ranks}"]
+    if args.max_iters:
+        cmd += ["--max-iters", args.max_iters]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    load_before = common.machine_info()["load_average_end"]
+    try:
+        with open(log.with_suffix(".log"), "w") as f:
+            proc = subprocess.run([str(c) for c in cmd], cwd=common.REPO, stdout=f, stderr=subprocess.STDOUT)
+    finally:
+        for h in hogs:  # only the processes started here, by their handles
+            h.kill()
+            h.wait()
+    if proc.returncode:
+        raise SystemExit(f"gsplit train failed (exit {proc.returncode}); see {log.with_suffix('.log')}")
+    epoch = read_run_log(log)["epochs"][-1]
+    b = epoch["balance"]
+    ranks = epoch["ranks"]
+    n = len(ranks)
+
+    def mean_tag(prefix):
+        return sum(sum(s for t, s in it["collective_s_by_tag"].items() if t.startswith(prefix))
+                   for r in ranks for it in r["per_iteration"]) / n
+
+    step = sum(r["train_s"] for r in ranks) / n
+    shuffle_tags = [t for t in b["wait_s_by_tag"] if t.startswith("shuffle/") and t != "shuffle/layer0/fwd"]
+    transfer = sum(b["transfer_s_by_tag"][t] for t in shuffle_tags)
+    wait = sum(b["wait_s_by_tag"][t] for t in shuffle_tags)
+    row = {"busy": busy, "load_average_before": load_before, "iterations": len(b["per_iteration"]),
+           "epoch_s": epoch["epoch_s"], "step_s": step, "in_collectives_s": b["step_collective_s_mean"],
+           "compute_s": b["compute_s_mean"], "compute_max_over_mean": b["compute_s_max_over_mean"],
+           "edges_max_over_mean": b["edges_max_over_mean"], "gap_s": b["compute_gap_s"],
+           "map_part_s": b["edges_gap_s"], "noise_part_s": b["noise_gap_s"],
+           "shuffles_transfer_s": transfer, "shuffles_wait_s": wait,
+           "allreduce_s": b["step_collective_s_mean"] - transfer - wait,
+           "ids_s": mean_tag("ids/"), "features_s": mean_tag("shuffle/layer0/fwd"),
+           "torch_threads": [r.get("torch_threads") for r in ranks], "log": common._rel(log)}
+    print(f"busy {busy}: epoch {row['epoch_s']:.2f}s, step {step:.2f}s of which in collectives "
+          f"{row['in_collectives_s']:.2f}s; gap {row['gap_s']:.3f}s = map {row['map_part_s']:.3f}s + noise "
+          f"{row['noise_part_s']:.3f}s", flush=True)
+    return row
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    stem = common.output_stem(args, f"bench_balance_{args.model}")
+    scratch = Path(args.out) / "scratch" / "bench_balance"
+    scratch.mkdir(parents=True, exist_ok=True)
+    rows = [run_once(args, busy, scratch) for busy in args.busy]
+    f = lambda x: f"{x:.3f}"  # noqa: E731
+    table = common.format_table(
+        ["busy procs", "load avg", "iterations", "epoch s", "step s", "in collectives s", "compute s",
+         "compute max/mean", "edges max/mean per layer", "gap s", "map part s", "noise part s",
+         "shuffles transfer s", "shuffles wait s", "all-reduce s", "ids s", "features s"],
+        [[r["busy"], f"{r['load_average_before'][0]:.1f}" if r["load_average_before"] else "-", r["iterations"],
+          f(r["epoch_s"]), f(r["step_s"]), f(r["in_collectives_s"]), f(r["compute_s"]), f(r["compute_max_over_mean"]),
+          " ".join(f"{x:.3f}" for x in r["edges_max_over_mean"]), f(r["gap_s"]), f(r["map_part_s"]),
+          f(r["noise_part_s"]), f(r["shuffles_transfer_s"]), f(r["shuffles_wait_s"]), f(r["allreduce_s"]),
+          f(r["ids_s"]), f(r["features_s"])] for r in rows])
+    head = (f"split, {args.model}, {args.ranks} CPU ranks, synthetic {args.nodes:,} vertices, batch {args.batch_size}"
+            f"/rank, fanouts {args.fanouts}, hidden {args.hidden}; epoch 1, seconds summed over its iterations "
+            "(mean over ranks)")
+    print(f"\n{head}\n{table}")
+    common.save_json(stem, {"experiment": "balance: map imbalance vs shared-core noise (issue 20 item 6)",
+                            "settings": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows,
+                            "table": table, "heading": head})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
