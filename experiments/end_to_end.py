@@ -8,6 +8,13 @@ breakdown (each phase at its max over ranks, as in the trainer's log). The count
 (feature rows loaded, edges computed, shuffle bytes) explain the times.
 
     python experiments/end_to_end.py --quick
+    python experiments/end_to_end.py --quick --systems split,split-overlap   # overlapped layers vs plain
+
+``split-overlap`` is split with overlapped layers (:mod:`gsplit.overlap`; ``gsplit train``'s default for
+SAGE and GCN),
+``split`` the plain path (``gsplit train --no-overlap``: a blocking shuffle before every layer); the
+systems of one (model, ranks) run in one launch, interleaved (ABBA), and ``split/this`` is the ratio of
+the plain split epoch to this one (> 1: faster than plain split).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ def main(argv=None) -> int:
     p.add_argument("--datasets", default="synthetic", help="synthetic and/or bio")
     p.add_argument("--nodes", type=int, default=0, help="synthetic graph size (default 20000 quick, 100000 full)")
     p.add_argument("--worlds", default="2,4")
+    p.add_argument("--systems", default="split,split-overlap,dp",
+                   help="comma-separated: split (--no-overlap), split-overlap (--overlap), dp")
     p.add_argument("--models", default="sage,gat")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
     p.add_argument("--fanouts", default="15,10,5")
@@ -40,6 +49,10 @@ def main(argv=None) -> int:
     fanouts = [int(x) for x in args.fanouts.split(",")]
     worlds = [int(x) for x in args.worlds.split(",")]
     models = args.models.split(",")
+    systems = [x for x in args.systems.split(",") if x]
+    unknown = sorted(set(systems) - {"split", "split-overlap", "dp"})
+    if unknown or not systems:
+        p.error(f"--systems {args.systems!r}: use a subset of split, split-overlap, dp")
     stem = common.output_stem(args, "end_to_end")
 
     results, rows, data_info = [], [], {}
@@ -48,15 +61,16 @@ def main(argv=None) -> int:
             pmap, prep, _ = common.make_map(ds, world, "gsplit", fanouts, args.batch_size, args.seed, pre_epochs)
             print(f"  {world} ranks: gsplit map in {prep['presample_s'] + prep['partition_s']:.1f}s", flush=True)
             jobs = {(model, system): (TrainConfig(model=model, fanouts=fanouts, batch_size=args.batch_size,
-                                                  hidden=args.hidden, epochs=1, system=system, seed=args.seed,
-                                                  eval_every=0, max_iters=iters, device="cpu"),
-                                      pmap.assignment if system == "split" else None)
-                    for model in models for system in ("split", "dp")}
+                                                  hidden=args.hidden, epochs=1, system=system.split("-")[0],
+                                                  seed=args.seed, eval_every=0, max_iters=iters, device="cpu",
+                                                  overlap=system == "split-overlap"),
+                                      pmap.assignment if system != "dp" else None)
+                    for model in models for system in systems}
             logs = common.run_repeated(ds, world, jobs, repeats)
             per_epoch = num_iterations(ds.train_idx.numel(), args.batch_size, world)
             by_key = {}
             for model in models:
-                for system in ("split", "dp"):
+                for system in systems:
                     runs = logs[(model, system)]
                     c = common.epoch_counters(runs[0])  # counters are identical across repeats (same batches)
                     t = common.iteration_times(runs)
@@ -68,20 +82,22 @@ def main(argv=None) -> int:
                            "input_rows_per_iteration": c["input_rows"] / n,
                            "edges_per_iteration": sum(c["edges"]) / n,
                            "traffic_bytes_per_iteration": c["traffic_bytes"] / n,
-                           "counters": c, "map": prep if system == "split" else None}
+                           "counters": c, "map": prep if system != "dp" else None}
                     results.append(res)
                     by_key[(model, system)] = res
             for model in models:
-                sp, dp = by_key[(model, "split")], by_key[(model, "dp")]
-                for r in (sp, dp):
+                sp, dp = by_key.get((model, "split")), by_key.get((model, "dp"))
+                for system in systems:
+                    r = by_key[(model, system)]
                     ph = r["phases_epoch_s_est"]
+                    ratio = lambda base: base["epoch_s_est"] / r["epoch_s_est"] if base else float("nan")  # noqa: E731
                     rows.append([label, model, world, r["system"], ph["sample"], ph["load"], ph["train"],
                                  r["epoch_s_est"], round(r["input_rows_per_iteration"]),
                                  round(r["edges_per_iteration"]), r["traffic_bytes_per_iteration"] / 2**20,
-                                 dp["epoch_s_est"] / r["epoch_s_est"] if r is sp else 1.0])
+                                 ratio(dp), ratio(sp)])
 
     headers = ["graph", "model", "ranks", "system", "sample s", "load s", "fwd-bwd s", "epoch s", "features/it",
-               "edges/it", "shuffle+ids MiB/it", "DP/this"]
+               "edges/it", "shuffle+ids MiB/it", "DP/this", "split/this"]
     table = common.format_table(headers, rows, ".2f")
     print(f"\nepoch time = median time per iteration x iterations per epoch; {repeats} run(s) of {iters} iterations "
           f"per job (first of each excluded); batch {args.batch_size}/rank, "

@@ -572,7 +572,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       cache_size=args.cache_size,
                       prefetch=args.prefetch, uva=args.uva, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
-                      resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute)
+                      resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
+                      overlap=args.overlap)
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -1105,6 +1106,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "refused")
     p.add_argument("--prefetch", action="store_true",
                    help="split: sample and load the next mini-batch in a background thread while one trains")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="split: overlapped layers: compute the rows other ranks need first and shuffle them while "
+                        "the rest of the layer computes (forward and backward); same results up to rounding; "
+                        "--no-overlap: a blocking shuffle before every layer (default: on for sage and gcn, off "
+                        "for gat, as measured on CPU ranks)")
     p.add_argument("--uva", action="store_true",
                    help="GPUs: keep the graph in host memory, pinned once per host, and sample it from the GPUs "
                         "(UVA) instead of copying it to every GPU; for graphs too large for each GPU")

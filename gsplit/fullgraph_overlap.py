@@ -1,5 +1,8 @@
 """G3's boundary-first order for full-graph training: send the rows other ranks need while the rest compute.
 
+(Mini-batch training has its own plan, built per batch: :mod:`gsplit.overlap`, whose asynchronous
+all-to-all both use.)
+
 Before layer ``i + 1`` every rank sends the rows of its *boundary* vertices (those some other rank reads)
 and receives its halo. With the owned vertices ordered boundary first (:func:`boundary_first`), layer
 ``i`` is computed in two parts: the boundary rows (a prefix of the block's destinations: a block over the
@@ -18,9 +21,9 @@ from dataclasses import dataclass, replace
 from typing import List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 
 from gsplit.comm.communicator import Communicator, as_communicator
+from gsplit.overlap import AsyncRows
 from gsplit.sampling.block import Block
 
 __all__ = ["boundary_first", "OverlapPlan", "build_overlap_plan", "overlapped_forward"]
@@ -113,31 +116,17 @@ def build_overlap_plan(blocks: List[Block], rank: int, num_boundary: int) -> Ove
                        recv_counts=recv_counts, full_blocks=list(blocks))
 
 
-class _Exchange:
-    """One layer's asynchronous all-to-all, forward and backward (what the two autograd halves share)."""
+class _Exchange(AsyncRows):
+    """One layer's asynchronous all-to-all, forward and backward (what the two autograd halves share): the
+    mini-batch path's :class:`~gsplit.overlap.AsyncRows` (counted, its waits marked), under ``self.tag``."""
 
     def __init__(self, plan: OverlapPlan, comm: Communicator, tag: str):
-        self.plan, self.comm, self.tag = plan, comm, tag
-        self.work = None
-        self.recv: Optional[torch.Tensor] = None
+        super().__init__(comm)
+        self.plan, self.tag = plan, tag
         self.width: tuple = ()
 
     def start(self, rows: torch.Tensor, send_counts, recv_counts) -> None:
-        rows = rows.contiguous()
-        self.recv = rows.new_empty((sum(recv_counts),) + tuple(rows.shape[1:]))
-        remote = sum(send_counts)
-        self.comm.traffic.add(self.tag, remote, remote * (rows[0].numel() if rows.shape[0] else 0) * rows.element_size())
-        if self.comm.world_size > 1:
-            self.work = dist.all_to_all_single(self.recv, rows, list(recv_counts), list(send_counts),
-                                               group=self.comm.group, async_op=True)
-            self._send_buffer = rows  # alive until the exchange completes
-
-    def wait(self) -> torch.Tensor:
-        if self.work is not None:
-            self.work.wait()
-            self.work = None
-        self._send_buffer = None
-        return self.recv
+        super().start(rows, send_counts, recv_counts, self.tag)
 
 
 class _Start(torch.autograd.Function):

@@ -207,6 +207,10 @@ class DataLoader(RankLoader):
             its prefetching loaders in the same order. Only one pass over a prefetching loader can run at
             a time: starting a new one first finishes the previous one. Default: ``use_prefetch_thread``,
             else ``num_workers > 0``.
+        overlap: sample for overlapped layers (:mod:`gsplit.overlap`): every block but the last carries a
+            plan with which gsplit's models (:func:`gsplit.sp_forward`) compute the rows other ranks need
+            first and shuffle them while computing the rest. Same batches and results (up to rounding);
+            models wrapped by :class:`gsplit.SplitParallel` ignore the plan. Default ``False``.
 
     DGL's ``DataLoader`` keywords, so that a DGL call site ports unchanged (``device``, ``use_ddp``,
     ``ddp_seed``, ``batch_size``, ``shuffle`` and ``drop_last`` above mean what they mean in DGL):
@@ -257,7 +261,7 @@ class DataLoader(RankLoader):
                  group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: Optional[bool] = None,
                  num_workers: int = 0, use_uva: bool = False, use_prefetch_thread: Optional[bool] = None,
                  prefetch_node_feats: Optional[Sequence[str]] = None, prefetch_labels: Optional[Sequence[str]] = None,
-                 replica_group=None):
+                 replica_group=None, overlap: bool = False):
         source = graph_input(graph)  # a gsplit Graph, a DGLGraph or a PyG Data
         dgl_graph = graph if source.kind == "dgl" else None
         self.dgl_source = source.dgl_source
@@ -314,6 +318,8 @@ class DataLoader(RankLoader):
                                    f"but the training group {self.comm.rank}")
         self._producer: Optional[Producer] = None
         self.last_stats = IterationStats()
+        self.overlap = bool(overlap)
+        """Whether batches carry overlap plans (see ``overlap`` above)."""
 
     def _feature_store(self, features, cache_size, cache_weights) -> Optional[FeatureStore]:
         if isinstance(features, FeatureStore):
@@ -364,7 +370,8 @@ class DataLoader(RankLoader):
         mine = self.schedule.replica_slice(seeds, self.replica_rank) if self.num_replicas > 1 else seeds
         targets = local_targets(mine, self._host_owner, self.rank)  # on the host: no device sync
         batch = sp_sample(self.graph, mine, self.owner, self.sampler, comm, epoch=epoch, iteration=it,
-                          num_global_targets=seeds.numel(), targets=to_device(targets, self.sample_device))
+                          num_global_targets=seeds.numel(), targets=to_device(targets, self.sample_device),
+                          overlap=self.overlap)
         if self.device != self.sample_device:
             batch = batch.to(self.device)
         t1 = time.perf_counter()

@@ -199,6 +199,12 @@ class TrainConfig:
     recompute: bool = False
     """Recompute every layer in backward instead of keeping its intermediates (:func:`gsplit.recompute_layers`):
     less memory, more compute; for full-graph training above all."""
+    overlap: Optional[bool] = None
+    """Split only: overlapped layers (:mod:`gsplit.overlap`): each layer computes the rows other ranks need
+    first and shuffles them while it computes the rest, forward and backward; same results up to rounding.
+    ``None`` (default): on for ``sage`` and ``gcn``, off for ``gat``, as measured on 2 CPU ranks
+    (``experiments/README.md``, "Overlapped layers"): SAGE and GCN iterations got faster, GAT's slower
+    (its split kernels' backward costs more than the waiting it saves)."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -207,6 +213,8 @@ class TrainConfig:
             raise ValueError(f"batch_size, epochs and hidden must be positive, got {self.batch_size}, "
                              f"{self.epochs}, {self.hidden}")
         parse_size(self.cache_size)  # a bad size fails here, before any rank starts
+        if self.overlap is None:  # the measured default (see the field); the log records what ran
+            self.overlap = self.model.lower() != "gat"
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every={self.checkpoint_every}; pass iterations between checkpoints, or 0")
         if self.resume and not self.checkpoint_dir:
@@ -586,6 +594,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
+    if cfg.overlap and cfg.system == "split":
+        split_options["overlap"] = True
     graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}

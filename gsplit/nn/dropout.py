@@ -12,6 +12,8 @@ vertices up to that small chance.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from gsplit.sampling import counter_rng
@@ -21,7 +23,7 @@ DEFAULT_BANK_ROWS = 4096
 
 
 def vertex_dropout(h: torch.Tensor, vertex_ids: torch.Tensor, p: float, seed: int, step: int, layer: int,
-                   bank_rows: int = DEFAULT_BANK_ROWS) -> torch.Tensor:
+                   bank_rows: int = DEFAULT_BANK_ROWS, bank: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dropout of rows ``h[i]`` (vertex ``vertex_ids[i]``) that every rank draws alike.
 
     Example:
@@ -38,11 +40,28 @@ def vertex_dropout(h: torch.Tensor, vertex_ids: torch.Tensor, p: float, seed: in
     if vertex_ids.numel() != h.shape[0]:
         raise ValueError(f"h has {h.shape[0]} rows but {vertex_ids.numel()} vertex ids were given; pass one id per row")
     key = counter_rng.stream_key(seed ^ _SALT, step, layer, 0)
+    if bank is None:
+        bank = dropout_bank(h, p, seed, step, layer, bank_rows)
+    rows = counter_rng.draw_below(counter_rng.vertex_keys(key, vertex_ids.to(h.device)), 0, bank.shape[0])
+    return h * bank.index_select(0, rows) * (1.0 / (1.0 - p))
+
+
+def dropout_bank(h: torch.Tensor, p: float, seed: int, step: int, layer: int,
+                 bank_rows: int = DEFAULT_BANK_ROWS) -> torch.Tensor:
+    """The mask bank :func:`vertex_dropout` draws for rows like ``h`` (pass it as ``bank=`` to draw it once for
+    several calls of one step and layer, e.g. the two parts of an overlapped layer).
+
+    Example:
+        >>> h = torch.ones(4, 8)
+        >>> bank = dropout_bank(h, 0.5, seed=0, step=1, layer=0)
+        >>> torch.equal(vertex_dropout(h, torch.arange(4), 0.5, 0, 1, 0, bank=bank),
+        ...             vertex_dropout(h, torch.arange(4), 0.5, 0, 1, 0))
+        True
+    """
+    key = counter_rng.stream_key(seed ^ _SALT, step, layer, 0)
     # The bank comes from a generator on h's device seeded by (seed, step, layer): the same on every rank
     # (ranks share a device type), no host work or copy on a GPU. Hashing every cell instead (the counter
     # hash, identical across device types) cost 1.4x the old CPU draw per call and made dp epochs ~18 %
     # slower on CPU (experiments/vs_dgl.py); masks then differ between CPU and CUDA runs, not between ranks.
     gen = torch.Generator(device=h.device).manual_seed(key & ((1 << 63) - 1))
-    bank = (torch.rand((bank_rows,) + tuple(h.shape[1:]), generator=gen, device=h.device) >= p).to(h.dtype)
-    rows = counter_rng.draw_below(counter_rng.vertex_keys(key, vertex_ids.to(h.device)), 0, bank_rows)
-    return h * bank.index_select(0, rows) * (1.0 / (1.0 - p))
+    return (torch.rand((bank_rows,) + tuple(h.shape[1:]), generator=gen, device=h.device) >= p).to(h.dtype)

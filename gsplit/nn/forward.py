@@ -6,7 +6,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+from gsplit.comm.communicator import as_communicator, group_of
 from gsplit.comm.shuffle import shuffle
+from gsplit.overlap import overlapped_sp_forward, splits_sources
 from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
 from gsplit.sampling.block import Block
 
@@ -21,6 +23,13 @@ def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Se
     (activation, dropout, head flattening); it runs on the rank's own rows (``blocks[i].dst_nodes``),
     before the next shuffle. ``group`` is passed to :func:`gsplit.shuffle` (``None``: the default group).
 
+    Blocks sampled for overlap (``DataLoader(..., overlap=True)``: every block but the last carries a
+    ``block.overlap`` plan) run overlapped (:func:`gsplit.overlap.overlapped_sp_forward`): each layer
+    computes the rows other ranks need first and shuffles them while it computes the rest; ``between``
+    then gets each part's block. The result is the same up to rounding. That needs layers that compute
+    their per-source terms apart (``project_sources`` / ``combine``, as gsplit's layers do); with other
+    layers the plain path runs.
+
     Example:
         >>> logits = gsplit.sp_forward(model.layers, blocks[0].srcdata["feat"], blocks,
         ...                            between=lambda i, h, block: torch.relu(h))      # doctest: +SKIP
@@ -30,6 +39,9 @@ def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Se
                          "sample with one fanout per layer")
     for layer in layers:
         check_block_layer(layer)  # a bare PyG layer: say "wrap it in BlockConv" instead of PyG's dtype error
+    if len(blocks) > 1 and all(b.overlap is not None for b in blocks[:-1]) and splits_sources(layers[:-1]):
+        comm = group_of(blocks[1].shuffle_index) if group is None else as_communicator(group)
+        return overlapped_sp_forward(layers, feat, blocks, between, comm)
     h = feat
     for i, (layer, block) in enumerate(zip(layers, blocks)):
         if i > 0:

@@ -10,6 +10,11 @@ scatter-add (``index_add_``). Both paths run in float32 and float64 and handle b
 destinations. As DGL does, SAGE and GCN multiply by their weight before aggregating when that narrows
 the rows (``in_feats > out_feats``).
 
+Every layer's forward is ``combine(block, project_sources(block, h))``: the per-source work (GAT's
+projection, SAGE's and GCN's when they multiply first) once over all sources, then the destinations. An
+overlapped layer (:mod:`gsplit.overlap`) projects once and combines twice, for two parts of the block's
+destinations (blocks with ``dst_start``), so that splitting a layer repeats no per-source work.
+
 Determinism: on CPU the result is a pure function of the inputs. On CUDA, ``index_add_`` and the
 backward of ``index_select`` use atomic adds whose order varies; call
 ``torch.use_deterministic_algorithms(True)`` for bitwise-reproducible runs there.
@@ -17,7 +22,7 @@ backward of ``index_select`` use atomic adds whose order varies; call
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -43,9 +48,9 @@ def _check_input(layer: nn.Module, block: Block, h: torch.Tensor, in_feats: int)
                          f"index the previous layer's output to this block's src_nodes first")
     if h.shape[1] != in_feats:
         raise ValueError(f"{name} was built with in_feats={in_feats} but h has {h.shape[1]} columns")
-    if block.num_dst > n_src:
-        raise ValueError(f"{name}: block has num_dst={block.num_dst} > num_src_nodes()={n_src}; "
-                         f"dst_nodes must be a prefix of src_nodes")
+    if block.dst_start + block.num_dst > n_src:
+        raise ValueError(f"{name}: block has num_dst={block.num_dst} (from row {block.dst_start}) but "
+                         f"num_src_nodes()={n_src}; dst_nodes must be a prefix of src_nodes")
     if block.edge_src.device != h.device or block.edge_dst.device != h.device:
         raise ValueError(f"{name}: block edges are on {block.edge_src.device} but h is on {h.device}; "
                          f"move the block with block.to(h.device)")
@@ -107,19 +112,27 @@ class SAGEConv(nn.Module):
 
     def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
         """``h``: [block.num_src_nodes(), in_feats] -> [block.num_dst, out_feats]."""
+        return self.combine(block, self.project_sources(block, h))
+
+    def project_sources(self, block: Block, h: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The per-source terms ``(h, x)``: the (dropped-out) input and the rows to aggregate."""
         _check_input(self, block, h, self.in_feats)
         h = self.feat_drop(h)
-        nd = block.num_dst
-        src, dst = block.edge_src, block.edge_dst
         # Project before aggregating when that narrows the summed rows (DGL's rule; same result, less work).
+        return h, (self.fc_neigh(h) if self.in_feats > self.out_feats else h)
+
+    def combine(self, block: Block, sources: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The destinations of ``block`` from :meth:`project_sources`' terms (of the same sources)."""
+        h, x = sources
+        nd, d0 = block.num_dst, block.dst_start
+        src, dst = block.edge_src, block.edge_dst
         lin_first = self.in_feats > self.out_feats
-        x = self.fc_neigh(h) if lin_first else h
         if self.aggregator == "mean":
             neigh = copy_u_mean(x, src, dst, nd)
-            out = self.fc_self(h[:nd]) + (neigh if lin_first else self.fc_neigh(neigh))
+            out = self.fc_self(h[d0:d0 + nd]) + (neigh if lin_first else self.fc_neigh(neigh))
         else:  # gcn
             deg = degrees(dst, nd).to(h.dtype).unsqueeze(1)
-            neigh = (copy_u_sum(x, src, dst, nd) + x[:nd]) / (deg + 1)
+            neigh = (copy_u_sum(x, src, dst, nd) + x[d0:d0 + nd]) / (deg + 1)
             out = neigh if lin_first else self.fc_neigh(neigh)
         if self.bias is not None:
             out = out + self.bias
@@ -183,12 +196,20 @@ class GATConv(nn.Module):
 
     def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
         """``h``: [block.num_src_nodes(), in_feats] -> [block.num_dst, num_heads, out_feats]."""
+        return self.combine(block, self.project_sources(block, h))
+
+    def project_sources(self, block: Block, h: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The per-source terms ``(z, el)``: projected rows and the source half of the scores."""
         _check_input(self, block, h, self.in_feats)
-        nd, H, D = block.num_dst, self.num_heads, self.out_feats
+        z = self.fc(self.feat_drop(h)).view(-1, self.num_heads, self.out_feats)
+        return z, (z * self.attn_l).sum(-1)       # [num_src, H]: source half of the score
+
+    def combine(self, block: Block, sources: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The destinations of ``block`` from :meth:`project_sources`' terms (of the same sources)."""
+        z, el = sources
+        nd, d0, H, D = block.num_dst, block.dst_start, self.num_heads, self.out_feats
         src, dst = block.edge_src, block.edge_dst
-        z = self.fc(self.feat_drop(h)).view(-1, H, D)
-        el = (z * self.attn_l).sum(-1)            # [num_src, H]: source half of the score
-        er = (z[:nd] * self.attn_r).sum(-1)       # [num_dst, H]: destination half
+        er = (z[d0:d0 + nd] * self.attn_r).sum(-1)  # [num_dst, H]: destination half
         if self.training and self.attn_drop.p > 0:
             # Dropout on the attention coefficients needs them as a tensor: the unfused path.
             out = gat_aggregate_torch(z, el, er, src, dst, nd, self.negative_slope, attn_drop=self.attn_drop)
@@ -248,6 +269,10 @@ class GraphConv(nn.Module):
 
     def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
         """``h``: [block.num_src_nodes(), in_feats] -> [block.num_dst, out_feats]."""
+        return self.combine(block, self.project_sources(block, h))
+
+    def project_sources(self, block: Block, h: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The per-source term: the rows to sum (source-normalised, multiplied by W first when narrower)."""
         _check_input(self, block, h, self.in_feats)
         if self.norm in ("both", "left") and block.shuffle_index is not None:
             # A source's out-degree in the mini-batch counts edges held by other ranks: a split block
@@ -255,16 +280,19 @@ class GraphConv(nn.Module):
             raise ValueError(f"GraphConv norm={self.norm!r} needs each source's out-degree over the whole "
                              "mini-batch, which a split block does not have; use norm='right' or 'none' "
                              "with split parallelism")
-        nd, ns = block.num_dst, block.num_src_nodes()
-        src, dst = block.edge_src, block.edge_dst
         if self.norm in ("both", "left"):
-            d_out = _degrees(src, ns, h)
+            d_out = _degrees(block.edge_src, block.num_src_nodes(), h)
             h = h * (d_out.rsqrt() if self.norm == "both" else d_out.reciprocal())
         # Multiply by W on the narrower side of the aggregation (same result, less work).
-        if self.in_feats > self.out_feats:
-            out = copy_u_sum(h @ self.weight, src, dst, nd)
-        else:
-            out = copy_u_sum(h, src, dst, nd) @ self.weight
+        return (h @ self.weight if self.in_feats > self.out_feats else h),
+
+    def combine(self, block: Block, sources: Tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The destinations of ``block`` from :meth:`project_sources`' term (of the same sources)."""
+        (x,) = sources
+        nd, src, dst = block.num_dst, block.edge_src, block.edge_dst
+        out = copy_u_sum(x, src, dst, nd)
+        if self.in_feats <= self.out_feats:
+            out = out @ self.weight
         if self.norm in ("both", "right"):
             d_in = _degrees(dst, nd, out)
             out = out * (d_in.rsqrt() if self.norm == "both" else d_in.reciprocal())

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gsplit.nn.dropout import vertex_dropout
+from gsplit.nn.dropout import dropout_bank, vertex_dropout
 from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
 from gsplit.nn.forward import sp_forward
 from gsplit.sampling.block import Block
@@ -54,8 +54,19 @@ class _Stack(nn.Module):
     def between(self, i: int, h: torch.Tensor, block: Block) -> torch.Tensor:
         h = F.relu(h)
         if self.training and self.dropout > 0:
-            h = vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i)
+            h = vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i, bank=self._bank(i, h))
         return h
+
+    def _bank(self, i: int, h: torch.Tensor) -> torch.Tensor:
+        """Layer ``i``'s dropout mask bank of this step, drawn once: an overlapped layer (:mod:`gsplit.overlap`)
+        calls :meth:`between` for two parts of its rows. Only the current step's banks are kept."""
+        key = (self.step, i, tuple(h.shape[1:]), h.dtype, h.device)
+        banks = self.__dict__.setdefault("_dropout_banks", {})
+        if key not in banks:
+            if any(k[0] != self.step for k in banks):
+                banks.clear()
+            banks[key] = dropout_bank(h, self.dropout, self.seed, self.step, i)
+        return banks[key]
 
     def output(self, h: torch.Tensor) -> torch.Tensor:
         """What follows the last layer (identity here); layer-wise inference calls it too."""

@@ -41,6 +41,10 @@ class ShuffleIndex:
     """Rows of the mixed frontier (output of the shuffle) = the block's ``num_src_nodes()``."""
     tag: str = "shuffle"
     """Traffic-counter tag for this shuffle (e.g. ``"shuffle/layer1"``)."""
+    num_interior: Optional[int] = None
+    """Sampled for overlap (:mod:`gsplit.overlap`): the local frontier is ordered interior first, and its
+    first ``num_interior`` rows are those no other rank reads (``send_idx`` sends only rows from
+    ``num_interior`` on to other ranks); ``None``: the frontier is in id order."""
 
     def to(self, device, non_blocking: bool = False) -> "ShuffleIndex":
         """The plan on ``device``; the plan itself when it is there already (as ``Tensor.to``), so that
@@ -95,11 +99,18 @@ class Block:
     """Per-source-row tensors, e.g. ``srcdata["feat"]`` on the first block."""
     dstdata: Dict[str, torch.Tensor] = field(default_factory=dict)
     """Per-destination-row tensors, e.g. ``dstdata["label"]`` on the last block."""
+    overlap: Optional["OverlapSplit"] = None
+    """Split blocks sampled for overlap, every layer but the last: how this layer computes the rows other
+    ranks need first and overlaps their shuffle with the rest (:mod:`gsplit.overlap`); else ``None``."""
+    dst_start: int = 0
+    """The destinations are ``src_nodes[dst_start : dst_start + num_dst]``. 0 (a prefix) for every block a
+    sampler makes; only the parts of an overlapped layer (:class:`OverlapSplit`) start later, and only
+    gsplit's layers (:mod:`gsplit.nn.layers`) read them."""
 
     @property
     def dst_nodes(self) -> torch.Tensor:
-        """int64 global ids of the layer's outputs (a prefix of ``src_nodes``)."""
-        return self.src_nodes[: self.num_dst]
+        """int64 global ids of the layer's outputs (a prefix of ``src_nodes``, from ``dst_start``)."""
+        return self.src_nodes[self.dst_start: self.dst_start + self.num_dst]
 
     @property
     def device(self) -> torch.device:
@@ -125,16 +136,20 @@ class Block:
 
     def to(self, device, non_blocking: bool = False) -> "Block":
         mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return replace(
+        moved = replace(
             self,
             src_nodes=mv(self.src_nodes),
             edge_src=mv(self.edge_src),
             edge_dst=mv(self.edge_dst),
             edge_ids=mv(self.edge_ids),
             shuffle_index=None if self.shuffle_index is None else self.shuffle_index.to(device, non_blocking),
+            overlap=None,
             srcdata={k: mv(v) for k, v in self.srcdata.items()},
             dstdata={k: mv(v) for k, v in self.dstdata.items()},
         )
+        if self.overlap is not None:  # its parts are views of the moved block's edges, not copies of their own
+            moved.overlap = self.overlap.to(device, non_blocking, block=moved)
+        return moved
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor the block holds, its shuffle index's and data included (one list, kept here)."""
@@ -143,11 +158,89 @@ class Block:
         yield from self.dstdata.values()
         if self.shuffle_index is not None:
             yield from self.shuffle_index.tensors()
+        if self.overlap is not None:
+            yield from self.overlap.tensors()
 
     def __repr__(self) -> str:
         split = "" if self.shuffle_index is None else ", split"
         return (f"Block(layer={self.layer}, num_src_nodes={self.num_src_nodes()}, "
                 f"num_dst_nodes={self.num_dst}, num_edges={self.num_edges()}{split})")
+
+
+@dataclass
+class OverlapSplit:
+    """One layer of a split mini-batch in two parts, boundary rows first (built by :func:`gsplit.overlap.plan_overlap`).
+
+    The layer's destinations (this rank's local frontier at the next level) are ordered interior first:
+    rows ``[0, num_interior)`` only this rank reads, rows ``[num_interior, num_dst)`` (the *boundary*)
+    other ranks read too. Each part is a block over the same sources as the whole one, with its
+    destinations (``dst_start``) and their in-edges (an edge range: edges are grouped by destination), so
+    both read the same per-source terms, computed once. The boundary part is computed first and sent
+    asynchronously; the interior part is computed while the rows travel. The exchange fields below are
+    the next block's shuffle plan, cut in the rows that go to other ranks and those that stay.
+    """
+
+    interior_block: "Block"
+    """The interior destinations with their in-edges (``dst_start`` 0)."""
+    boundary_block: "Block"
+    """The boundary destinations with their in-edges (``dst_start = num_interior``)."""
+    send_idx: torch.Tensor
+    """int64 boundary rows (``0`` = first boundary row) sent to other ranks, grouped by destination rank."""
+    send_counts: List[int]
+    """Rows sent to each rank (0 to this one)."""
+    recv_pos: torch.Tensor
+    """int64 rows of the next block's sources that come from other ranks, grouped by sender."""
+    recv_counts: List[int]
+    """Rows received from each rank (0 from this one)."""
+    keep_idx: torch.Tensor
+    """int64 rows of this layer's output (interior first) the next block reads on this rank."""
+    keep_pos: torch.Tensor
+    """int64 where they go among the next block's sources."""
+    num_mixed: int
+    """Sources of the next block (rows of the shuffled output)."""
+
+    @property
+    def num_interior(self) -> int:
+        return self.interior_block.num_dst
+
+    def to(self, device, non_blocking: bool = False, block: Optional["Block"] = None) -> "OverlapSplit":
+        """The split on ``device``; given ``block`` (the whole block, already there) its parts are views of it."""
+        mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        if block is not None:
+            interior, boundary = split_destinations(block, self.num_interior, self.interior_block.num_edges())
+        else:
+            interior, boundary = self.interior_block.to(device, non_blocking), self.boundary_block.to(device, non_blocking)
+        return replace(self, interior_block=interior, boundary_block=boundary,
+                       send_idx=mv(self.send_idx), recv_pos=mv(self.recv_pos),
+                       keep_idx=mv(self.keep_idx), keep_pos=mv(self.keep_pos))
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor of the split (its two blocks' included)."""
+        yield from self.interior_block.tensors()
+        yield from self.boundary_block.tensors()
+        yield from (self.send_idx, self.recv_pos, self.keep_idx, self.keep_pos)
+
+
+def split_destinations(block: Block, num_first: int, num_first_edges: int) -> Tuple[Block, Block]:
+    """``block`` as two blocks over the same sources: its first ``num_first`` destinations with their
+    ``num_first_edges`` in-edges (an edge prefix, as edges are grouped by destination), and the others
+    (``dst_start = num_first``). Views of ``block``'s tensors (but the second part's ``edge_dst``, shifted):
+    nothing is read from a device.
+
+    Example:
+        >>> b = Block(src_nodes=torch.tensor([7, 3, 9]), num_dst=2, edge_src=torch.tensor([1, 2, 0]),
+        ...           edge_dst=torch.tensor([0, 0, 1]), edge_ids=torch.tensor([40, 41, 42]))
+        >>> first, rest = split_destinations(b, 1, 2)
+        >>> first.dst_nodes.tolist(), rest.dst_nodes.tolist(), rest.edge_dst.tolist()
+        ([7], [3], [0])
+    """
+    n, e = int(num_first), int(num_first_edges)
+    first = Block(src_nodes=block.src_nodes, num_dst=n, dst_start=block.dst_start, edge_src=block.edge_src[:e],
+                  edge_dst=block.edge_dst[:e], edge_ids=block.edge_ids[:e], layer=block.layer)
+    rest = Block(src_nodes=block.src_nodes, num_dst=block.num_dst - n, dst_start=block.dst_start + n,
+                 edge_src=block.edge_src[e:], edge_dst=block.edge_dst[e:] - n, edge_ids=block.edge_ids[e:],
+                 layer=block.layer)
+    return first, rest
 
 
 class MiniBatch(NamedTuple):

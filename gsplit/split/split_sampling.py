@@ -20,12 +20,13 @@ from gsplit import ops
 from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
 from gsplit.ops.torch_ops import to_device
+from gsplit.overlap import plan_overlap
 from gsplit.sampling.block import MiniBatch, ShuffleIndex
 from gsplit.sampling.neighbor import NeighborSampler
 
 
 def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag: str,
-                 num_nodes: Optional[int] = None) -> Tuple[torch.Tensor, ShuffleIndex]:
+                 num_nodes: Optional[int] = None, interior_first: bool = False) -> Tuple[torch.Tensor, ShuffleIndex]:
     """Send each id of this rank's mixed frontier to its owner; return ``(new_local_frontier, ShuffleIndex)``.
 
     ``ids`` are the mixed frontier (unique); ``owner[i]`` owns ``ids[i]``. An owner's new local frontier
@@ -33,6 +34,11 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     in opposite directions: ids go from the rank that needs a row to the rank that owns it, rows come
     back. So the requests this rank *receives* are the rows it will *send* in the shuffle, and the
     requests it sends are the rows it will receive.
+
+    With ``interior_first`` (overlapped training, :mod:`gsplit.overlap`) the new frontier is ordered
+    interior first: the ids only this rank asked for, then those another rank asked for (the rows it will
+    send away), each part in id order; ``index.num_interior`` says where the second part starts. Sampling
+    picks are a function of the vertex, so the order changes no edge, only the rows' places.
     """
     if comm.world_size == 1:
         # every id is this rank's: nothing to count or exchange, and the (unique) ids are the new frontier
@@ -40,7 +46,8 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
         counts = [ids.numel()]
         index = ShuffleIndex(send_idx=torch.argsort(order), send_counts=counts, recv_pos=torch.arange(
             ids.numel(), device=ids.device), recv_counts=list(counts), num_local=frontier.numel(),
-            num_mixed=ids.numel(), tag=f"shuffle/{tag}")
+            num_mixed=ids.numel(), tag=f"shuffle/{tag}",
+            num_interior=frontier.numel() if interior_first else None)
         return frontier, index
     order = torch.argsort(owner, stable=True)
     # the counts travel with the ids: one all-to-all per layer (a second only when a pair's count outgrows
@@ -48,10 +55,29 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     requested, requests_sent, requests_received = comm.all_to_all_counted(ids[order], owner[order],
                                                                           tag=f"ids/{tag}")
     frontier = ops.unique_ids(requested, num_nodes)
-    index = ShuffleIndex(send_idx=torch.searchsorted(frontier, requested), send_counts=requests_received,
+    send_idx = torch.searchsorted(frontier, requested)
+    num_interior = None
+    if interior_first:
+        frontier, send_idx, num_interior = _interior_first(frontier, send_idx, requests_received, comm.rank)
+    index = ShuffleIndex(send_idx=send_idx, send_counts=requests_received,
                          recv_pos=order, recv_counts=requests_sent, num_local=frontier.numel(),
-                         num_mixed=ids.numel(), tag=f"shuffle/{tag}")
+                         num_mixed=ids.numel(), tag=f"shuffle/{tag}", num_interior=num_interior)
     return frontier, index
+
+
+def _interior_first(frontier: torch.Tensor, send_idx: torch.Tensor, send_counts, rank: int):
+    """``(frontier', send_idx', num_interior)``: the frontier reordered, rows no other rank asked for first
+    (each part keeps id order), and the send rows renumbered to match; one host read (the count)."""
+    start = sum(send_counts[:rank])
+    sent_away = torch.ones(send_idx.numel(), dtype=torch.bool, device=send_idx.device)
+    sent_away[start:start + send_counts[rank]] = False
+    boundary = torch.zeros(frontier.numel(), dtype=torch.int8, device=frontier.device)
+    boundary[send_idx[sent_away]] = 1
+    perm = torch.sort(boundary, stable=True).indices  # new row -> old row: interior, then boundary
+    new_of_old = torch.empty_like(perm)
+    new_of_old[perm] = torch.arange(perm.numel(), device=perm.device)
+    num_interior = frontier.numel() - int(boundary.sum())
+    return frontier[perm], new_of_old[send_idx], num_interior
 
 
 def local_targets(seeds: torch.Tensor, owner: torch.Tensor, rank: int) -> torch.Tensor:
@@ -71,7 +97,8 @@ def local_targets(seeds: torch.Tensor, owner: torch.Tensor, rank: int) -> torch.
 
 def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: NeighborSampler,
               comm: Communicator, epoch: int = 0, iteration: int = 0,
-              num_global_targets: Optional[int] = None, targets: Optional[torch.Tensor] = None) -> MiniBatch:
+              num_global_targets: Optional[int] = None, targets: Optional[torch.Tensor] = None,
+              overlap: bool = False) -> MiniBatch:
     """Sample this rank's split of the global mini-batch ``seeds``.
 
     Args:
@@ -85,6 +112,10 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
             ``seeds.numel()``. With several hosts, the size of the union of all hosts' mini-batches.
         targets: this rank's targets, ``local_targets(seeds, owner, comm.rank)``, when the caller has
             them, on the device to sample from; a loader selects them on the host, which saves a sync.
+        overlap: order every local frontier above the input interior first and give every block but the
+            last its :class:`~gsplit.sampling.block.OverlapSplit` (``block.overlap``), so that gsplit's
+            forward computes the rows other ranks need first and overlaps their shuffle with the rest
+            (:mod:`gsplit.overlap`). The same edges are sampled.
 
     Returns a :class:`~gsplit.sampling.MiniBatch`: ``input_nodes`` is the rank's bottom local frontier
     (the only features it loads), ``output_nodes`` its local targets in the order of ``seeds``, and
@@ -104,10 +135,13 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
     owner = owner.to(device)
 
     def exchange(layer: int, mixed_frontier: torch.Tensor):
+        # layer 0's exchange makes the input frontier: features are loaded, not computed, so not reordered
         return exchange_ids(mixed_frontier, owner[mixed_frontier].long(), comm, tag=f"layer{layer}",
-                            num_nodes=graph.num_nodes)
+                            num_nodes=graph.num_nodes, interior_first=overlap and layer > 0)
 
     batch = sampler.sample_layers(graph, to_device(targets.to(torch.int64), device), epoch, iteration, exchange)
+    if overlap:
+        plan_overlap(batch.blocks, comm.rank)
     # the loss is averaged over the global mini-batch, so the top block knows its global size
     batch.blocks[-1].global_num_dst = seeds.numel() if num_global_targets is None else int(num_global_targets)
     return batch

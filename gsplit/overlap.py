@@ -1,0 +1,246 @@
+"""Overlapped layers in split-parallel MINI-BATCH training: the rows other ranks need first (G3's order).
+
+Plain split training runs, for every layer ``i`` above the input, a blocking all-to-all (the shuffle)
+and then the layer; backward mirrors it. Every layer is then a barrier: the faster rank waits for the
+slower one. Overlapped, layer ``i`` (all but the last) runs in this order on every rank:
+
+1. the per-source terms of the layer, once (``layer.project_sources``: GAT's projection, SAGE's and
+   GCN's when they multiply first);
+2. the *boundary* part: the layer's destinations that another rank's next block reads
+   (``layer.combine`` on their in-edges), with the activation and dropout that follow the layer;
+3. the asynchronous all-to-all of those rows starts (``async_op=True``);
+4. the *interior* part: the destinations only this rank reads, computed while the rows travel;
+5. wait, and assemble the next block's source rows (received rows plus this rank's own).
+
+Backward does the same for the returning gradients: the gradients of the received rows start back to
+their owners as soon as the next layer's backward has them, autograd runs the interior part's backward
+meanwhile (it was created later in forward, so it runs first), and only the boundary part waits. A rank
+then waits only when a peer has not finished its *boundary* part by the time it finished its whole layer.
+
+What makes it cheap: sampling (:func:`gsplit.split.sp_sample` with ``overlap=True``) orders every local
+frontier above the input interior first, so each part's destinations are a row range and their in-edges
+an edge range (edges are grouped by destination): the two parts are views of the block
+(:class:`~gsplit.sampling.block.OverlapSplit`, ``Block.dst_start``), over the same per-source terms, so
+nothing is gathered and no per-source work is repeated. The plan (one per block but the last) is built
+with the batch, on the loader's (prefetch) side, with python-int sizes: the forward reads nothing from the
+device between starting and waiting for a collective, so it works unchanged on NCCL.
+
+Exactness: every destination sums the same in-edges in the same order as the plain path, from the same
+per-source terms. The per-destination products (e.g. SAGE's ``fc_self``) multiply fewer rows at once,
+and a BLAS product's row may differ in the last bit with the number of rows (seen on this CPU in
+float64); the gradients of the per-source terms are the sum of two parts' partial sums. So results equal
+the plain path up to rounding (float64: relative 1e-12 in ``tests/test_overlap_minibatch.py``), as the
+plain path equals single-process training. The last layer sends nothing after it and runs whole;
+layer 0's input is the feature shuffle.
+
+Which models: gsplit's own (:mod:`gsplit.nn.models`, through :func:`gsplit.sp_forward`) whenever the
+blocks carry a plan and every layer has ``project_sources`` / ``combine`` (gsplit's layers do); other
+layers, and models wrapped by :class:`gsplit.SplitParallel` (DGL / PyG layers via hooks), run the plain
+path on the same blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from gsplit.comm.communicator import Communicator
+from gsplit.comm.waits import track_in_flight, waiting_for_peers
+from gsplit.sampling.block import Block, OverlapSplit, split_destinations
+
+__all__ = ["AsyncRows", "plan_overlap", "overlapped_sp_forward", "splits_sources"]
+
+
+class AsyncRows:
+    """One asynchronous all-to-all of rows on a :class:`~gsplit.Communicator`: :meth:`start`, work, :meth:`wait`.
+
+    Counted as the communicator's own collectives are: rows and bytes sent to other ranks and one call per
+    start under the tag, the seconds spent in :meth:`wait` (the waiting for peers) too; the wait is marked
+    for the launcher's watchdog (:mod:`gsplit.comm.waits`). Sizes are python ints: nothing is read from the
+    device, so under NCCL ``start`` enqueues and ``wait`` only orders the current stream after it.
+
+    Example:
+        >>> ex = AsyncRows(Communicator())
+        >>> ex.start(torch.zeros(0, 4), [0], [0], "shuffle/layer1/overlap/fwd")
+        >>> ex.wait().shape
+        torch.Size([0, 4])
+    """
+
+    def __init__(self, comm: Communicator):
+        self.comm = comm
+        self.tag = ""
+        self._work = None
+        self._recv: Optional[torch.Tensor] = None
+        self._staged_for: Optional[torch.device] = None
+        self._send: Optional[torch.Tensor] = None
+
+    def start(self, rows: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], tag: str) -> None:
+        """Start sending ``rows`` (grouped by destination rank, ``send_counts[j]`` to rank ``j``)."""
+        comm, self.tag = self.comm, tag
+        rows = rows.contiguous()
+        send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+        shape = (sum(recv_counts),) + tuple(rows.shape[1:])
+        if comm.world_size == 1:  # nothing to send, no collective (as the Communicator's own)
+            self._recv = rows if send_counts[0] else rows.new_empty(shape)
+            return
+        remote = sum(send_counts) - send_counts[comm.rank]
+        comm.traffic.add(tag, remote, remote * rows[0].numel() * rows.element_size() if rows.shape[0] else 0)
+        comm.traffic.add_call(tag)
+        dev = comm._collective_device(rows)
+        self._staged_for = rows.device if dev != rows.device else None  # CUDA tensors over gloo: via the host
+        send = rows.to(dev) if self._staged_for is not None else rows
+        self._recv = torch.empty(shape, dtype=rows.dtype, device=dev)
+        self._send = send  # alive until the exchange completes
+        self._work = dist.all_to_all_single(self._recv, send, recv_counts, send_counts, group=comm.group,
+                                            async_op=True)
+
+    def wait(self) -> torch.Tensor:
+        """The received rows, grouped by source rank (waits for the peers if they have not sent yet)."""
+        if self._work is not None:
+            t0 = time.perf_counter()
+            with waiting_for_peers():
+                self._work.wait()
+            track_in_flight(self._work)
+            self.comm.traffic.add_call(self.tag, n=0, seconds=time.perf_counter() - t0)
+            self._work = None
+        self._send = None
+        recv, self._recv = self._recv, None
+        return recv.to(self._staged_for) if self._staged_for is not None else recv
+
+
+# ---------------------------------------------------------------------------------------------- the plan
+def plan_overlap(blocks: List[Block], rank: int) -> None:
+    """Give every block but the last its :class:`~gsplit.sampling.block.OverlapSplit` (``block.overlap``).
+
+    ``blocks`` come from :func:`gsplit.split.sp_sample` with ``overlap=True`` (their local frontiers are
+    ordered interior first: ``blocks[i + 1].shuffle_index.num_interior`` is set). Runs where the batch is
+    made (the loader's prefetch thread): its sizes are read here once, as python ints.
+
+    Example:
+        >>> batch = sp_sample(g, seeds, owner, sampler, comm, overlap=True)   # calls it   # doctest: +SKIP
+        >>> batch.blocks[0].overlap.num_interior                                           # doctest: +SKIP
+    """
+    for i in range(len(blocks) - 1):
+        block, index = blocks[i], blocks[i + 1].shuffle_index
+        if index is None or index.num_interior is None:
+            raise ValueError(f"block {i + 1} has no interior-first shuffle plan; sample with sp_sample(..., overlap=True)")
+        n_own, n_int, dev = block.num_dst, int(index.num_interior), block.device
+        if index.num_local != n_own:
+            raise ValueError(f"block {i + 1}'s shuffle reads {index.num_local} rows but block {i} makes {n_own}")
+        # edges are grouped by destination: the interior destinations' edges come first (the one host read)
+        e_int = int(torch.searchsorted(block.edge_dst, torch.tensor([n_int], device=dev))[0]) if n_int else 0
+        # both parts read the whole block's sources (their per-source terms are computed once)
+        interior, boundary = split_destinations(block, n_int, e_int)
+        # the next shuffle, cut in the rows that stay on this rank and those that go (python-int offsets)
+        send_off = [sum(index.send_counts[:j]) for j in range(len(index.send_counts) + 1)]
+        recv_off = [sum(index.recv_counts[:j]) for j in range(len(index.recv_counts) + 1)]
+        others = [j for j in range(len(index.send_counts)) if j != rank]
+        cut = lambda t, off, js: torch.cat([t[off[j]:off[j + 1]] for j in js] or [t[:0]])  # noqa: E731
+        block.overlap = OverlapSplit(
+            interior_block=interior, boundary_block=boundary,
+            send_idx=cut(index.send_idx, send_off, others) - n_int,
+            send_counts=[0 if j == rank else c for j, c in enumerate(index.send_counts)],
+            recv_pos=cut(index.recv_pos, recv_off, others),
+            recv_counts=[0 if j == rank else c for j, c in enumerate(index.recv_counts)],
+            keep_idx=cut(index.send_idx, send_off, [rank]), keep_pos=cut(index.recv_pos, recv_off, [rank]),
+            num_mixed=index.num_mixed)
+
+
+# ---------------------------------------------------------------------------------------------- autograd
+class _SendBoundary(torch.autograd.Function):
+    """Forward: start sending the boundary rows. Backward: wait for their gradients from the other ranks."""
+
+    @staticmethod
+    def forward(ctx, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows, tag: str) -> torch.Tensor:
+        ctx.plan, ctx.ex, ctx.shape = plan, ex, hb.shape
+        ex.start(hb[plan.send_idx], plan.send_counts, plan.recv_counts, f"{tag}/fwd")
+        return hb.new_empty(0)  # a token that orders _Assemble after this in the graph
+
+    @staticmethod
+    def backward(ctx, _token_grad):
+        plan: OverlapSplit = ctx.plan
+        back = ctx.ex.wait()
+        grad = back.new_zeros(ctx.shape)
+        grad.index_add_(0, plan.send_idx, back)
+        return grad, None, None, None
+
+
+class _Assemble(torch.autograd.Function):
+    """Forward: the next block's source rows from this rank's rows and the received ones (after the wait).
+    Backward: start returning the received rows' gradients, give this rank's rows theirs."""
+
+    @staticmethod
+    def forward(ctx, token, hi: torch.Tensor, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows,
+                tag: str) -> torch.Tensor:
+        ctx.plan, ctx.ex, ctx.tag, ctx.n_int, ctx.token_shape = plan, ex, tag, hi.shape[0], token.shape
+        out = hi.new_empty((plan.num_mixed,) + tuple(hi.shape[1:]))
+        out[plan.keep_pos] = torch.cat([hi, hb])[plan.keep_idx]
+        out[plan.recv_pos] = ex.wait()
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        plan: OverlapSplit = ctx.plan
+        grad_out = grad_out.contiguous()
+        # the received rows' gradients go back first; the interior backward runs while they travel
+        ctx.ex.start(grad_out[plan.recv_pos], plan.recv_counts, plan.send_counts, f"{ctx.tag}/bwd")
+        n_own = ctx.n_int + plan.boundary_block.num_dst
+        grad = grad_out.new_zeros((n_own,) + tuple(grad_out.shape[1:]))
+        grad.index_add_(0, plan.keep_idx, grad_out[plan.keep_pos])
+        # a (size-0) gradient for the token, so that autograd runs _SendBoundary's backward: the wait
+        return grad_out.new_zeros(ctx.token_shape), grad[:ctx.n_int], grad[ctx.n_int:], None, None, None
+
+
+# ---------------------------------------------------------------------------------------------- forward
+def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Sequence[Block],
+                          between: Optional[Callable[[int, torch.Tensor, Block], torch.Tensor]],
+                          comm: Communicator) -> torch.Tensor:
+    """:func:`gsplit.sp_forward` on blocks that carry :class:`~gsplit.sampling.block.OverlapSplit` plans:
+    each layer but the last computes its boundary rows, starts their shuffle, computes the interior rows,
+    then waits (see the module docstring). ``between(i, h, block)`` gets the part's block, whose
+    ``dst_nodes`` are the rows of ``h``. Returns what ``sp_forward`` returns, up to rounding.
+
+    Example:
+        >>> logits = overlapped_sp_forward(model.layers, blocks[0].srcdata["feat"], blocks, model.between,
+        ...                                loader.comm)                                   # doctest: +SKIP
+    """
+    if not splits_sources(layers):
+        raise ValueError("overlapped layers need layers with project_sources(block, h) and combine(block, sources) "
+                         "(gsplit's SAGEConv, GATConv, GraphConv); run sp_forward, which falls back to the plain path")
+    h = feat
+    last = len(layers) - 1
+    for i, (layer, block) in enumerate(zip(layers, blocks)):
+        if i == last:
+            return layer(block, h)
+        plan = block.overlap
+        tag = f"{blocks[i + 1].shuffle_index.tag}/overlap"
+        bb, ib = plan.boundary_block, plan.interior_block
+        sources = layer.project_sources(block, h)  # once, for both parts
+        hb = layer.combine(bb, sources)
+        if between is not None:
+            hb = between(i, hb, bb)
+        ex = AsyncRows(comm)
+        token = _SendBoundary.apply(hb, plan, ex, tag)
+        hi = layer.combine(ib, sources)  # computed while the boundary rows travel
+        if between is not None:
+            hi = between(i, hi, ib)
+        h = _Assemble.apply(token, hi, hb, plan, ex, tag)
+    return h
+
+
+def splits_sources(layers: Sequence[torch.nn.Module]) -> bool:
+    """Whether every layer computes its per-source terms apart from its destinations (``project_sources`` and
+    ``combine``, as gsplit's layers do): what an overlapped layer needs to compute two parts without repeating
+    the per-source work. Layers under :func:`gsplit.recompute_layers` do not (they run the plain path).
+
+    Example:
+        >>> from gsplit.nn.layers import SAGEConv
+        >>> splits_sources([SAGEConv(4, 4)]), splits_sources([torch.nn.Linear(4, 4)])
+        (True, False)
+    """
+    # a layer under gsplit.recompute_layers recomputes its forward; its parts would bypass that: plain path
+    return all(callable(getattr(layer, "project_sources", None)) and callable(getattr(layer, "combine", None))
+               and not getattr(layer, "_gsplit_recompute", False) for layer in layers)
