@@ -15,6 +15,9 @@ and hidden size, all on CPU ranks over gloo:
   loader, no process group, no DDP) and ``gsplit train --num-ranks 1 --system dp``. They are compared
   with the multi-process runs of the same ``ranks`` (same global batch); the table's ratios are to DGL's
   multi-process epoch. ``--systems dgl,split,dp`` leaves them out;
+* ``split-plain`` (issue 20, item 4): ``split`` with ``--no-overlap`` (every layer's shuffle blocking), so
+  that the overlap's effect is measured in the same rounds (``split`` follows ``gsplit train``'s default:
+  overlapped for SAGE and GCN, not for GAT, where the two rows are then the same configuration);
 * ``split-shm`` (issue 20, item 5): ``split`` with ``GSPLIT_CPU_TRANSPORT=shm``, its all-to-alls through
   shared memory instead of gloo's loopback sockets (``gsplit.comm.shm``).
 
@@ -53,7 +56,10 @@ import numpy as np
 from gsplit import datasets
 from gsplit.io import read_run_log
 
-SYSTEMS = ("dgl", "split", "dp", "dgl-1proc", "gsplit-1proc", "split-shm")
+SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm")
+LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
+          "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm"}
+"""Column names of the main table."""
 """The compared systems, in the order of even rounds."""
 
 ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
@@ -187,12 +193,14 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         cmd = [args.dgl_python, common.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks",
                processes, "--json", log, *common_args]
     else:
-        gsplit_system = {"gsplit-1proc": "dp", "split-shm": "split"}.get(system, system)
+        gsplit_system = {"gsplit-1proc": "dp", "split-shm": "split", "split-plain": "split"}.get(system, system)
         cmd = GSPLIT + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", processes,
                         "--system", gsplit_system, "--device", "cpu", "--log", log, "--eval-every", "0",
                         *common_args]
         if gsplit_system == "split":
             cmd += ["--partition", maps[world]["dir"]]
+        if system == "split-plain":
+            cmd += ["--no-overlap"]
     env = {**os.environ, "GSPLIT_CPU_TRANSPORT": "shm" if system == "split-shm" else "gloo"}
     load_before = loadavg()
     wall = run(cmd, log.with_suffix(".log"), args.timeout, env=env if not dgl else None)
@@ -262,9 +270,8 @@ def tables(summary, args):
                          *[ratio(s) for s in SYSTEMS[1:]], phases("split"), phases("dp"),
                          "/".join(fmt(got[s]["edges_total"] / 1e6, ".3f") if got[s] else "-" for s in SYSTEMS[:3]),
                          "/".join(fmt(got[s]["input_rows"] / 1e3, ".1f") if got[s] else "-" for s in SYSTEMS[:3])])
-    main = common.format_table(["model", "ranks", "DGL s", "split s", "dp s", "DGL 1proc s", "gsplit 1proc s",
-                                "split-shm s", "split/DGL", "dp/DGL", "DGL 1proc/DGL", "gsplit 1proc/DGL",
-                                "split-shm/DGL",
+    main = common.format_table(["model", "ranks", *[f"{LABELS[s]} s" for s in SYSTEMS],
+                                *[f"{LABELS[s]}/DGL" for s in SYSTEMS[1:]],
                                 "split sample/load/fwd-bwd s", "dp sample/load/fwd-bwd s",
                                 "edges M DGL/split/dp", "feature rows k DGL/split/dp"], rows)
     detail = common.format_table(
@@ -313,7 +320,7 @@ def main(argv=None) -> int:
           f"exported for DGL to {common._rel(data_dir)} ({time.perf_counter() - t:.1f}s)", flush=True)
     del ds
     maps = ({w: prepare_map(args, opts, w, scratch) for w in args.ranks}
-            if {"split", "split-shm"} & set(args.systems) else {})
+            if {"split", "split-shm", "split-plain"} & set(args.systems) else {})
 
     runs = []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
