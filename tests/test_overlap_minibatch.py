@@ -20,26 +20,10 @@ from gsplit.nn import build_model
 from gsplit.nn.split import allreduce_gradients, global_sum, split_cross_entropy
 from gsplit.sampling.block import Block
 
-NUM_NODES = 240
-FEAT_DIM = 6
-NUM_CLASSES = 3
-BATCH = 12            # per rank
-ITERS = 3
-FANOUTS = [3, -1, 2]  # includes "all neighbours"
-DROPOUT = 0.4         # vertex-keyed: the parts must get blocks whose dst_nodes are their rows
+# the parity tests' problem (a small graph with isolated vertices, float64 features) and sizes
+from test_split_parity import BATCH, DROPOUT, FANOUTS, FEAT_DIM, ITERS, NUM_CLASSES, make_problem
+
 TOL = 1e-12
-
-
-def make_problem():
-    g = torch.Generator().manual_seed(7)
-    n_connected = NUM_NODES - 20  # isolated vertices too
-    src = torch.randint(0, n_connected, (900,), generator=g)
-    dst = torch.randint(0, n_connected, (900,), generator=g)
-    graph = gsplit.Graph.from_edges(src, dst, NUM_NODES, symmetric=True, remove_self_loops=True)
-    feats = torch.randn(NUM_NODES, FEAT_DIM, generator=g, dtype=torch.float64)
-    labels = torch.randint(0, NUM_CLASSES, (NUM_NODES,), generator=g)
-    train_idx = torch.randperm(NUM_NODES, generator=g)[:150]
-    return graph, feats, labels, train_idx
 
 
 def make_maps(graph, train_idx, world_size):
