@@ -266,10 +266,9 @@ def _prepare_dataset(args, out: Path):
         print(f"  {rep.num_nodes:,} vertices, {rep.num_edges:,} edges from {rep.file_edges:,} lines in {rep.chunks} "
               f"chunk(s) ({time.perf_counter() - t:.1f}s: "
               + ", ".join(f"{k} {v:.1f}s" for k, v in rep.seconds.items()) + ")", flush=True)
-    elif args.dataset.startswith("ogbn-") and _ogb_raw_folder(args) is not None:
+    elif args.dataset.startswith("ogbn-") and (source := _ogb_raw_folder(args)) is not None:
         from gsplit.datasets.chunked import convert_ogb
 
-        source = _ogb_raw_folder(args)
         opts = {k: v for k, v in parse_dataset_options(args.dataset_opts).items() if k in ("symmetric",
                                                                                          "remove_self_loops")}
         print(f"converting OGB's raw files in {source} into {folder} in chunks of {args.chunk_edges:,} edges ...",
@@ -297,7 +296,7 @@ def _ogb_raw_folder(args) -> Optional[Path]:
 
 
 def _print_peak() -> None:
-    from gsplit.datasets.chunked import peak_rss_bytes
+    from gsplit.resources import peak_rss_bytes
 
     peak = peak_rss_bytes()
     if peak is not None:

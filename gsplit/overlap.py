@@ -86,8 +86,7 @@ class AsyncRows:
         if comm.world_size == 1:  # nothing to send, no collective (as the Communicator's own)
             self._recv = rows if send_counts[0] else rows.new_empty(shape)
             return
-        remote = sum(send_counts) - send_counts[comm.rank]
-        comm.traffic.add(tag, remote, remote * rows[0].numel() * rows.element_size() if rows.shape[0] else 0)
+        comm.count_rows(tag, rows, send_counts)
         comm.traffic.add_call(tag)
         dev = comm._collective_device(rows)
         self._staged_for = rows.device if dev != rows.device else None  # CUDA tensors over gloo: via the host

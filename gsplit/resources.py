@@ -10,12 +10,42 @@ exits 2) saying how much is needed and how much is available.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 GIB = 1 << 30
 
 
 class InsufficientMemoryError(ValueError):
     """The estimated peak memory of a piece of work exceeds the host memory available now."""
+
+
+def process_status_kb(field: str) -> int:
+    """A ``kB`` field of this process's ``/proc/self/status`` (``VmRSS``, ``VmHWM``), or -1 where it cannot be
+    read (not Linux).
+
+    Example:
+        >>> process_status_kb("VmRSS") != 0
+        True
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def peak_rss_bytes() -> Optional[int]:
+    """This process's peak resident set size (``VmHWM`` of ``/proc/self/status``), or None off Linux.
+
+    Example:
+        >>> (peak_rss_bytes() or 1) > 0
+        True
+    """
+    kb = process_status_kb("VmHWM")
+    return None if kb < 0 else kb * 1024
 
 
 def available_memory() -> int:

@@ -200,12 +200,17 @@ class Communicator:
         if sum(send_counts) != x.shape[0]:
             raise ValueError(f"send counts add up to {sum(send_counts)} rows but x has {x.shape[0]}")
         if tag is not None and self.world_size > 1:
-            remote = sum(send_counts) - send_counts[self.rank]
-            row_bytes = math.prod(x.shape[1:]) * x.element_size()
-            self.traffic.add(tag, remote, remote * row_bytes)
+            self.count_rows(tag, x, send_counts)
         if self.world_size == 1:
             return x
         return self._all_to_all(x, send_counts, recv_counts, tag or "rows")
+
+    def count_rows(self, tag: str, x: torch.Tensor, send_counts: Sequence[int]) -> None:
+        """Count the rows of ``x`` (grouped by destination, ``send_counts[j]`` to rank ``j``) that leave this rank,
+        and their bytes, under ``tag``: what every all-to-all of rows books, blocking or not
+        (:class:`gsplit.overlap.AsyncRows`)."""
+        remote = sum(send_counts) - send_counts[self.rank]
+        self.traffic.add(tag, remote, remote * math.prod(x.shape[1:]) * x.element_size())
 
     def all_to_all_counted(self, x: torch.Tensor, dest: torch.Tensor, tag: str
                            ) -> Tuple[torch.Tensor, List[int], List[int]]:

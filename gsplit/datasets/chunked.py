@@ -39,6 +39,7 @@ from gsplit.datasets.files import _COMMENTS, _existing_file, _sniff
 from gsplit.datasets.folder import _SPLITS, folder_meta
 from gsplit.graph import Graph
 from gsplit.io import atomic_save_npy, atomic_write_json, write_array_dir
+from gsplit.resources import peak_rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -66,23 +67,6 @@ class ConversionReport:
     """Wall seconds per stage: parse, degrees, place, sort, features."""
     peak_rss_bytes: Optional[int] = None
     """This process's peak resident size (``VmHWM``) at the end; mapped file pages count in it."""
-
-
-def peak_rss_bytes() -> Optional[int]:
-    """This process's peak resident set size (``VmHWM`` of ``/proc/self/status``), or None off Linux.
-
-    Example:
-        >>> (peak_rss_bytes() or 1) > 0
-        True
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def _read_chunks(path: Path, delimiter, chunk_edges: int):

@@ -37,6 +37,7 @@ from gsplit.graph import Graph
 from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, check_train_idx, presample
+from gsplit.resources import process_status_kb
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +221,10 @@ def _call_kway_in_child(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt,
             except (OSError, AttributeError):
                 pass
             try:
-                start_kb = _status_kb("VmRSS")
+                start_kb = process_status_kb("VmRSS")
                 parts, cut = _call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor)
                 data = np.ascontiguousarray(parts, dtype=np.int64).tobytes()
-                message = struct.pack(_HEADER, 0, cut, start_kb, _status_kb("VmHWM"), len(data)) + data
+                message = struct.pack(_HEADER, 0, cut, start_kb, process_status_kb("VmHWM"), len(data)) + data
             except BaseException as e:  # noqa: BLE001 - the parent re-raises it
                 text = f"{type(e).__name__}: {e}".encode()
                 message = struct.pack(_HEADER, 1, 0, 0, 0, len(text)) + text
@@ -262,18 +263,6 @@ def _call_kway_in_child(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt,
 
 _HEADER = "<bqqqq"
 """The METIS child's message header: failed, edge cut, its RSS before METIS and its peak RSS (KiB), body size."""
-
-
-def _status_kb(field: str) -> int:
-    """A ``kB`` field of ``/proc/self/status`` (``VmRSS``, ``VmHWM``), or -1 where it cannot be read."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
 
 
 def _pymetis_fallback(xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor) -> Tuple[np.ndarray, int, str]:
