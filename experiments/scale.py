@@ -11,7 +11,11 @@ For each size, on a synthetic graph (average degree 15, 128-d float32 features):
   mark (``echo 5 > /proc/self/clear_refs``, Linux 4.0+) and after it reads ``VmHWM`` from
   ``/proc/self/status``; the resident set just before the stage is recorded too, so the stage's own
   increment is ``peak - before``. METIS runs in a forked child: its own peak RSS (and its RSS before
-  METIS, so the difference is METIS's memory) is reported by the child (``metis_child_*``).
+  METIS, so the difference is METIS's memory) is reported by the child (``metis_child_*``). The
+  **host's peak** during prepare's stages (weights, METIS, statistics) is the peak of the summed PSS of
+  the worker and the METIS process, sampled by :class:`gsplit.resources.HostMemoryMeter`
+  (``host_peak_mb``; shared pages counted once), with the METIS process's private pages at their peak
+  (``metis_private_peak_mb``); CPU times include the METIS process's (``os.times``' children).
   Mapped file pages that a stage reads count in its RSS (they are shared page cache, not private).
 * **train** runs ``gsplit train --dataset folder:DIR`` at 2 CPU ranks (each rank maps the folder;
   ``--in-memory``: the CLI generates the dataset and its launcher hands it to the ranks in shared
@@ -22,11 +26,13 @@ For each size, on a synthetic graph (average degree 15, 128-d float32 features):
 
 Costs are fitted by least squares as ``seconds = a * edges`` (per edge) and ``bytes = b * vertices +
 c * edges`` over the sizes measured; the table shows the per-edge time of each size relative to the
-smallest. Every subprocess has a timeout. The machine is shared with other jobs: the load average at
+smallest. Every subprocess has a timeout. A size whose estimated peak (generating the graph, or 2.5x its
+graph + features while preparing) exceeds the memory available is refused before it starts: 16M
+vertices (10.4 GB of graph + features, generation alone ~12.3 GB) does not fit a 24 GB machine. The machine is shared with other jobs: the load average at
 the start and end of each run is recorded, and CPU times are given next to wall times.
 
-    python experiments/scale.py                       # 1M and 4M vertices (~10 min on 2 busy cores)
-    python experiments/scale.py --sizes 1000000,4000000,16000000
+    python experiments/scale.py                       # 1M, 4M and 8M vertices (~40 min on 2 busy cores)
+    python experiments/scale.py --sizes 1000000,4000000 --metis-edges-per-vertex 0   # METIS sees every edge
     python experiments/scale.py --quick               # 100k and 200k vertices, for a smoke test
 """
 
@@ -46,6 +52,8 @@ from typing import Dict, List, Optional
 import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import numpy as np
 import psutil
+
+from gsplit.resources import available_memory, cpu_seconds
 
 AVG_DEGREE = 15.0
 FEATURE_DIM = 128
@@ -83,18 +91,18 @@ class StageMeter:
 
     def start(self, name: str) -> None:
         self.resettable = _reset_peak() and self.resettable
-        self._open = (name, time.perf_counter(), time.process_time(), _status_kb("VmRSS"))
+        self._open = (name, time.perf_counter(), cpu_seconds(), _status_kb("VmRSS"))
 
     def stop(self) -> None:
         name, t, c, rss_before = self._open
-        self.stages[name] = {"wall_s": round(time.perf_counter() - t, 3), "cpu_s": round(time.process_time() - c, 3),
+        self.stages[name] = {"wall_s": round(time.perf_counter() - t, 3), "cpu_s": round(cpu_seconds() - c, 3),
                              "rss_before_mb": round(rss_before / 1024, 1),
                              "peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1)}
         self._open = None
 
 
 def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: int, fanouts: List[int],
-           data_folder: Optional[str]) -> None:
+           data_folder: Optional[str], metis_edges_per_vertex: float) -> None:
     """Generate (and with ``data_folder`` write the prepared folder and map it), then prepare at ``NUM_PARTS``
     parts, measuring each stage; writes ``result`` (JSON)."""
     from gsplit import datasets
@@ -129,10 +137,11 @@ def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: in
             meter.stop()
 
     prepared = prepare_partition(ds, NUM_PARTS, fanouts, batch_size, out=out, stats_batches=stats_batches,
-                                 progress=progress)
+                                 progress=progress, metis_edges_per_vertex=metis_edges_per_vertex)
     # the 2-part map the 2-rank training run uses (made here, outside the measured stages, so the training
     # run's launcher does not partition)
-    prepare_partition(ds, TRAIN_RANKS, fanouts, batch_size, out=str(Path(out).parent / "map2"), stats_batches=0)
+    prepare_partition(ds, TRAIN_RANKS, fanouts, batch_size, out=str(Path(out).parent / "map2"), stats_batches=0,
+                      metis_edges_per_vertex=metis_edges_per_vertex)
     g = ds.graph
     payload = {"num_nodes": g.num_nodes, "num_edges": g.num_edges, "feature_dim": FEATURE_DIM,
                "graph_bytes": (g.indptr.numel() + g.indices.numel()) * g.indices.element_size(),
@@ -148,6 +157,15 @@ def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: in
                "metis_child_peak_rss_mb": prepared.pmap.metadata.get("metis_child_peak_rss_mb"),
                "metis_child_start_rss_mb": prepared.pmap.metadata.get("metis_child_start_rss_mb"),
                "data_folder": bool(data_folder),
+               # the host's peak over prepare's stages: summed PSS of this process and the METIS process
+               "host_peak_mb": prepared.report["host_peak_mb"],
+               "metis_private_peak_mb": prepared.report["metis_private_peak_mb"],
+               "metis_edges_per_vertex": metis_edges_per_vertex,
+               "metis_entries": prepared.report.get("metis_entries"),
+               "metis_entries_in": prepared.report.get("metis_entries_in"),
+               "metis_weight_kept": prepared.pmap.metadata.get("metis_weight_kept"),
+               "metis_edgecut": prepared.pmap.metadata.get("metis_edgecut"),
+               "partition_substages_cpu_s": prepared.pmap.metadata.get("stage_cpu_seconds", {}),
                "process_peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
                "partition_substages_s": prepared.report.get("partition_stage_s", {}),
                "cross_edge_fraction": prepared.report.get("stats", {}).get("cross_edge_fraction")}
@@ -195,7 +213,8 @@ def run_prepare(nodes: int, folder: Path, args) -> dict:
     result = folder / "prepare_result.json"
     cmd = [sys.executable, __file__, "--worker", "--nodes", str(nodes), "--map", str(folder / "map"),
            "--result", str(result), "--stats-batches", str(args.stats_batches), "--batch-size", str(args.batch_size),
-           "--fanouts", args.fanouts] + ([] if args.in_memory else ["--data-folder", str(folder / "ds")])
+           "--fanouts", args.fanouts, "--metis-edges-per-vertex", str(args.metis_edges_per_vertex)
+           ] + ([] if args.in_memory else ["--data-folder", str(folder / "ds")])
     load0 = os.getloadavg()
     t = time.perf_counter()
     proc = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
@@ -245,14 +264,29 @@ def run_train(nodes: int, folder: Path, args) -> dict:
             "load_before": load0, "load_after": os.getloadavg(), "output_tail": text[-600:]}
 
 
+def fits(nodes: int) -> bool:
+    """Whether a size's estimated peak fits the memory available now; says why not when it does not."""
+    from gsplit.datasets.synthetic import synthetic_peak_bytes
+
+    data = nodes * (AVG_DEGREE * 8 + 8 + FEATURE_DIM * 4 + 8)  # graph (int64) + features + labels
+    need = max(synthetic_peak_bytes(nodes, AVG_DEGREE, FEATURE_DIM), 2.5 * data)
+    if need > available_memory():
+        print(f"skipping {nodes:,} vertices: about {need / 2**30:.1f} GiB needed at the peak (graph + features "
+              f"{data / 2**30:.1f} GiB), {available_memory() / 2**30:.1f} GiB available", flush=True)
+        return False
+    return True
+
+
 def fit(rows: List[dict]) -> dict:
     """Least-squares costs: seconds per edge for each stage; peak bytes per vertex and per edge."""
     e = np.array([r["prepare"]["num_edges"] for r in rows], dtype=float)
     n = np.array([r["prepare"]["num_nodes"] for r in rows], dtype=float)
-    out = {"s_per_edge": {}, "peak_bytes": {}}
+    out = {"s_per_edge": {}, "cpu_s_per_edge": {}, "peak_bytes": {}}
     for stage in rows[0]["prepare"]["stages"]:
         t = np.array([r["prepare"]["stages"][stage]["wall_s"] for r in rows])
         out["s_per_edge"][stage] = float((t @ e) / (e @ e))
+        c = np.array([r["prepare"]["stages"][stage]["cpu_s"] for r in rows])
+        out["cpu_s_per_edge"][stage] = float((c @ e) / (e @ e))
     peak = np.array([r["prepare"]["process_peak_rss_mb"] * MB for r in rows])
     if len(rows) >= 2:
         # bytes = b * vertices + c * edges; the two sizes share the degree, so the split between the two is
@@ -265,7 +299,9 @@ def fit(rows: List[dict]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="1000000,4000000")
+    p.add_argument("--sizes", default="1000000,4000000,8000000")
+    p.add_argument("--metis-edges-per-vertex", type=float, default=None,
+                   help="METIS's input bound passed to prepare (default: gsplit's default; 0: every edge)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--stats-batches", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=1024)
@@ -287,10 +323,18 @@ def main() -> None:
     p.add_argument("--data-folder")
     args = p.parse_args()
     fanouts = [int(f) for f in args.fanouts.split(",")]
+    if args.metis_edges_per_vertex is None:
+        from gsplit.partitioning.metis import METIS_EDGES_PER_VERTEX
+
+        args.metis_edges_per_vertex = METIS_EDGES_PER_VERTEX
     if args.worker:
-        worker(args.nodes, args.map, args.result, args.stats_batches, args.batch_size, fanouts, args.data_folder)
+        worker(args.nodes, args.map, args.result, args.stats_batches, args.batch_size, fanouts, args.data_folder,
+               args.metis_edges_per_vertex)
         return
     sizes = [100_000, 200_000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    sizes = [n for n in sizes if fits(n)]
+    if not sizes:
+        raise SystemExit("no size fits this machine's memory")
     stem = Path(args.out + ("_quick" if args.quick else "") + ("_in_memory" if args.in_memory else ""))
     rows = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -310,15 +354,17 @@ def main() -> None:
 def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
     base = rows[0]["prepare"]
     headers = ["vertices", "edges", "stage", "wall s", "CPU s", "ns/edge", "x per-edge vs smallest",
-               "RSS before MB", "peak RSS MB"]
+               "CPU ns/edge", "x CPU per-edge", "RSS before MB", "peak RSS MB"]
     table = []
     for r in rows:
         pr = r["prepare"]
         for stage, s in pr["stages"].items():
             per_edge = s["wall_s"] / pr["num_edges"]
             ratio = per_edge / (base["stages"][stage]["wall_s"] / base["num_edges"])
+            cpu_edge = s["cpu_s"] / pr["num_edges"]
+            cpu_ratio = cpu_edge / max(base["stages"][stage]["cpu_s"] / base["num_edges"], 1e-12)
             table.append([pr["num_nodes"], pr["num_edges"], stage, s["wall_s"], s["cpu_s"], per_edge * 1e9,
-                          ratio, s["rss_before_mb"], s["peak_rss_mb"]])
+                          ratio, cpu_edge * 1e9, cpu_ratio, s["rss_before_mb"], s["peak_rss_mb"]])
     print(common.format_table(headers, table))
     summary = []
     for r in rows:
@@ -328,6 +374,12 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
         line = {"vertices": pr["num_nodes"], "edges": pr["num_edges"], "graph+features+labels MB": round(data_mb, 1),
                 "prepare s (no generation)": round(prep_s, 2),
                 "prepare ns/edge": round(prep_s / pr["num_edges"] * 1e9, 1),
+                "prepare CPU ns/edge": round(sum(s["cpu_s"] for k, s in pr["stages"].items()
+                                                 if k in ("weights", "metis", "stats")) / pr["num_edges"] * 1e9, 1),
+                "host peak MB": pr.get("host_peak_mb"),
+                "host peak / data": round(pr["host_peak_mb"] / data_mb, 2) if pr.get("host_peak_mb") else None,
+                "METIS private peak MB": pr.get("metis_private_peak_mb"),
+                "METIS entries": pr.get("metis_entries"),
                 "peak RSS MB": pr["process_peak_rss_mb"],
                 "peak / data": round(pr["process_peak_rss_mb"] / data_mb, 2),
                 "prepare stages peak MB": pr.get("prepare_peak_rss_mb"),
@@ -344,10 +396,15 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
         summary.append(line)
     keys = list(summary[0])
     print(common.format_table(keys, [[s.get(k) for k in keys] for s in summary]))
-    base_ns = summary[0]["prepare ns/edge"]
+    base_ns, base_cpu = summary[0]["prepare ns/edge"], summary[0]["prepare CPU ns/edge"]
     for s in summary[1:]:
-        print(f"prepare time per edge at {s['vertices']:,} vertices: {s['prepare ns/edge'] / base_ns:.2f}x "
-              f"the {summary[0]['vertices']:,}-vertex one (target for 16M vs 1M: <= 1.5x)")
+        print(f"prepare time per edge at {s['vertices']:,} vertices: {s['prepare ns/edge'] / base_ns:.2f}x wall, "
+              f"{s['prepare CPU ns/edge'] / base_cpu:.2f}x CPU the {summary[0]['vertices']:,}-vertex one "
+              "(target for 16M vs 1M: <= 1.5x)")
+    for s in summary:
+        if s.get("host peak / data"):
+            print(f"host peak while preparing {s['vertices']:,} vertices: {s['host peak / data']:.2f}x graph + features "
+                  "+ labels (target <= 2.5x)")
     loads = [r["prepare"]["load_before"] for r in rows]
     print(f"shared machine: 1-min load average before each prepare {[round(l[0], 1) for l in loads]} on "
           f"{os.cpu_count()} cores; wall times include other jobs' load, CPU times less so")
@@ -366,6 +423,9 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
     axes[0].set(xlabel="edges (both directions)", ylabel="wall seconds", title="prepare, 4 parts", xscale="log", yscale="log")
     axes[0].legend(fontsize=7)
     axes[1].plot(edges, [r["prepare"]["process_peak_rss_mb"] / 1024 for r in rows], "o-", label="prepare peak RSS")
+    if all(r["prepare"].get("host_peak_mb") for r in rows):
+        axes[1].plot(edges, [r["prepare"]["host_peak_mb"] / 1024 for r in rows], "v-",
+                     label="prepare host peak (PSS, with METIS)")
     axes[1].plot(edges, [s["graph+features+labels MB"] / 1024 for s in summary], "s--", label="graph+features+labels")
     if all("train" in r for r in rows):
         axes[1].plot(edges, [r["train"]["host_peak_pss_mb"] / 1024 for r in rows], "^-", label="train host PSS, 2 ranks")

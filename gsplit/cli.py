@@ -308,6 +308,12 @@ def cmd_prepare(args) -> int:
     out = check_output_folder(args.out, "--out")
     if args.chunk_edges < 1:
         raise CliError(f"--chunk-edges {args.chunk_edges}: pass a positive number of edges per chunk")
+    from gsplit.partitioning.sparsify import check_entries_per_vertex
+
+    try:
+        check_entries_per_vertex(args.metis_edges_per_vertex)
+    except ValueError as e:
+        raise CliError(f"--metis-edges-per-vertex: {e}") from None
     ds = _prepare_dataset(args, out)
     _prepare_kernels()
     try:
@@ -325,10 +331,17 @@ def _prepare_map(args, ds, out: Path) -> int:
     progress = _StageProgress(ds.graph.num_edges)
     try:
         prepared = prepare_partition(ds, args.num_parts, fanouts, args.batch_size, args.method, args.seed,
-                                     args.presample_epochs, out, progress=progress, presample_method=args.presample)
+                                     args.presample_epochs, out, progress=progress, presample_method=args.presample,
+                                     metis_edges_per_vertex=args.metis_edges_per_vertex)
     finally:
         progress.close()
     print(f"map written to {out}")
+    r = prepared.report
+    if r.get("metis_entries_in"):
+        print(f"METIS saw {r['metis_entries']:,} of {r['metis_entries_in']:,} adjacency entries "
+              f"(--metis-edges-per-vertex {args.metis_edges_per_vertex:g})")
+    print(f"peak host memory while preparing (this process + the METIS process, PSS): "
+          f"{r['host_peak_mb'] / 1024:.2f} GiB (METIS's own pages {r['metis_private_peak_mb'] / 1024:.2f} GiB)")
     _print_stats(prepared.report["stats"])
     return 0
 
@@ -1062,6 +1075,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-out", help="also write the dataset as a folder of memory-mapped .npy files there "
                         "(an edgelist, or an ogbn-NAME whose raw files are unpacked: converted in chunks) and "
                         "prepare from it; train with --dataset folder:DIR")
+    from gsplit.partitioning.metis import METIS_EDGES_PER_VERTEX
+
+    p.add_argument("--metis-edges-per-vertex", type=float, default=METIS_EDGES_PER_VERTEX,
+                   help="bound METIS's input (and memory) to this many adjacency entries per vertex, each vertex's "
+                        f"heaviest edges; 0: every edge (default {METIS_EDGES_PER_VERTEX:g})")
     p.add_argument("--chunk-edges", type=int, default=1 << 22,
                    help="edges per chunk when --dataset-out converts an edge list (default 4194304)")
     p.add_argument("--full-graph", action="store_true",

@@ -48,6 +48,18 @@ def peak_rss_bytes() -> Optional[int]:
     return None if kb < 0 else kb * 1024
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's threads plus its waited-for children (e.g. the forked
+    METIS process, whose time ``time.process_time()`` leaves out).
+
+    Example:
+        >>> cpu_seconds() > 0
+        True
+    """
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def available_memory() -> int:
     """Bytes of host memory available to a new allocation without swapping (``MemAvailable``).
 
@@ -83,3 +95,139 @@ def require_memory(needed_bytes: int, what: str, hint: str = "") -> None:
             f"{what} needs about {needed_bytes / GIB:.1f} GiB of host memory at its peak, but only "
             f"{available / GIB:.1f} GiB is available; {hint + '; ' if hint else ''}free memory, use a larger host, "
             "or set GSPLIT_SKIP_MEMORY_CHECK=1 to try anyway")
+
+
+def smaps_rollup_kb(pid: int) -> Optional[dict]:
+    """The ``kB`` fields of ``/proc/<pid>/smaps_rollup`` (``Rss``, ``Pss``, ``Private_Dirty``, ``Anonymous``...),
+    or None where they cannot be read (the process is gone, not Linux, Linux < 4.14).
+
+    Example:
+        >>> (smaps_rollup_kb(os.getpid()) or {"Pss": 1})["Pss"] > 0
+        True
+    """
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            fields = {}
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3 and parts[2] == "kB":
+                    fields[parts[0].rstrip(":")] = int(parts[1])
+            return fields or None
+    except (OSError, ValueError):
+        return None
+
+
+def descendants(pid: int) -> list:
+    """Process ids of ``pid``'s children, grandchildren... (``/proc/<pid>/task/*/children``; [] off Linux).
+
+    Example:
+        >>> descendants(os.getpid())
+        []
+    """
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(kids)
+            todo.extend(kids)
+    return found
+
+
+class HostMemoryMeter:
+    """The host memory that this process and its descendants (e.g. the forked METIS process) hold at their
+    peak, measured while the meter runs.
+
+    A thread samples, every ``interval_s`` (or, where reading is slow, no more than a fifth of its time),
+    the **sum of PSS** over the processes (``/proc/<pid>/smaps_rollup``): a page shared by several of them
+    (inherited by a fork, or a file's page cache they all map) is split among them, so counted once in
+    the sum. Summing RSS instead would count a forked child's inherited pages twice; this process's
+    ``VmHWM`` alone would miss the child. Sampling can miss a peak shorter than the interval, so
+    :attr:`peak_bytes` is the larger of the sampled peak and this process's own ``VmHWM`` over the same
+    time (both are lower bounds of the memory the host gave these processes). :attr:`children_peak` keeps
+    each child's largest PSS and private memory (``Private_Clean + Private_Dirty``: pages only it maps).
+
+    Example:
+        >>> with HostMemoryMeter() as meter:
+        ...     block = bytearray(64 << 20)
+        >>> meter.peak_bytes >= 64 << 20
+        True
+    """
+
+    def __init__(self, interval_s: float = 0.025):
+        import threading
+
+        if interval_s <= 0:
+            raise ValueError(f"interval_s={interval_s}; pass a positive sampling interval in seconds")
+        self.interval_s = float(interval_s)
+        self.sampled_peak_bytes = 0
+        """The largest sum of PSS seen (bytes)."""
+        self.own_peak_bytes = 0
+        """This process's ``VmHWM`` at :meth:`stop` (bytes; its peak since it started, or since the last
+        reset of the high-water mark)."""
+        self.children_peak: dict = {}
+        """Per child pid: ``{"pss": bytes, "private": bytes}``, each the largest sampled."""
+        self.samples = 0
+        """How many times the processes were sampled."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gsplit-host-memory", daemon=True)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The host's peak for these processes: the larger of the sampled PSS sum and this process's VmHWM."""
+        return max(self.sampled_peak_bytes, self.own_peak_bytes)
+
+    def sample(self) -> int:
+        """Sample once now; returns the sum of PSS in bytes (0 where nothing could be read)."""
+        me = os.getpid()
+        total = 0
+        for pid in [me] + descendants(me):
+            fields = smaps_rollup_kb(pid)
+            if fields is None:
+                continue
+            pss = fields.get("Pss", 0) * 1024
+            total += pss
+            if pid != me:
+                private = (fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)) * 1024
+                peak = self.children_peak.setdefault(pid, {"pss": 0, "private": 0})
+                peak["pss"], peak["private"] = max(peak["pss"], pss), max(peak["private"], private)
+        self.samples += 1
+        self.sampled_peak_bytes = max(self.sampled_peak_bytes, total)
+        return total
+
+    def _run(self) -> None:
+        import time
+
+        while True:
+            t = time.perf_counter()
+            self.sample()
+            spent = time.perf_counter() - t
+            if self._stop.wait(max(self.interval_s, 4 * spent)):
+                return
+
+    def start(self) -> "HostMemoryMeter":
+        self._thread.start()
+        return self
+
+    def stop(self) -> int:
+        """Stop sampling (one last sample first); returns :attr:`peak_bytes`."""
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join()
+        self.sample()
+        self.own_peak_bytes = max(self.own_peak_bytes, peak_rss_bytes() or 0)
+        return self.peak_bytes
+
+    def __enter__(self) -> "HostMemoryMeter":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

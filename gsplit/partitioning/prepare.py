@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from gsplit.io import atomic_write_json
-from gsplit.partitioning.metis import partition
+from gsplit.partitioning.metis import METIS_EDGES_PER_VERTEX, partition
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, presample
 from gsplit.partitioning.stats import split_stats
-from gsplit.resources import require_memory
+from gsplit.resources import HostMemoryMeter, require_memory
+from gsplit.resources import cpu_seconds as cpu_now
 from gsplit.sampling.neighbor import NeighborSampler
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,8 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
                       seed: int = 0, presample_epochs: int = 10, out: Union[str, Path, None] = None,
                       stats_batches: int = 20, weights: Optional[PresampleWeights] = None,
                       progress: Optional[Callable[[str], None]] = None,
-                      presample_method: str = "expected") -> PreparedPartition:
+                      presample_method: str = "expected",
+                      metis_edges_per_vertex: Optional[float] = METIS_EDGES_PER_VERTEX) -> PreparedPartition:
     """Pre-sample (if ``method`` needs it), partition into ``num_parts``, measure, and save under ``out``.
 
     ``batch_size`` is targets **per rank**, as for the loaders; pre-sampling and statistics use the
@@ -88,8 +90,12 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     Before any work it checks that the host has the memory the stages need on top of the loaded dataset
     (:func:`prepare_peak_bytes`) and raises :class:`gsplit.resources.InsufficientMemoryError` otherwise.
     ``progress(message)`` is told each stage as it starts and, with its time, as it ends (the CLI
-    prints them); ``report["seconds"]`` keeps the wall times and ``report["cpu_seconds"]`` the process
-    CPU times (all threads), which a busy shared machine inflates far less.
+    prints them); ``report["seconds"]`` keeps the wall times and ``report["cpu_seconds"]`` the
+    CPU times (all threads, and the METIS process's), which a busy shared machine inflates far less.
+    ``metis_edges_per_vertex`` bounds METIS's input (see :func:`gsplit.partition`).
+    ``report["host_peak_mb"]`` is the host memory that this process and the METIS process held together
+    at their peak during the call (sum of PSS, :class:`gsplit.resources.HostMemoryMeter`),
+    ``report["metis_private_peak_mb"]`` the METIS process's own (private) pages at its peak.
 
     Example:
         >>> ds = gsplit.datasets.load("synthetic", num_nodes=2000)                     # doctest: +SKIP
@@ -100,6 +106,21 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     require_memory(prepare_peak_bytes(graph.num_nodes, graph.num_edges),
                    f"preparing a partition of {graph.num_nodes:,} vertices and {graph.num_edges:,} edges "
                    "(on top of the loaded dataset)")
+    with HostMemoryMeter() as meter:
+        prepared = _prepare(dataset, num_parts, fanouts, batch_size, method, seed, presample_epochs, out,
+                            stats_batches, weights, say, progress is not None, presample_method,
+                            metis_edges_per_vertex)
+    report = prepared.report
+    report["host_peak_mb"] = round(meter.peak_bytes / 2**20, 1)
+    report["metis_private_peak_mb"] = round(max((p["private"] for p in meter.children_peak.values()), default=0)
+                                            / 2**20, 1)
+    if out is not None:
+        atomic_write_json(Path(out) / "prepare.json", report)
+    return prepared
+
+
+def _prepare(dataset, num_parts, fanouts, batch_size, method, seed, presample_epochs, out, stats_batches, weights,
+             say, show_progress, presample_method, metis_edges_per_vertex) -> PreparedPartition:
     fanouts = [int(f) for f in fanouts]
     sampler = NeighborSampler(fanouts, seed=seed)
     global_batch = int(batch_size) * int(num_parts)
@@ -107,21 +128,21 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     cpu_seconds: dict = {}  # process CPU time (all threads) per stage: on a shared machine, wall time
     # measures the neighbours' load as much as this work
     if method in PRESAMPLING_METHODS and weights is None:
-        t, c = time.perf_counter(), time.process_time()
+        t, c = time.perf_counter(), cpu_now()
         if presample_method == "expected":
             say(f"expected pre-sampling weights (global batch {global_batch}, fanouts {fanouts}) ...")
         else:
             say(f"pre-sampling {presample_epochs} epochs (global batch {global_batch}, fanouts {fanouts}) ...")
         weights = presample(dataset.graph, dataset.train_idx, sampler, batch_size=batch_size, num_parts=num_parts,
-                            epochs=presample_epochs, seed=seed, progress=progress is not None, method=presample_method)
-        seconds["presample"], cpu_seconds["presample"] = time.perf_counter() - t, time.process_time() - c
+                            epochs=presample_epochs, seed=seed, progress=show_progress, method=presample_method)
+        seconds["presample"], cpu_seconds["presample"] = time.perf_counter() - t, cpu_now() - c
         say(f"  pre-sampling weights: {seconds['presample']:.1f}s (CPU {cpu_seconds['presample']:.1f}s)")
     used_weights = weights if method in PRESAMPLING_METHODS else None
-    t, c = time.perf_counter(), time.process_time()
+    t, c = time.perf_counter(), cpu_now()
     say(f"partitioning into {num_parts} parts with method {method} ...")
     pmap = partition(dataset.graph, num_parts, method=method, weights=used_weights, train_idx=dataset.train_idx,
-                     seed=seed, sampler=sampler, batch_size=batch_size)
-    seconds["partition"], cpu_seconds["partition"] = time.perf_counter() - t, time.process_time() - c
+                     seed=seed, sampler=sampler, batch_size=batch_size, metis_edges_per_vertex=metis_edges_per_vertex)
+    seconds["partition"], cpu_seconds["partition"] = time.perf_counter() - t, cpu_now() - c
     stages, cpu = pmap.metadata.get("stage_seconds", {}), pmap.metadata.get("stage_cpu_seconds", {})
     detail = ", ".join(f"{name.replace('_', ' ')} {sec:.1f}s (CPU {cpu.get(name, 0.0):.1f}s)"
                        for name, sec in stages.items())
@@ -132,15 +153,16 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
               "presample_method": None if used_weights is None else used_weights.metadata.get("method", "sampled"),
               "presample_epochs": used_weights.epochs if used_weights is not None else 0,
               "presample_s": seconds.get("presample", 0.0), "partition_s": seconds["partition"],
-              "partition_stage_s": stages}
+              "partition_stage_s": stages, "metis_entries": pmap.metadata.get("metis_adjacency_entries"),
+              "metis_entries_in": pmap.metadata.get("metis_entries_in")}
     if stats_batches:
-        t, c = time.perf_counter(), time.process_time()
+        t, c = time.perf_counter(), cpu_now()
         say(f"split statistics on {stats_batches} sampled mini-batches ...")
         stats = split_stats(dataset.graph, pmap, sampler, dataset.train_idx, global_batch,
                             num_batches=stats_batches, seed=seed)
         report["stats"] = stats.to_dict()
         seconds["stats"] = report["stats_s"] = time.perf_counter() - t
-        cpu_seconds["stats"] = time.process_time() - c
+        cpu_seconds["stats"] = cpu_now() - c
         say(f"  split statistics: {seconds['stats']:.1f}s (CPU {cpu_seconds['stats']:.1f}s)")
     if out is not None:  # every file atomic; each folder's metadata file lands last (gsplit.io)
         t = time.perf_counter()
@@ -152,8 +174,6 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     report["seconds"] = {k: round(v, 3) for k, v in seconds.items()}
     report["cpu_seconds"] = {k: round(v, 3) for k, v in cpu_seconds.items()}
     report["total_s"] = round(sum(seconds.values()), 3)
-    if out is not None:
-        atomic_write_json(Path(out) / "prepare.json", report)
     say(f"prepared in {report['total_s']:.1f}s (" + ", ".join(f"{k} {v:.1f}s" for k, v in seconds.items())
         + f"; CPU {sum(cpu_seconds.values()):.1f}s)")
     return PreparedPartition(pmap, used_weights, report)
