@@ -285,8 +285,9 @@ def fit(rows: List[dict]) -> dict:
     for stage in rows[0]["prepare"]["stages"]:
         t = np.array([r["prepare"]["stages"][stage]["wall_s"] for r in rows])
         out["s_per_edge"][stage] = float((t @ e) / (e @ e))
-        c = np.array([r["prepare"]["stages"][stage]["cpu_s"] for r in rows])
-        out["cpu_s_per_edge"][stage] = float((c @ e) / (e @ e))
+        if all("cpu_s" in r["prepare"]["stages"][stage] for r in rows):
+            c = np.array([r["prepare"]["stages"][stage]["cpu_s"] for r in rows])
+            out["cpu_s_per_edge"][stage] = float((c @ e) / (e @ e))
     peak = np.array([r["prepare"]["process_peak_rss_mb"] * MB for r in rows])
     if len(rows) >= 2:
         # bytes = b * vertices + c * edges; the two sizes share the degree, so the split between the two is

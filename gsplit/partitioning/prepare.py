@@ -27,28 +27,36 @@ PRESAMPLING_METHODS = ("gsplit", "node")
 """Partition methods whose vertex (and edge) weights come from pre-sampling."""
 
 
-PREPARE_BYTES_PER_EDGE = 144
-"""Peak host memory ``prepare_partition`` adds to the loaded dataset, per stored (directed) edge: METIS's
-stage holds the symmetric graph with int64 ids and weights (``symmetrize``, built in chunks: ~24 B per
-edge) and METIS, in its forked process, coarsens copies of it. Measured by ``experiments/scale.py``
-(``experiments/results/scale.json``: the METIS process's peak RSS less the data: 118 B per edge at 15M
-edges, 119 at 60M, of which METIS's own 79 and 109, growing) and rounded up."""
-PREPARE_BYTES_PER_VERTEX = 64
-"""Likewise per vertex: weights, degrees, part ids and METIS's per-vertex arrays, int64/float64."""
+PREPARE_BYTES_PER_EDGE = 48
+"""Peak host memory ``prepare_partition`` adds to the loaded dataset, per stored (directed) edge, besides
+METIS: the pre-sampling weights (float32) and, while METIS's input is built, the summed weights, the
+reverse-edge ids and the per-entry ranks of the bound (~40 B per edge, built in chunks, freed before
+METIS starts)."""
+PREPARE_BYTES_PER_METIS_ENTRY = 144
+"""Per adjacency entry that METIS is given (at most ``metis_edges_per_vertex`` per vertex): its int64
+input (id and weight, 16 B) and METIS's own memory in its forked process, which keeps every coarsening
+level (measured 115-121 B per entry at 1M vertices, 4 balance constraints, rounded up)."""
+PREPARE_BYTES_PER_VERTEX = 160
+"""Likewise per vertex: weights, degrees, part ids, the balance constraints as int64 and METIS's
+per-vertex arrays."""
 PREPARE_NS_PER_EDGE = {"weights": 450, "partition": 2500, "stats": 500}
 """Wall nanoseconds per stored edge of each stage (4 parts, fanouts 15,10,5, batch 1024) on the
 2-core development machine, from ``experiments/results/scale.json``: only for the estimates of the time
 left that the CLI shows, never for decisions."""
 
 
-def prepare_peak_bytes(num_nodes: int, num_edges: int) -> int:
+def prepare_peak_bytes(num_nodes: int, num_edges: int,
+                       metis_edges_per_vertex: Optional[float] = METIS_EDGES_PER_VERTEX) -> int:
     """Estimated peak host memory that :func:`prepare_partition` needs on top of the loaded dataset.
 
     Example:
         >>> prepare_peak_bytes(1_000_000, 15_000_000) / 2**30   # doctest: +ELLIPSIS
-        2.0...
+        1.8...
     """
-    return PREPARE_BYTES_PER_EDGE * int(num_edges) + PREPARE_BYTES_PER_VERTEX * int(num_nodes)
+    entries = int(num_edges) if not metis_edges_per_vertex else min(int(num_edges),
+                                                                    int(metis_edges_per_vertex * num_nodes))
+    return (PREPARE_BYTES_PER_EDGE * int(num_edges) + PREPARE_BYTES_PER_METIS_ENTRY * entries
+            + PREPARE_BYTES_PER_VERTEX * int(num_nodes))
 
 
 def estimated_stage_seconds(stage: str, num_edges: int) -> float:
@@ -103,7 +111,7 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     """
     say = progress or (lambda message: log.info("%s", message))
     graph = dataset.graph
-    require_memory(prepare_peak_bytes(graph.num_nodes, graph.num_edges),
+    require_memory(prepare_peak_bytes(graph.num_nodes, graph.num_edges, metis_edges_per_vertex),
                    f"preparing a partition of {graph.num_nodes:,} vertices and {graph.num_edges:,} edges "
                    "(on top of the loaded dataset)")
     with HostMemoryMeter() as meter:
