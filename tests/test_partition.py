@@ -367,7 +367,7 @@ def test_partition_records_batch_size_per_rank(tmp_path):
     # partition pre-sampling by itself takes the per-rank size too: expected weights by default
     pm = partition(g, 2, method="gsplit", train_idx=train, sampler=s, batch_size=16)
     assert pm.batch_size == 16 and pm.metadata["presample_method"] == "expected"
-    assert pm.metadata["presample_epochs"] == 0 and set(pm.metadata["stage_seconds"]) == {"build_graph", "bound_input", "scale_weights", "metis"}
+    assert pm.metadata["presample_epochs"] == 0 and set(pm.metadata["stage_seconds"]) == {"build_graph", "bound_input", "scale_weights", "metis", "refine"}
     assert partition(g, 2, method="edge", train_idx=train, sampler=s, batch_size=16).batch_size == 16
     pm.save(tmp_path / "v2")
     assert PartitionMap.load(tmp_path / "v2").batch_size == 16

@@ -37,6 +37,7 @@ from gsplit.graph import Graph
 from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, check_train_idx, presample
+from gsplit.partitioning.refine import refine_cut
 from gsplit.partitioning.sparsify import check_entries_per_vertex, heaviest_edges
 from gsplit.resources import cpu_seconds, process_status_kb
 
@@ -532,8 +533,9 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
     ``metis_edges_per_vertex`` bounds METIS's input, and with it METIS's memory (which grows with the
     entries it is given, faster than they do): at most that many adjacency entries per vertex on
     average, each vertex's heaviest edges (by pre-sampled weight; unit weights: a hash of the endpoints),
-    kept symmetric (:func:`gsplit.partitioning.sparsify.heaviest_edges`). ``0`` or ``None``: METIS sees
-    every edge. The map's metadata records what was kept (``metis_entries_in``, ``metis_adjacency_entries``,
+    kept symmetric (:func:`gsplit.partitioning.sparsify.heaviest_edges`); METIS's map is then refined
+    over every edge (balanced label propagation, :func:`gsplit.partitioning.refine.refine_cut`). ``0`` or
+    ``None``: METIS sees every edge. The map's metadata records what was kept (``metis_entries_in``, ``metis_adjacency_entries``,
     ``metis_weight_kept``).
 
     ``gsplit``/``node`` need ``weights`` from :func:`presample`; without them, pass ``sampler``,
@@ -600,8 +602,10 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
                 vw = np.stack([vw, is_train], 1)
         entries_in = int(adjncy.size)
         t_bound, c_bound = time.perf_counter(), cpu_seconds()
+        bounded = False
         if budget is not None:
             xadj, adjncy, ew, kept = heaviest_edges(xadj, adjncy, ew, int(budget * n))
+            bounded = kept.rank_threshold >= 0
             meta.update(metis_entries_in=entries_in, metis_rank_threshold=kept.rank_threshold,
                         metis_weight_kept=round(kept.weight_kept, 6), metis_edges_per_vertex=budget)
         t_scale, c_scale = time.perf_counter(), cpu_seconds()
@@ -614,15 +618,24 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
         assign, cut, backend = metis_part_kway(xadj, adjncy, num_parts, vw_int, ew_int, seed=seed, ufactor=int(ufactor),
                                                memory=metis_memory)
         meta.update(metis_memory)
+        t_refine, c_refine = time.perf_counter(), cpu_seconds()
+        if bounded:  # the edges METIS did not see still cost communication when cut: refine over all of them
+            full_w = weights.edge_weights.cpu().numpy() if method == "gsplit" else None
+            assign, refined = refine_cut(graph.indptr.cpu().numpy(), graph.indices.cpu().numpy(), full_w, assign,
+                                         num_parts, vw_int, int(ufactor))
+            meta.update(refine_cut_before=refined.cut_before, refine_cut_after=refined.cut_after,
+                        refine_moved=refined.moved, refine_rounds=refined.rounds)
         meta.update(metis_edgecut=cut, metis_backend=backend, ncon=1 if vw_int.ndim == 1 else int(vw_int.shape[1]),
                     ufactor=int(ufactor), metis_adjacency_entries=int(adjncy.size),
                     stage_seconds={"build_graph": round(t_bound - t_graph, 3), "bound_input": round(t_scale - t_bound, 3),
                                    "scale_weights": round(t_metis - t_scale, 3),
-                                   "metis": round(time.perf_counter() - t_metis, 3)},
+                                   "metis": round(t_refine - t_metis, 3),
+                                   "refine": round(time.perf_counter() - t_refine, 3)},
                     stage_cpu_seconds={"build_graph": round(c_bound - c_graph, 3),
                                        "bound_input": round(c_scale - c_bound, 3),
                                        "scale_weights": round(c_metis - c_scale, 3),
-                                       "metis": round(cpu_seconds() - c_metis, 3)})
+                                       "metis": round(c_refine - c_metis, 3),
+                                       "refine": round(cpu_seconds() - c_refine, 3)})
     meta["seconds"] = round(time.perf_counter() - t0, 3)
 
     pmap = PartitionMap(assignment=torch.from_numpy(assign), num_parts=num_parts, method=method,
