@@ -28,7 +28,8 @@ Costs are fitted by least squares as ``seconds = a * edges`` (per edge) and ``by
 c * edges`` over the sizes measured; the table shows the per-edge time of each size relative to the
 smallest. Every subprocess has a timeout. A size whose estimated peak (generating the graph, or 2.5x its
 graph + features while preparing) exceeds the memory available is refused before it starts: 16M
-vertices (10.4 GB of graph + features, generation alone ~12.3 GB) does not fit a 24 GB machine. The machine is shared with other jobs: the load average at
+vertices (10.4 GB of graph + features, generation alone ~12.3 GB) does not fit a 24 GB machine.
+The machine is shared with other jobs: the load average at
 the start and end of each run is recorded, and CPU times are given next to wall times.
 
     python experiments/scale.py                       # 1M, 4M and 8M vertices (~40 min on 2 busy cores)

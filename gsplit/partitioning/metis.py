@@ -535,8 +535,8 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
     average, each vertex's heaviest edges (by pre-sampled weight; unit weights: a hash of the endpoints),
     kept symmetric (:func:`gsplit.partitioning.sparsify.heaviest_edges`); METIS's map is then refined
     over every edge (balanced label propagation, :func:`gsplit.partitioning.refine.refine_cut`). ``0`` or
-    ``None``: METIS sees every edge. The map's metadata records what was kept (``metis_entries_in``, ``metis_adjacency_entries``,
-    ``metis_weight_kept``).
+    ``None``: METIS sees every edge. The map's metadata records what was kept (``metis_entries_in``,
+    ``metis_adjacency_entries``, ``metis_weight_kept``) and the refinement (``refine_cut_before/after``).
 
     ``gsplit``/``node`` need ``weights`` from :func:`presample`; without them, pass ``sampler``,
     ``batch_size`` (targets **per rank**, as the loaders take it) and ``train_idx``, and pre-sampling runs
@@ -627,7 +627,8 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
                         refine_moved=refined.moved, refine_rounds=refined.rounds)
         meta.update(metis_edgecut=cut, metis_backend=backend, ncon=1 if vw_int.ndim == 1 else int(vw_int.shape[1]),
                     ufactor=int(ufactor), metis_adjacency_entries=int(adjncy.size),
-                    stage_seconds={"build_graph": round(t_bound - t_graph, 3), "bound_input": round(t_scale - t_bound, 3),
+                    stage_seconds={"build_graph": round(t_bound - t_graph, 3),
+                                   "bound_input": round(t_scale - t_bound, 3),
                                    "scale_weights": round(t_metis - t_scale, 3),
                                    "metis": round(t_refine - t_metis, 3),
                                    "refine": round(time.perf_counter() - t_refine, 3)},

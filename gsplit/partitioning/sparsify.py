@@ -201,7 +201,8 @@ def heaviest_edges(xadj: np.ndarray, adjncy: np.ndarray, weights: Optional[np.nd
         written += c
     new_xadj = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=new_xadj[1:])
-    weight_kept = (float(kept) if new_w is None else float(np.sum(new_w, dtype=np.float64))) / total_w if total_w else 1.0
+    kept_w = float(kept) if new_w is None else float(np.sum(new_w, dtype=np.float64))
+    weight_kept = kept_w / total_w if total_w else 1.0
     info = SparsifyInfo(m, kept, k, weight_kept)
     log.info("METIS input bounded to %d of %d adjacency entries (%.1f per vertex): each vertex's %d heaviest "
              "edges, %.1f%% of the edge weight", kept, m, kept / max(n, 1), k, 100 * weight_kept)
