@@ -129,13 +129,22 @@ class SAGEConv(nn.Module):
         lin_first = self.in_feats > self.out_feats
         if self.aggregator == "mean":
             neigh = copy_u_mean(x, src, dst, nd)
-            out = self.fc_self(h[d0:d0 + nd]) + (neigh if lin_first else self.fc_neigh(neigh))
+            h_dst, w_self = h[d0:d0 + nd], self.fc_self.weight.t()
+            # One GEMM writes W_self h_dst + b, the other adds into it (addmm_): no [num_dst, out] temporaries
+            # for the two sums. Neither product's backward needs its output, so the in-place add is safe.
+            if lin_first:  # neigh is W_neigh-projected already
+                out = torch.addmm(neigh, h_dst, w_self)
+                if self.bias is not None:
+                    out = out.add_(self.bias)
+            else:
+                out = h_dst @ w_self if self.bias is None else torch.addmm(self.bias, h_dst, w_self)
+                out = out.addmm_(neigh, self.fc_neigh.weight.t())
         else:  # gcn
             deg = degrees(dst, nd).to(h.dtype).unsqueeze(1)
             neigh = (copy_u_sum(x, src, dst, nd) + x[d0:d0 + nd]) / (deg + 1)
             out = neigh if lin_first else self.fc_neigh(neigh)
-        if self.bias is not None:
-            out = out + self.bias
+            if self.bias is not None:
+                out = out + self.bias
         return self.activation(out) if self.activation is not None else out
 
     def extra_repr(self) -> str:
@@ -199,17 +208,25 @@ class GATConv(nn.Module):
         return self.combine(block, self.project_sources(block, h))
 
     def project_sources(self, block: Block, h: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """The per-source terms ``(z, el)``: projected rows and the source half of the scores."""
+        """The per-source terms ``(z, el, er)``: projected rows and both halves of the scores of every source
+        (``er`` is read at the destinations' rows, which are sources too)."""
         _check_input(self, block, h, self.in_feats)
-        z = self.fc(self.feat_drop(h)).view(-1, self.num_heads, self.out_feats)
-        return z, (z * self.attn_l).sum(-1)       # [num_src, H]: source half of the score
+        H, D = self.num_heads, self.out_feats
+        z = self.fc(self.feat_drop(h))
+        # Both score halves in one GEMM with block-diagonal [H*D, 2H] attention weights: el[n, k] =
+        # z[n, k] . attn_l[k]. The elementwise form ((z * attn_l).sum(-1), and its slice of the destination
+        # rows for er) wrote [num_src, H, D] temporaries forward and backward, a zero-filled one for the slice.
+        att = torch.cat([torch.block_diag(*self.attn_l[0].unsqueeze(-1)),
+                         torch.block_diag(*self.attn_r[0].unsqueeze(-1))], dim=1)
+        scores = z @ att                           # [num_src, 2H]
+        return z.view(-1, H, D), scores[:, :H], scores[:, H:]
 
     def combine(self, block: Block, sources: Tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The destinations of ``block`` from :meth:`project_sources`' terms (of the same sources)."""
-        z, el = sources
+        z, el, er_all = sources
         nd, d0, H, D = block.num_dst, block.dst_start, self.num_heads, self.out_feats
         src, dst = block.edge_src, block.edge_dst
-        er = (z[d0:d0 + nd] * self.attn_r).sum(-1)  # [num_dst, H]: destination half
+        er = er_all[d0:d0 + nd]                   # [num_dst, H]: destination half
         if self.training and self.attn_drop.p > 0:
             # Dropout on the attention coefficients needs them as a tensor: the unfused path.
             out = gat_aggregate_torch(z, el, er, src, dst, nd, self.negative_slope, attn_drop=self.attn_drop)

@@ -3,9 +3,10 @@
 A block's edges are grouped by destination (``edge_dst`` non-decreasing), so its edge list already is
 a CSR matrix by destination. On CPU (float32 / float64) the compiled kernels of
 ``kernels/aggregate_cpu.cpp`` sum each destination's source rows directly, one row per parallel task,
-without materialising an ``[edges x width]`` message tensor; backward sums each source's
-gradient rows over the transpose, built per call by a stable counting sort (O(E)). Each row is summed
-in edge order, so CPU results are a pure function of the inputs.
+without materialising an ``[edges x width]`` message tensor (the mean divides inside the kernel); backward
+adds each destination's gradient row into its sources by a scatter in edge order, each thread owning a
+range of source rows (no transposed CSR, no atomics). Each row is summed in edge order, so CPU results
+are a pure function of the inputs, whatever the thread count.
 
 Elsewhere (CUDA tensors, other dtypes, ``GSPLIT_NO_EXTENSIONS=1``, or an extension that did not build)
 the plain-torch versions run: a gather (``index_select``) and a scatter-add (``index_add_``). Both
@@ -166,38 +167,37 @@ def gat_aggregate_torch(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edg
 
 # ---------------------------------------------------------------------------- compiled CPU kernels
 class _CopyUSum(torch.autograd.Function):
+    """Sum (``mean=True``: mean) of source rows per destination; backward scatters into the sources."""
+
     @staticmethod
-    def forward(ctx, x, edge_src, edge_dst, indptr, ext):
-        ctx.ext, ctx.num_src = ext, x.shape[0]
-        ctx.save_for_backward(edge_src, edge_dst)
-        return ext.spmm_sum(indptr, edge_src, x)
+    def forward(ctx, x, edge_src, indptr, ext, mean):
+        ctx.ext, ctx.num_src, ctx.mean = ext, x.shape[0], mean
+        ctx.save_for_backward(edge_src, indptr)
+        return (ext.spmm_mean if mean else ext.spmm_sum)(indptr, edge_src, x)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
-        edge_src, edge_dst = ctx.saved_tensors
-        src_indptr, _, dst_t = ctx.ext.src_csr(edge_src, edge_dst, ctx.num_src)
-        return ctx.ext.spmm_sum(src_indptr, dst_t, grad_out), None, None, None, None
+        edge_src, indptr = ctx.saved_tensors
+        return ctx.ext.spmm_backward(indptr, edge_src, grad_out, ctx.num_src, ctx.mean), None, None, None, None
 
 
 class _GATAggregate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z, el, er, edge_src, edge_dst, indptr, negative_slope, ext):
+    def forward(ctx, z, el, er, edge_src, indptr, negative_slope, ext):
         out, alpha = ext.gat_forward(indptr, edge_src, z, el, er, negative_slope)
         ctx.ext, ctx.slope = ext, negative_slope
-        ctx.save_for_backward(z, el, er, edge_src, edge_dst, indptr, alpha)
+        ctx.save_for_backward(z, el, er, edge_src, indptr, alpha)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        z, el, er, edge_src, edge_dst, indptr, alpha = ctx.saved_tensors
-        src_indptr, perm, dst_t = ctx.ext.src_csr(edge_src, edge_dst, z.shape[0])
-        gz, gel, ger = ctx.ext.gat_backward(grad_out, indptr, edge_src, src_indptr, perm, dst_t, z, el, er,
-                                            alpha, ctx.slope)
-        return gz, gel, ger, None, None, None, None, None
+        z, el, er, edge_src, indptr, alpha = ctx.saved_tensors
+        gz, gel, ger = ctx.ext.gat_backward(grad_out, indptr, edge_src, z, el, er, alpha, ctx.slope)
+        return gz, gel, ger, None, None, None, None
 
 
 def _prepare(edge_src: torch.Tensor, edge_dst: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +223,7 @@ def copy_u_sum(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, 
         return copy_u_sum_torch(x, edge_src, edge_dst, num_dst)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
     indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], int(num_dst))
-    return _CopyUSum.apply(x, edge_src, edge_dst, indptr, ext)
+    return _CopyUSum.apply(x, edge_src, indptr, ext, False)
 
 
 def copy_u_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:
@@ -236,8 +236,14 @@ def copy_u_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor,
         >>> copy_u_mean(x, torch.tensor([1, 2, 0]), torch.tensor([0, 0, 1]), 3).flatten().tolist()
         [3.0, 1.0, 0.0]
     """
-    agg = copy_u_sum(x, edge_src, edge_dst, num_dst)
-    return agg / _in_degrees(edge_dst, num_dst, agg).clamp_(min=1).view((-1,) + (1,) * (agg.dim() - 1))
+    _check_edges(edge_src, edge_dst, num_dst)
+    ext = _use_extension(x) if x.dim() == 2 else None
+    if ext is None:
+        return copy_u_mean_torch(x, edge_src, edge_dst, num_dst)
+    edge_src, edge_dst = _prepare(edge_src, edge_dst)
+    indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], int(num_dst))
+    # The kernel divides each row by its edge count (no degree pass, no [num_dst, F] quotient temporary).
+    return _CopyUSum.apply(x, edge_src, indptr, ext, True)
 
 
 def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src: torch.Tensor,
@@ -265,4 +271,4 @@ def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src:
         return gat_aggregate_torch(z, el, er[: int(num_dst)], edge_src, edge_dst, num_dst, negative_slope)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
     indptr = ext.dst_indptr(edge_src, edge_dst, z.shape[0], int(num_dst))
-    return _GATAggregate.apply(z, el, er[: int(num_dst)], edge_src, edge_dst, indptr, float(negative_slope), ext)
+    return _GATAggregate.apply(z, el, er[: int(num_dst)], edge_src, indptr, float(negative_slope), ext)
