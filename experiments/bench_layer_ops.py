@@ -10,10 +10,12 @@ hidden 256, dropout 0.5, GAT 4 heads), median of ``--repeats`` passes after a wa
 * ``gsplit``: this checkout's ``gsplit.nn.SAGE`` / ``GAT`` (fresh ``Block`` objects every step, so anything
   a block caches is paid per step, as in training);
 * ``baseline`` (``--baseline-repo DIR``): the same from another checkout (e.g. ``/work/main`` before a change),
-  run in a subprocess with its own extension cache folder;
+  run in a subprocess with its own extension cache folder (``--baseline-extension-dir``, default gsplit's
+  usual one: run this checkout with another ``GSPLIT_EXTENSION_DIR`` when its kernels differ);
 * ``dgl`` (``--dgl-python``): ``dgl_layer_ops_peer.py``, DGL's ``SAGEConv`` / ``GATConv`` (``dgl_peer.py``'s models).
 
-    python experiments/bench_layer_ops.py --dgl-python /work/main/.venv-dgl/bin/python --baseline-repo /work/main
+    GSPLIT_EXTENSION_DIR=~/.cache/gsplit/ext-new python experiments/bench_layer_ops.py \
+        --dgl-python /work/main/.venv-dgl/bin/python --baseline-repo /work/main
     python experiments/bench_layer_ops.py --quick
 """
 
@@ -133,6 +135,9 @@ def main() -> None:
     p.add_argument("--top", type=int, default=18, help="ops per table")
     p.add_argument("--dgl-python", default="", help="interpreter of the DGL venv: adds DGL's side")
     p.add_argument("--baseline-repo", default="", help="another gsplit checkout: adds its side (e.g. /work/main)")
+    p.add_argument("--baseline-extension-dir", default=str(Path.home() / ".cache" / "gsplit" / "extensions"),
+                   help="the baseline's compiled-kernel cache (its kernels differ from this checkout's: give this "
+                        "run another GSPLIT_EXTENSION_DIR, or the two rebuild over each other)")
     p.add_argument("--blocks", default="", help="(internal) time this checkout on saved blocks and write --json")
     p.add_argument("--json", default="", help="(internal, with --blocks)")
     args = p.parse_args()
@@ -149,7 +154,7 @@ def main() -> None:
     results = {}
     if args.baseline_repo:
         env = {**os.environ, "PYTHONPATH": str(Path(args.baseline_repo).resolve()),
-               "GSPLIT_EXTENSION_DIR": str(Path.home() / ".cache" / "gsplit" / "extensions-baseline")}
+               "GSPLIT_EXTENSION_DIR": args.baseline_extension_dir}
         results["baseline"] = run_peer([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)], env)
     results["gsplit"] = gsplit_side(blocks_path, models, args)
     if args.dgl_python:
