@@ -5,7 +5,8 @@ Samples ``--batches`` mini-batches of the vs_dgl setting (synthetic graph of ``-
 ``.npz`` (``layer_ops_models.py`` says the format), and times one process running the model's forward,
 cross-entropy and backward on them (``--threads`` torch threads, default 1 = one rank's share of 2 cores;
 hidden 256, dropout 0.5, GAT 4 heads), median of ``--repeats`` passes after a warm-up; then one pass under
-``torch.profiler`` gives each op's self time per iteration. Sides, all on the same saved blocks:
+``torch.profiler`` gives each op's self time per iteration. Every side runs in a process of its own, the sides
+interleaved in each of ``--rounds`` rounds; the median over rounds is reported. Sides, all on the same blocks:
 
 * ``gsplit``: this checkout's ``gsplit.nn.SAGE`` / ``GAT`` (fresh ``Block`` objects every step, so anything
   a block caches is paid per step, as in training);
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -128,7 +130,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=0, help="mini-batches (default 4; quick 2)")
     p.add_argument("--models", default="sage,gat")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2, help="timed passes per side and round")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (each side once per round)")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.5)
@@ -151,15 +154,33 @@ def main() -> None:
     blocks_path = stem.with_suffix(".blocks.npz")
     info = save_blocks(blocks_path, args)
     print(f"blocks (src, dst, edges per layer): {info['blocks_src_dst_edges'][0]} ... -> {common._rel(blocks_path)}")
-    results = {}
+    # Each side runs in its own process, the sides interleaved in every round, so that load drifts on a
+    # shared machine hit them alike; per side the median over rounds is reported (the last round's profile).
+    sides = {}
     if args.baseline_repo:
         env = {**os.environ, "PYTHONPATH": str(Path(args.baseline_repo).resolve()),
                "GSPLIT_EXTENSION_DIR": args.baseline_extension_dir}
-        results["baseline"] = run_peer([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)], env)
-    results["gsplit"] = gsplit_side(blocks_path, models, args)
+        sides["baseline"] = ([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)], env)
+    sides["gsplit"] = ([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)],
+                       {**os.environ, "PYTHONPATH": str(common.REPO)})
     if args.dgl_python:
-        results["dgl"] = run_peer([args.dgl_python, Path(__file__).with_name("dgl_layer_ops_peer.py"),
-                                   "--blocks", blocks_path, *side_args(args)])
+        sides["dgl"] = ([args.dgl_python, Path(__file__).with_name("dgl_layer_ops_peer.py"), "--blocks", blocks_path,
+                         *side_args(args)], None)
+    rounds = {s: [] for s in sides}
+    for r in range(args.rounds):
+        for s, (cmd, env) in sides.items():
+            rounds[s].append(run_peer(cmd, env))
+            print(f"round {r + 1}: {s} " + ", ".join(f"{m} {rounds[s][-1][m]['forward_ms'] + rounds[s][-1][m]['backward_ms']:.0f} ms"
+                                                     for m in models), flush=True)
+    results = {}
+    for s, runs in rounds.items():
+        results[s] = {}
+        for m in models:
+            last = dict(runs[-1][m])
+            for key in ("forward_ms", "backward_ms"):
+                last[key + "_rounds"] = [run[m][key] for run in runs]
+                last[key] = statistics.median(last[key + "_rounds"])
+            results[s][m] = last
     print_tables(results, models, args.top)
     blocks_path.unlink()  # large; rerunning samples the same blocks again
     common.save_json(stem, {"blocks": info, "results": results, "sides": list(results)})

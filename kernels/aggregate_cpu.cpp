@@ -234,6 +234,111 @@ torch::Tensor spmm_backward(torch::Tensor indptr, torch::Tensor edge_src, torch:
 
 namespace {
 
+// SAGE-mean's GEMM input [h_dst | mean of the in-neighbours' rows], [nd, 2F], in one pass per row.
+template <typename T>
+void sage_concat_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ col, const T* __restrict__ x,
+                      T* __restrict__ out, int64_t nd, int64_t F, int64_t d0) {
+#pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
+  for (int64_t i = 0; i < nd; ++i) {
+    T* __restrict__ self = out + i * 2 * F;
+    T* __restrict__ o = self + F;
+    std::copy(x + (d0 + i) * F, x + (d0 + i + 1) * F, self);
+    std::fill(o, o + F, T(0));
+    const int64_t end = p[i + 1];
+    for (int64_t j = p[i]; j < end; ++j) {
+      if (j + kAhead < end) prefetch_row(x + col[j + kAhead] * F, F);
+      const T* __restrict__ xr = x + col[j] * F;
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) o[f] += xr[f];
+    }
+    if (end - p[i] > 1) {
+      const T deg = T(end - p[i]);
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) o[f] /= deg;
+    }
+  }
+}
+
+// Its backward: grad_x[d0 + v] gets g[v, :F], the sources of v's edges g[v, F:] / deg(v); one gradient over
+// the sources (no zero-filled slice gradient to add). Each row is owned by one thread and gets its terms in
+// destination order (the self term of v before v's edges): the same bits for any thread count.
+template <typename T>
+void sage_concat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
+                               const T* __restrict__ g, T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F,
+                               int64_t d0) {
+  const int nt = static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, ns / 256)));
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T_ = omp_get_num_threads();
+    int64_t lo, hi;
+    owned_range(ns, t, T_, &lo, &hi);
+    std::fill(gx + lo * F, gx + hi * F, T(0));
+    std::vector<T> scaled(F);
+    for (int64_t v = 0; v < nd; ++v) {
+      const T* __restrict__ gs = g + v * 2 * F;
+      if (d0 + v >= lo && d0 + v < hi) {
+        T* __restrict__ o = gx + (d0 + v) * F;
+#pragma omp simd
+        for (int64_t f = 0; f < F; ++f) o[f] += gs[f];
+      }
+      const int64_t b = p[v], end = p[v + 1];
+      if (b == end) continue;
+      const T* __restrict__ gv = gs + F;
+      if (end - b > 1) {
+        const T deg = T(end - b);
+        T* __restrict__ sc = scaled.data();
+        for (int64_t f = 0; f < F; ++f) sc[f] = gv[f] / deg;
+        gv = sc;
+      }
+      for (int64_t e = b; e < end; ++e) {
+        const int64_t u = src[e];
+        if (u < lo || u >= hi) continue;
+        T* __restrict__ o = gx + u * F;
+#pragma omp simd
+        for (int64_t f = 0; f < F; ++f) o[f] += gv[f];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// [x[dst_start + i] | mean of x over row i's entries] for every destination row i: [num_dst, 2F].
+torch::Tensor sage_concat(torch::Tensor indptr, torch::Tensor col, torch::Tensor x, int64_t dst_start) {
+  check_index(indptr, "indptr");
+  check_index(col, "col");
+  check_values(x, "x", 2);
+  auto xc = x.contiguous();
+  const int64_t nd = indptr.numel() - 1, F = xc.size(1);
+  TORCH_CHECK_VALUE(dst_start >= 0 && dst_start + nd <= xc.size(0), "sage_concat: destinations [", dst_start, ", ",
+                    dst_start + nd, ") are not rows of x (", xc.size(0), " rows)");
+  auto out = torch::empty({nd, 2 * F}, xc.options());
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "sage_concat", [&] {
+    sage_concat_impl<scalar_t>(indptr.data_ptr<int64_t>(), col.data_ptr<int64_t>(), xc.data_ptr<scalar_t>(),
+                               out.data_ptr<scalar_t>(), nd, F, dst_start);
+  });
+  return out;
+}
+
+torch::Tensor sage_concat_backward(torch::Tensor indptr, torch::Tensor edge_src, torch::Tensor grad_out,
+                                   int64_t num_src, int64_t dst_start) {
+  check_index(indptr, "indptr");
+  check_index(edge_src, "edge_src");
+  check_values(grad_out, "grad_out", 2);
+  auto g = grad_out.contiguous();
+  const int64_t nd = indptr.numel() - 1, F = g.size(1) / 2;
+  TORCH_CHECK_VALUE(g.size(0) == nd && g.size(1) == 2 * F, "sage_concat_backward: grad_out ", g.sizes(),
+                    " for ", nd, " destinations");
+  auto gx = torch::empty({num_src, F}, g.options());
+  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "sage_concat_backward", [&] {
+    sage_concat_backward_impl<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(),
+                                        g.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), nd, num_src, F, dst_start);
+  });
+  return gx;
+}
+
+namespace {
+
 template <typename scalar_t>
 void gat_forward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
                       const scalar_t* __restrict__ zp, const scalar_t* __restrict__ lp,
@@ -417,6 +522,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("spmm_sum", &spmm_sum, "out[i] = sum of x[col[j]] over row i's entries");
   m.def("spmm_mean", &spmm_mean, "spmm_sum divided by each row's entry count");
   m.def("spmm_backward", &spmm_backward, "grad of spmm_sum / spmm_mean w.r.t. x, by a scatter in edge order");
+  m.def("sage_concat", &sage_concat, "[x[dst_start + i] | mean of x over row i's entries]");
+  m.def("sage_concat_backward", &sage_concat_backward, "grad of sage_concat w.r.t. x");
   m.def("gat_forward", &gat_forward, "fused GAT edge softmax and weighted sum: (out, alpha)");
   m.def("gat_backward", &gat_backward, "backward of gat_forward: (grad_z, grad_el, grad_er)");
 }

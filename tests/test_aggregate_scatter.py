@@ -117,12 +117,33 @@ def test_mean_runs_no_degree_pass_and_no_division():
     assert not {"aten::index_add_", "aten::div", "aten::bincount"} & set(ops), ops  # old: degrees + agg / deg
 
 
-def test_sage_combine_adds_inside_the_products():
+def test_sage_combine_is_one_product_with_the_bias_inside():
     _require_extension()
-    b, layer = _block(), SAGEConv(16, 32)
+    b = _block()
     h = torch.randn(300, 16, requires_grad=True)
-    ops = _ops(lambda: layer(b, h))
-    assert ops.get("aten::addmm", 0) + ops.get("aten::addmm_", 0) == 2 and "aten::add" not in ops, ops
+    ops = _ops(lambda: SAGEConv(16, 32)(b, h).sum().backward())  # aggregates first (the hidden layers' case)
+    # before: fc_self(h_dst) + fc_neigh(neigh) + bias: two products, two adds, a zero-filled slice gradient of h
+    assert ops.get("aten::addmm", 0) == 1 and ops.get("aten::mm", 0) == 2, ops  # forward; backward: h and W
+    assert "aten::add" not in ops and not any("SliceBackward" in k for k in ops), ops
+    ops = _ops(lambda: SAGEConv(16, 8)(b, h).sum().backward())  # projects first (the output layer's case)
+    assert ops.get("aten::addmm", 0) == 1 and "aten::add" not in ops, ops
+
+
+def test_self_and_mean_equals_its_fallback_with_one_gradient():
+    _require_extension()
+    src, dst = _edges(2000, 600, 9000, seed=4)
+    x = torch.randn(2000, 12, dtype=torch.float64)
+    w = torch.randn(500, 24, dtype=torch.float64)
+    got, ref = [], []
+    for fn, sink in ((agg.self_and_mean, got), (None, ref)):
+        xi = x.clone().requires_grad_(True)
+        keep = dst >= 100  # the destinations 100..599 as a part starting at row 100 (as an overlapped layer's)
+        s, d = src[keep], dst[keep] - 100
+        y = fn(xi, s, d, 500, 100) if fn else torch.cat([xi[100:600], agg.copy_u_mean_torch(xi, s, d, 500)], 1)
+        (y * w).sum().backward()
+        sink += [y.detach(), xi.grad]
+    torch.testing.assert_close(got[0], ref[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got[1], ref[1], rtol=1e-12, atol=1e-12)
 
 
 def test_gat_scores_in_one_product_without_source_sized_temporaries():

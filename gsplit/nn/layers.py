@@ -27,7 +27,8 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import nn
 
-from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, degrees, edge_softmax, gat_aggregate, gat_aggregate_torch
+from gsplit.ops.aggregate import (copy_u_mean, copy_u_sum, degrees, edge_softmax, gat_aggregate, gat_aggregate_torch,
+                                  self_and_mean)
 from gsplit.sampling.block import Block
 
 __all__ = ["SAGEConv", "GATConv", "GraphConv", "edge_softmax"]
@@ -127,18 +128,16 @@ class SAGEConv(nn.Module):
         nd, d0 = block.num_dst, block.dst_start
         src, dst = block.edge_src, block.edge_dst
         lin_first = self.in_feats > self.out_feats
-        if self.aggregator == "mean":
-            neigh = copy_u_mean(x, src, dst, nd)
-            h_dst, w_self = h[d0:d0 + nd], self.fc_self.weight.t()
-            # One GEMM writes W_self h_dst + b, the other adds into it (addmm_): no [num_dst, out] temporaries
-            # for the two sums. Neither product's backward needs its output, so the in-place add is safe.
-            if lin_first:  # neigh is W_neigh-projected already
-                out = torch.addmm(neigh, h_dst, w_self)
-                if self.bias is not None:
-                    out = out.add_(self.bias)
-            else:
-                out = h_dst @ w_self if self.bias is None else torch.addmm(self.bias, h_dst, w_self)
-                out = out.addmm_(neigh, self.fc_neigh.weight.t())
+        if self.aggregator == "mean" and lin_first:  # x is W_neigh h already: add W_self h_dst (+ b) to its mean
+            out = torch.addmm(copy_u_mean(x, src, dst, nd), h[d0:d0 + nd], self.fc_self.weight.t())
+            if self.bias is not None:
+                out = out.add_(self.bias)  # addmm's backward does not need its output: in place is safe
+        elif self.aggregator == "mean":
+            # One product of [h_dst | mean] with [W_self | W_neigh] (+ b in the same GEMM): no sum temporaries, and
+            # one gradient over h in backward instead of a zero-filled slice gradient plus the scatter's.
+            both = self_and_mean(h, src, dst, nd, d0)
+            w = torch.cat([self.fc_self.weight, self.fc_neigh.weight], dim=1)
+            out = both @ w.t() if self.bias is None else torch.addmm(self.bias, both, w.t())
         else:  # gcn
             deg = degrees(dst, nd).to(h.dtype).unsqueeze(1)
             neigh = (copy_u_sum(x, src, dst, nd) + x[d0:d0 + nd]) / (deg + 1)

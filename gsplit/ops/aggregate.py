@@ -32,7 +32,7 @@ from torch.autograd.function import once_differentiable
 
 from gsplit.ops import cpu_ext
 
-__all__ = ["copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "degrees", "copy_u_sum_torch",
+__all__ = ["copy_u_sum", "copy_u_mean", "self_and_mean", "gat_aggregate", "edge_softmax", "degrees", "copy_u_sum_torch",
            "copy_u_mean_torch", "gat_aggregate_torch", "extension_available"]
 
 _EXT_NAME = "gsplit_aggregate"
@@ -184,6 +184,22 @@ class _CopyUSum(torch.autograd.Function):
         return ctx.ext.spmm_backward(indptr, edge_src, grad_out, ctx.num_src, ctx.mean), None, None, None, None
 
 
+class _SAGEConcat(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, edge_src, indptr, dst_start, ext):
+        ctx.ext, ctx.num_src, ctx.dst_start = ext, x.shape[0], dst_start
+        ctx.save_for_backward(edge_src, indptr)
+        return ext.sage_concat(indptr, edge_src, x, dst_start)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        edge_src, indptr = ctx.saved_tensors
+        return ctx.ext.sage_concat_backward(indptr, edge_src, grad_out, ctx.num_src, ctx.dst_start), None, None, None, None
+
+
 class _GATAggregate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, el, er, edge_src, indptr, negative_slope, ext):
@@ -244,6 +260,33 @@ def copy_u_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor,
     indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], int(num_dst))
     # The kernel divides each row by its edge count (no degree pass, no [num_dst, F] quotient temporary).
     return _CopyUSum.apply(x, edge_src, indptr, ext, True)
+
+
+def self_and_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int,
+                  dst_start: int = 0) -> torch.Tensor:
+    """``[x[dst_start + v] | mean of x[u] over v's edges]`` for each destination ``v``: [num_dst, 2 * F], the input
+    of SAGE-mean's one product with ``[W_self | W_neigh]``.
+
+    On CPU the compiled kernel writes both halves in one pass and its backward gives one gradient over ``x``
+    (the destinations' own rows and the scatter into the sources together); elsewhere ``torch.cat`` of a
+    slice and :func:`copy_u_mean`. Same arguments as :func:`copy_u_sum`, plus where the destinations' rows start.
+
+    Example:
+        >>> x = torch.tensor([[1.], [2.], [4.]])
+        >>> self_and_mean(x, torch.tensor([1, 2, 0]), torch.tensor([0, 0, 1]), 2).tolist()
+        [[1.0, 3.0], [2.0, 1.0]]
+    """
+    _check_edges(edge_src, edge_dst, num_dst)
+    d0, nd = int(dst_start), int(num_dst)
+    if d0 < 0 or d0 + nd > x.shape[0]:
+        raise ValueError(f"destinations [{d0}, {d0 + nd}) are not rows of x ({x.shape[0]} rows); "
+                         "pass the block's dst_start and num_dst")
+    ext = _use_extension(x) if x.dim() == 2 else None
+    if ext is None:
+        return torch.cat([x[d0:d0 + nd], copy_u_mean_torch(x, edge_src, edge_dst, nd)], dim=1)
+    edge_src, edge_dst = _prepare(edge_src, edge_dst)
+    indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], nd)
+    return _SAGEConcat.apply(x, edge_src, indptr, d0, ext)
 
 
 def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src: torch.Tensor,
