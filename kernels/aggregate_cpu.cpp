@@ -3,8 +3,9 @@
 // A block's edges are grouped by destination (edge_dst non-decreasing), so the edge list already is a
 // CSR matrix by destination: row pointers come from one pass over edge_dst, the column of edge e is
 // edge_src[e]. Forward kernels run one destination row per iteration of a parallel loop (no atomics,
-// each row summed in edge order: deterministic). Backward kernels need the transpose (rows = sources),
-// built by a stable counting sort in O(E), so every source row is again summed in edge order.
+// each row summed in edge order: deterministic). Backward kernels scatter into the sources without a
+// transpose: each thread owns a range of source rows and walks all edges in order, adding only into its
+// rows, so every source row is again summed in edge order (the same bits for any thread count).
 // Nothing here materialises an [edges x width] message tensor; GAT keeps [edges x heads] scalars.
 
 #include <torch/extension.h>
@@ -77,40 +78,6 @@ torch::Tensor dst_indptr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t
   return indptr;
 }
 
-// The transpose of the edge list, grouped by source: (row pointers [num_src + 1], edge ids [E],
-// destinations [E] = edge_dst[edge ids]), each source's edges in their original (destination) order: a
-// stable counting sort. The destinations are written here, sequentially, so that backward kernels read
-// them without a random access through the edge ids.
-std::vector<torch::Tensor> src_csr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t num_src) {
-  check_index(edge_src, "edge_src");
-  check_index(edge_dst, "edge_dst");
-  auto src = edge_src.contiguous(), dst = edge_dst.contiguous();
-  const int64_t E = src.numel();
-  TORCH_CHECK_VALUE(dst.numel() == E, "edge_src has ", E, " entries but edge_dst ", dst.numel());
-  const int64_t* s = src.data_ptr<int64_t>();
-  const int64_t* d = dst.data_ptr<int64_t>();
-  auto indptr = torch::zeros({num_src + 1}, torch::kInt64);
-  auto perm = torch::empty({E}, torch::kInt64);
-  auto col = torch::empty({E}, torch::kInt64);
-  int64_t* p = indptr.data_ptr<int64_t>();
-  int64_t* q = perm.data_ptr<int64_t>();
-  int64_t* c = col.data_ptr<int64_t>();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t u = s[e];
-    TORCH_CHECK_VALUE(u >= 0 && u < num_src, "edge_src[", e, "] = ", u, " is outside [0, num_src = ", num_src,
-                      "); pass one input row per source node");
-    ++p[u + 1];
-  }
-  for (int64_t u = 0; u < num_src; ++u) p[u + 1] += p[u];
-  std::vector<int64_t> fill(p, p + num_src);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t j = fill[s[e]]++;
-    q[j] = e;
-    c[j] = d[e];
-  }
-  return {indptr, perm, col};
-}
-
 namespace {
 
 // Sum (mean: divided by the row's entry count, as torch's `agg / deg` does: the same bits) of x's rows
@@ -140,7 +107,7 @@ void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, c
 
 // The sources [lo, hi) that thread t of T owns in a scatter over ns rows: contiguous ranges, so a row is
 // written by one thread only (no atomics) and every row is summed in edge order (deterministic, and the
-// same order as the transposed CSR of src_csr would give).
+// same order as a stable transpose of the edge list would give).
 inline void owned_range(int64_t ns, int t, int T, int64_t* lo, int64_t* hi) {
   *lo = ns * t / T;
   *hi = ns * (t + 1) / T;
@@ -184,7 +151,7 @@ void spmm_scatter(const int64_t* __restrict__ p, const int64_t* __restrict__ src
 }  // namespace
 
 // out[i] = sum over j in [indptr[i], indptr[i+1]) of x[col[j]]: one CSR row per output row.
-// Forward of copy_u_sum: (dst row pointers, edge_src); its backward: (src row pointers, their destinations).
+// Forward of copy_u_sum: (dst row pointers, edge_src).
 torch::Tensor spmm_sum(torch::Tensor indptr, torch::Tensor col, torch::Tensor x) {
   check_index(indptr, "indptr");
   check_index(col, "col");
@@ -518,7 +485,6 @@ std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor in
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "gsplit CPU aggregation kernels (CSR by destination, deterministic, no per-edge messages)";
   m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list; checks all indices");
-  m.def("src_csr", &src_csr, "transpose of the edge list: (source row pointers, edge ids, destinations)");
   m.def("spmm_sum", &spmm_sum, "out[i] = sum of x[col[j]] over row i's entries");
   m.def("spmm_mean", &spmm_mean, "spmm_sum divided by each row's entry count");
   m.def("spmm_backward", &spmm_backward, "grad of spmm_sum / spmm_mean w.r.t. x, by a scatter in edge order");
