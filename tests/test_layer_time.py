@@ -187,7 +187,7 @@ def test_a_rank_slow_in_one_layer_shows_in_that_layers_gap(overlap):
     # rank 1 spends 2 x parts x SLEEP more in layer 1 per iteration: max - mean over 2 ranks is half of it
     expected = iters * parts * SLEEP
     assert b["layer_gap_s"][1] > 0.7 * expected, b["layer_gap_s"]
-    assert b["layer_gap_s"][1] > 3 * max(b["layer_gap_s"][0], b["layer_gap_s"][2]), b["layer_gap_s"]
+    assert b["layer_gap_s"][1] > 2 * max(b["layer_gap_s"][0], b["layer_gap_s"][2]), b["layer_gap_s"]
     # the sleep is rank 1's own slowness, not the map's edges
     assert b["layer_noise_gap_s"][1] > 0.5 * expected, b
     slow = [r["per_iteration"] for r in epoch["ranks"]][1]
