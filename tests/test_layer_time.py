@@ -234,3 +234,31 @@ def test_timing_the_layers_adds_no_host_sync():
         assert not [site for _, site in out[True] if "timing.py" in site], rank
         # forward: 2 marks per layer (+1 before each wait), backward: 2 per layer (+2 around each wait)
         assert records >= 12 and not synchronized and ready == [], (rank, records, synchronized, ready)
+
+
+@pytest.mark.parametrize("model_name", ["sage", "gat", "gcn"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_timing_the_layers_changes_no_result(model_name, overlap):
+    """The marks are identities: loss and gradients with a clock are bit-identical to those without."""
+    from gsplit.loader import DataLoader
+    from gsplit.nn import build_model
+    from gsplit.nn.split import split_cross_entropy
+
+    ds = _dataset()
+    loader = DataLoader(ds.graph, ds.train_idx, gsplit.NeighborSampler([4, 3, 3], seed=3),
+                        partition=torch.zeros(ds.num_nodes, dtype=torch.long), batch_size=32, shuffle=True,
+                        features=ds.features, labels=ds.labels, overlap=overlap)
+    _, _, blocks = next(iter(loader))
+    assert (blocks[0].overlap is not None) == overlap
+    out = []
+    for clock in (None, LayerClock(torch.device("cpu"))):
+        torch.manual_seed(0)
+        model = build_model(model_name, ds.features.shape[1], 8, ds.num_classes, num_layers=3, heads=2, dropout=0.3)
+        loss = split_cross_entropy(model(blocks, blocks[0].srcdata["feat"], clock=clock),
+                                   blocks[-1].dstdata["label"], blocks[-1])
+        loss.backward()
+        out.append([loss.detach()] + [p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*out))
+    clock.close(0)
+    [(_, s)] = clock.ready()
+    assert len(s.forward) == len(s.backward) == 3 and all(x > 0 for x in s.forward + s.backward)
