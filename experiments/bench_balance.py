@@ -17,7 +17,11 @@ Runs ``gsplit train --system split`` (CPU ranks over gloo) with ``--log`` and re
   (waiting for the slowest); the wait can exceed the gap: a rank slower at one layer and faster at the
   next waits at both shuffles while its compute over the iteration evens out (``bench_transport.py``
   measures the transfer alone, in lockstep);
-* ``all-reduce``: the gradient all-reduce (in collectives minus the shuffles).
+* ``all-reduce``: the gradient all-reduce (in collectives minus the shuffles);
+* per layer (``gsplit.timing.LayerClock``: each layer's forward + backward compute, waits and shuffles left
+  out): ``layer s`` the mean over ranks, ``layer max/mean`` its imbalance, ``layer gap s`` max - mean summed
+  over iterations (what the faster rank waits at that layer's shuffles, at least), split into ``layer map
+  part s`` (the layer's mean time x (its edges max/mean - 1)) and the rest, noise.
 
 ``--busy N`` runs N busy-loop processes during training (another job on the cores), to show the noise
 part grow while the map part stays. Sampling and loading have their own collectives (id exchanges,
@@ -99,11 +103,20 @@ def run_once(args, busy: int, scratch: Path) -> dict:
            "shuffles_transfer_s": transfer, "shuffles_wait_s": wait,
            "allreduce_s": b["step_collective_s_mean"] - transfer - wait,
            "ids_s": mean_tag("ids/"), "features_s": mean_tag("shuffle/layer0/fwd"),
+           "layer_s_mean": b["layer_s_mean"], "layer_s_max": b["layer_s_max"],
+           "layer_s_max_over_mean": b["layer_s_max_over_mean"], "layer_gap_s": b["layer_gap_s"],
+           "layer_map_part_s": b["layer_edges_gap_s"], "layer_noise_part_s": b["layer_noise_gap_s"],
+           "layer_fwd_s_mean": b["layer_fwd_s_mean"], "layer_bwd_s_mean": b["layer_bwd_s_mean"],
            "torch_threads": [r.get("torch_threads") for r in ranks], "log": common._rel(log)}
     print(f"busy {busy}: epoch {row['epoch_s']:.2f}s, step {step:.2f}s of which in collectives "
           f"{row['in_collectives_s']:.2f}s; gap {row['gap_s']:.3f}s = map {row['map_part_s']:.3f}s + noise "
-          f"{row['noise_part_s']:.3f}s", flush=True)
+          f"{row['noise_part_s']:.3f}s; per layer gap {_layers(row['layer_gap_s'])} s = map "
+          f"{_layers(row['layer_map_part_s'])} + noise {_layers(row['layer_noise_part_s'])}", flush=True)
     return row
+
+
+def _layers(values, digits: int = 3) -> str:
+    return "/".join(f"{x:.{digits}f}" for x in values)
 
 
 def main(argv=None) -> int:
@@ -116,12 +129,14 @@ def main(argv=None) -> int:
     table = common.format_table(
         ["busy procs", "load avg", "iterations", "epoch s", "step s", "in collectives s", "compute s",
          "compute max/mean", "edges max/mean per layer", "gap s", "map part s", "noise part s",
-         "shuffles transfer s", "shuffles wait s", "all-reduce s", "ids s", "features s"],
+         "shuffles transfer s", "shuffles wait s", "all-reduce s", "ids s", "features s",
+         "layer s (fwd+bwd)", "layer max/mean", "layer gap s", "layer map part s"],
         [[r["busy"], f"{r['load_average_before'][0]:.1f}" if r["load_average_before"] else "-", r["iterations"],
           f(r["epoch_s"]), f(r["step_s"]), f(r["in_collectives_s"]), f(r["compute_s"]), f(r["compute_max_over_mean"]),
           " ".join(f"{x:.3f}" for x in r["edges_max_over_mean"]), f(r["gap_s"]), f(r["map_part_s"]),
           f(r["noise_part_s"]), f(r["shuffles_transfer_s"]), f(r["shuffles_wait_s"]), f(r["allreduce_s"]),
-          f(r["ids_s"]), f(r["features_s"])] for r in rows])
+          f(r["ids_s"]), f(r["features_s"]), _layers(r["layer_s_mean"], 2), _layers(r["layer_s_max_over_mean"]),
+          _layers(r["layer_gap_s"]), _layers(r["layer_map_part_s"])] for r in rows])
     head = (f"split, {args.model}, {args.ranks} CPU ranks, synthetic {args.nodes:,} vertices, batch {args.batch_size}"
             f"/rank, fanouts {args.fanouts}, hidden {args.hidden}; epoch 1, seconds summed over its iterations "
             "(mean over ranks)")

@@ -50,6 +50,7 @@ import torch.distributed as dist
 from gsplit.comm.communicator import Communicator
 from gsplit.comm.waits import track_in_flight, waiting_for_peers
 from gsplit.sampling.block import Block, OverlapSplit, split_destinations
+from gsplit.timing import LayerClock, layer_ends, layer_starts
 
 __all__ = ["AsyncRows", "plan_overlap", "overlapped_sp_forward", "splits_sources"]
 
@@ -153,18 +154,23 @@ class _SendBoundary(torch.autograd.Function):
     """Forward: start sending the boundary rows. Backward: wait for their gradients from the other ranks."""
 
     @staticmethod
-    def forward(ctx, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows, tag: str) -> torch.Tensor:
-        ctx.plan, ctx.ex, ctx.shape = plan, ex, hb.shape
+    def forward(ctx, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows, tag: str, clock: Optional[LayerClock],
+                layer: int) -> torch.Tensor:
+        ctx.plan, ctx.ex, ctx.shape, ctx.clock, ctx.layer = plan, ex, hb.shape, clock, layer
         ex.start(hb[plan.send_idx], plan.send_counts, plan.recv_counts, f"{tag}/fwd")
         return hb.new_empty(0)  # a token that orders _Assemble after this in the graph
 
     @staticmethod
     def backward(ctx, _token_grad):
         plan: OverlapSplit = ctx.plan
+        if ctx.clock is not None:  # the layer's backward pauses while it waits (not its compute)
+            ctx.clock.mark(None)
         back = ctx.ex.wait()
+        if ctx.clock is not None:
+            ctx.clock.mark(("bwd", ctx.layer))
         grad = back.new_zeros(ctx.shape)
         grad.index_add_(0, plan.send_idx, back)
-        return grad, None, None, None
+        return grad, None, None, None, None, None
 
 
 class _Assemble(torch.autograd.Function):
@@ -196,11 +202,12 @@ class _Assemble(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------------- forward
 def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Sequence[Block],
                           between: Optional[Callable[[int, torch.Tensor, Block], torch.Tensor]],
-                          comm: Communicator) -> torch.Tensor:
+                          comm: Communicator, clock: Optional[LayerClock] = None) -> torch.Tensor:
     """:func:`gsplit.sp_forward` on blocks that carry :class:`~gsplit.sampling.block.OverlapSplit` plans:
     each layer but the last computes its boundary rows, starts their shuffle, computes the interior rows,
     then waits (see the module docstring). ``between(i, h, block)`` gets the part's block, whose
-    ``dst_nodes`` are the rows of ``h``. Returns what ``sp_forward`` returns, up to rounding.
+    ``dst_nodes`` are the rows of ``h``. ``clock`` times each layer's compute, its waits left out (see
+    :func:`gsplit.sp_forward`). Returns what ``sp_forward`` returns, up to rounding.
 
     Example:
         >>> logits = overlapped_sp_forward(model.layers, blocks[0].srcdata["feat"], blocks, model.between,
@@ -212,8 +219,9 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
     h = feat
     last = len(layers) - 1
     for i, (layer, block) in enumerate(zip(layers, blocks)):
+        h = layer_starts(clock, i, h)
         if i == last:
-            return layer(block, h)
+            return layer_ends(clock, i, layer(block, h))
         plan = block.overlap
         tag = f"{blocks[i + 1].shuffle_index.tag}/overlap"
         bb, ib = plan.boundary_block, plan.interior_block
@@ -222,11 +230,13 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
         if between is not None:
             hb = between(i, hb, bb)
         ex = AsyncRows(comm)
-        token = _SendBoundary.apply(hb, plan, ex, tag)
+        token = _SendBoundary.apply(hb, plan, ex, tag, clock, i)
         hi = layer.combine(ib, sources)  # computed while the boundary rows travel
         if between is not None:
             hi = between(i, hi, ib)
-        h = _Assemble.apply(token, hi, hb, plan, ex, tag)
+        if clock is not None:  # the wait in _Assemble is not the layer's compute
+            clock.mark(None)
+        h = layer_ends(clock, i, _Assemble.apply(token, hi, hb, plan, ex, tag))
     return h
 
 

@@ -5,12 +5,16 @@ the device: the prefetch thread's side stream and the sampling group's NCCL stre
 overlap prefetching exists for and books the prefetch time as training time. :class:`StepTimer` records
 a pair of CUDA events on the current stream around each step instead, and reads them only once they
 have completed (``Event.query()`` does not block) or where the host waits anyway (the end of an epoch).
+:class:`LayerClock` does the same inside a step, for each layer's forward and backward (marks in
+:func:`gsplit.sp_forward`'s loops and identity autograd nodes whose backward marks), so the run log can
+say which layer a slow rank is slow in (``trainer.iteration_balance``).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, List, Optional, Tuple
 
 import torch
@@ -77,3 +81,139 @@ class StepTimer:
         if self._pending:
             self._pending[-1][2].synchronize()
         return self.ready()
+
+
+LayerLabel = Optional[Tuple[str, int]]
+"""What the time after a mark is spent on: ``("fwd", i)`` / ``("bwd", i)`` (layer ``i``'s compute, forward or
+backward) or ``None`` (anything else: shuffles, waits for peers, the loss, the optimiser)."""
+
+
+@dataclass
+class LayerSeconds:
+    """Seconds one rank spent computing each layer in one training step (marks of a :class:`LayerClock`)."""
+
+    forward: List[float] = field(default_factory=list)
+    """Per layer (input layer first): its forward, with the activation and dropout that follow it; the
+    shuffles before it and the waits for peers are left out."""
+    backward: List[float] = field(default_factory=list)
+    """Per layer: its backward, from the moment its output's gradient is complete to its input's; the
+    shuffles' backward and the waits for returning gradients are left out."""
+
+
+class LayerClock:
+    """Seconds each layer computes, forward and backward, per training step, without host-device syncs.
+
+    The forward code calls :meth:`mark` where a layer's compute starts (``("fwd", i)``) and stops
+    (``None``: a shuffle or a wait follows), and passes tensors through :meth:`on_backward`, an identity
+    whose backward marks where the gradient reaches that point (autograd runs a layer's backward as one
+    stretch between the gradient of its output and that of its input). The time from one mark to the next
+    is booked to the first one's label; :meth:`close` ends a step. On a CPU a mark is ``perf_counter``; on
+    a GPU a CUDA event recorded on the current stream (so a mark costs an enqueue, and a wait for a peer
+    that stalls the stream is booked to the ``None`` stretch it is in), read like :class:`StepTimer`'s:
+    only once the step's events have completed (``ready()``, never waits) or where the host waits anyway
+    (``finish()``, the epoch's end).
+
+    Args:
+        device: where the layers compute.
+        event_factory: makes a timing event (default ``torch.cuda.Event(enable_timing=True)``); tests
+            pass a fake one.
+
+    Example:
+        >>> clock = LayerClock(torch.device("cpu"))
+        >>> x = clock.on_backward(torch.ones(3, requires_grad=True), None)   # layer 0's backward ends here
+        >>> clock.mark(("fwd", 0)); y = clock.on_backward((2 * x).sum(), ("bwd", 0)); clock.mark(None)
+        >>> y.backward(); clock.close("it0")
+        >>> [(key, len(s.forward), len(s.backward)) for key, s in clock.ready()]
+        [('it0', 1, 1)]
+    """
+
+    def __init__(self, device: torch.device, event_factory: Optional[Callable[[], Any]] = None):
+        self.on_gpu = torch.device(device).type == "cuda"
+        self._device = torch.device(device)
+        self._event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        self._marks: List[Tuple[LayerLabel, Any]] = []
+        self._pending: Deque[Tuple[Any, List[Tuple[LayerLabel, Any]]]] = deque()
+
+    def mark(self, label: LayerLabel) -> None:
+        """From now on the time is ``label``'s (``("fwd", i)``, ``("bwd", i)`` or ``None``)."""
+        if self.on_gpu:
+            stamp = self._event()
+            stamp.record(torch.cuda.current_stream(self._device))
+        else:
+            stamp = time.perf_counter()
+        self._marks.append((label, stamp))
+
+    def on_backward(self, h: torch.Tensor, label: LayerLabel) -> torch.Tensor:
+        """``h`` itself, whose backward marks ``label`` once ``h``'s gradient is complete (a tensor that needs
+        no gradient is returned as it is: its backward never runs)."""
+        if not (torch.is_grad_enabled() and h.requires_grad):
+            return h
+        return _BackwardMark.apply(h, self, label)
+
+    def close(self, key: Any) -> None:
+        """End the step ``key``: the time since the last mark is nobody's; the next mark starts a new step."""
+        self.mark(None)
+        marks, self._marks = self._marks, []
+        self._pending.append((key, marks))
+
+    def ready(self) -> List[Tuple[Any, LayerSeconds]]:
+        """The closed steps whose marks the GPU has passed, oldest first, as ``(key, LayerSeconds)``; never waits."""
+        done = []
+        while self._pending and (not self.on_gpu or all(stamp.query() for _, stamp in self._pending[0][1])):
+            key, marks = self._pending.popleft()
+            done.append((key, self._seconds(marks)))
+        return done
+
+    def finish(self) -> List[Tuple[Any, LayerSeconds]]:
+        """Every closed step not returned yet; waits for the last mark (only where the host waits anyway)."""
+        if self.on_gpu:
+            for _, marks in self._pending:
+                for _, stamp in marks:
+                    stamp.synchronize()
+        return self.ready()
+
+    def _seconds(self, marks: List[Tuple[LayerLabel, Any]]) -> LayerSeconds:
+        out = LayerSeconds()
+        for (label, start), (_, end) in zip(marks, marks[1:]):
+            if label is None:
+                continue
+            phase, layer = label
+            times = out.forward if phase == "fwd" else out.backward
+            times.extend([0.0] * (layer + 1 - len(times)))
+            times[layer] += start.elapsed_time(end) / 1000.0 if self.on_gpu else end - start
+        n = max(len(out.forward), len(out.backward))
+        out.forward.extend([0.0] * (n - len(out.forward)))
+        out.backward.extend([0.0] * (n - len(out.backward)))
+        return out
+
+
+class _BackwardMark(torch.autograd.Function):
+    """Identity; its backward marks a :class:`LayerClock` when the gradient arrives."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, clock: LayerClock, label: LayerLabel) -> torch.Tensor:
+        ctx.clock, ctx.label = clock, label
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.clock.mark(ctx.label)
+        return grad, None, None
+
+
+def layer_starts(clock: Optional[LayerClock], i: int, h: torch.Tensor) -> torch.Tensor:
+    """Layer ``i`` computes from ``h`` now: mark its forward, and its backward's end at ``h``'s gradient.
+    ``clock=None``: nothing is timed, ``h`` is returned as it is."""
+    if clock is None:
+        return h
+    h = clock.on_backward(h, None)
+    clock.mark(("fwd", i))
+    return h
+
+
+def layer_ends(clock: Optional[LayerClock], i: int, h: torch.Tensor) -> torch.Tensor:
+    """Layer ``i`` made ``h``: its forward stops, its backward starts when ``h``'s gradient is complete."""
+    if clock is None:
+        return h
+    clock.mark(None)
+    return clock.on_backward(h, ("bwd", i))

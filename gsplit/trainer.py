@@ -37,7 +37,7 @@ from gsplit.nn.models import build_model
 from gsplit.resume import run_record
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
-from gsplit.timing import StepTimer
+from gsplit.timing import LayerClock, LayerSeconds, StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +259,11 @@ class EpochCounters:
     gradient_bytes: int = 0
     """Bytes this rank sent in the gradient all-reduces (over every rank of the job; the only traffic
     between hosts), as :func:`gsplit.allreduce_gradients` counts them."""
+    layer_fwd_s: List[float] = field(default_factory=list)
+    """Seconds computing each layer's forward (:class:`gsplit.timing.LayerClock`: the activation and dropout
+    after it included, shuffles and waits for peers left out)."""
+    layer_bwd_s: List[float] = field(default_factory=list)
+    """Seconds computing each layer's backward (waits for returning gradients left out)."""
     per_iteration: List[dict] = field(default_factory=list)
     """One record per iteration (when ``TrainConfig.log_iterations``): the loader's counters, ``train_s``
     and the traffic sent during that iteration (sampling id exchanges and shuffles, fwd and bwd)."""
@@ -305,8 +310,14 @@ def iteration_balance(per_rank: List[dict]) -> dict:
     ranks' edges over all layers - 1)); the rest, ``noise_gap_s``, is the ranks' different speed on the
     same work (shared cores, caches). Per collective, the least seconds over ranks are the transfer
     (the last rank to arrive waits for no one) and the mean beyond it the waiting: ``transfer_s_by_tag``
-    and ``wait_s_by_tag`` over the epoch. Returns the per-iteration records, their averages over the
-    epoch (ratios) and their sums (seconds).
+    and ``wait_s_by_tag`` over the epoch.
+
+    Per layer (:class:`gsplit.timing.LayerClock`'s ``layer_fwd_s`` / ``layer_bwd_s`` of each rank, waits
+    left out): max and mean over ranks of its forward, backward and both (``layer_s_*``), and its gap
+    ``layer_gap_s`` (max - mean of fwd + bwd), split like the step's into ``layer_edges_gap_s`` (the layer's
+    mean time x (its edges max/mean - 1)) and ``layer_noise_gap_s`` (the rest): which layer a slow rank is
+    slow in, and whether the map or the cores made it slow. Returns the per-iteration records, their
+    averages over the epoch (ratios) and their sums (seconds).
 
     Example:
         >>> r = lambda e: {"per_iteration": [{"iteration": 0, "edges": e, "train_s": 1.0,
@@ -324,6 +335,7 @@ def iteration_balance(per_rank: List[dict]) -> dict:
         compute_mean = sum(compute) / len(compute)
         rank_edges = [sum(it["edges"]) for it in its]
         edges_gap = compute_mean * (_max_over_mean(rank_edges) - 1.0)
+        per_layer = _layer_balance(its, edges)
         records.append({
             "iteration": its[0]["iteration"],
             "edges_max": [max(e) for e in edges], "edges_mean": [sum(e) / len(e) for e in edges],
@@ -338,7 +350,7 @@ def iteration_balance(per_rank: List[dict]) -> dict:
             "compute_s_max": max(compute), "compute_s_mean": compute_mean,
             "compute_s_max_over_mean": _max_over_mean(compute),
             "compute_gap_s": max(compute) - compute_mean, "edges_gap_s": edges_gap,
-            "noise_gap_s": max(compute) - compute_mean - edges_gap})
+            "noise_gap_s": max(compute) - compute_mean - edges_gap, **per_layer})
     n = max(len(records), 1)
     tags = sorted(set().union(*(r["collective_s_mean"] for r in records)))
     num_layers = len(records[0]["edges_max"]) if records else 0
@@ -350,11 +362,40 @@ def iteration_balance(per_rank: List[dict]) -> dict:
             "compute_s_max_over_mean": sum(r["compute_s_max_over_mean"] for r in records) / n,
             **{key: sum(r[key] for r in records) for key in ("compute_s_mean", "step_collective_s_mean",
                                                              "compute_gap_s", "edges_gap_s", "noise_gap_s")},
+            "layer_s_max_over_mean": [sum(r["layer_s_max_over_mean"][layer] for r in records) / n
+                                      for layer in range(num_layers)],
+            **{key: [sum(r[key][layer] for r in records) for layer in range(num_layers)] for key in _LAYER_SECONDS},
             # in a collective the last rank to arrive waits for no one: the least seconds over ranks are the
             # transfer, the mean beyond it the waiting for the slowest (exact in lockstep, gloo)
             "transfer_s_by_tag": {tag: sum(r["collective_s_min"].get(tag, 0.0) for r in records) for tag in tags},
             "wait_s_by_tag": {tag: sum(r["collective_s_mean"].get(tag, 0.0) - r["collective_s_min"].get(tag, 0.0)
                                        for r in records) for tag in tags}}
+
+
+_LAYER_SECONDS = ("layer_fwd_s_max", "layer_fwd_s_mean", "layer_bwd_s_max", "layer_bwd_s_mean", "layer_s_max",
+                  "layer_s_mean", "layer_gap_s", "layer_edges_gap_s", "layer_noise_gap_s")
+"""The per-layer seconds of :func:`iteration_balance`'s records, summed over the epoch."""
+
+
+def _layer_balance(its, edges: List[List[int]]) -> dict:
+    """One iteration's per-layer time balance over ranks (``its``: the ranks' records, ``edges[layer][rank]``)."""
+    num_layers = len(edges)
+
+    def padded(it, key):  # a record without layer times (an older log, an untimed step) counts zeros
+        values = list(it.get(key) or [])
+        return values + [0.0] * (num_layers - len(values))
+
+    fwd = [[padded(it, "layer_fwd_s")[layer] for it in its] for layer in range(num_layers)]
+    bwd = [[padded(it, "layer_bwd_s")[layer] for it in its] for layer in range(num_layers)]
+    both = [[f + b for f, b in zip(fwd[layer], bwd[layer])] for layer in range(num_layers)]
+    mean = lambda v: sum(v) / len(v)  # noqa: E731
+    gap = [max(t) - mean(t) for t in both]
+    edges_gap = [mean(t) * (_max_over_mean(e) - 1.0) for t, e in zip(both, edges)]
+    return {"layer_fwd_s_max": [max(t) for t in fwd], "layer_fwd_s_mean": [mean(t) for t in fwd],
+            "layer_bwd_s_max": [max(t) for t in bwd], "layer_bwd_s_mean": [mean(t) for t in bwd],
+            "layer_s_max": [max(t) for t in both], "layer_s_mean": [mean(t) for t in both],
+            "layer_s_max_over_mean": [_max_over_mean(t) for t in both], "layer_gap_s": gap,
+            "layer_edges_gap_s": edges_gap, "layer_noise_gap_s": [g - e for g, e in zip(gap, edges_gap)]}
 
 
 def _collective_seconds(*comms: Communicator) -> float:
@@ -368,6 +409,17 @@ def _book_train_time(counters: "EpochCounters", steps) -> None:
         counters.train_s += seconds
         if index is not None:
             counters.per_iteration[index]["train_s"] = seconds
+
+
+def _book_layer_time(counters: "EpochCounters", steps: List[Tuple[Optional[int], LayerSeconds]]) -> None:
+    """Add each layer's forward / backward seconds of timed steps to ``counters`` (and their iteration records)."""
+    for index, seconds in steps:
+        for total, part in ((counters.layer_fwd_s, seconds.forward), (counters.layer_bwd_s, seconds.backward)):
+            total.extend([0.0] * (len(part) - len(total)))
+            for layer, s in enumerate(part):
+                total[layer] += s
+        if index is not None:
+            counters.per_iteration[index].update(layer_fwd_s=seconds.forward, layer_bwd_s=seconds.backward)
 
 
 def _rank_graph(graph, device: torch.device):
@@ -631,6 +683,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         traffic_before, job_before = comm.traffic.snapshot(seconds=True), job_comm.traffic.snapshot()
         # GPU: CUDA events on the current stream, read once complete; no per-iteration device synchronise
         timer = StepTimer(device)
+        clock = LayerClock(device)  # each layer's forward and backward, read as the timer's steps are
         batches = train_loader
         if progress and rank == 0:
             # tqdm's default lock is a multiprocessing semaphore, which a rank leaving with os._exit (see
@@ -644,12 +697,14 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 step_collective_s = _collective_seconds(comm, job_comm)
             timer.start()
             opt.zero_grad()
-            logits = model(blocks, blocks[0].srcdata["feat"], comm)
+            logits = model(blocks, blocks[0].srcdata["feat"], comm, clock=clock)
             loss = system.loss(logits, blocks[-1].dstdata["label"], blocks[-1], world_size)
             loss.backward()
+            clock.mark(None)  # layer 0's backward ends here (its input, the features, has no gradient)
             allreduce_gradients(model, job_comm)
             opt.step()
             timer.stop(len(counters.per_iteration) if cfg.log_iterations else None)
+            clock.close(len(counters.per_iteration) if cfg.log_iterations else None)
             if cfg.log_iterations:
                 step_collective_s = _collective_seconds(comm, job_comm) - step_collective_s
             loss_watch.push(loss, epoch, it, position.step + 1)
@@ -660,6 +715,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 traffic_before, job_before = traffic_now, job_now
                 # train_s is filled in once the step's end event is reached (at the latest at the epoch's end)
                 counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": 0.0,
+                                               "layer_fwd_s": [], "layer_bwd_s": [],
                                                "traffic_rows": delta["rows"], "traffic_bytes": delta["bytes"],
                                                "collectives": sum(calls.values()), "collectives_by_tag": calls,
                                                "collective_s_by_tag": delta["seconds"],
@@ -668,6 +724,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                                                - counters.gradient_bytes})
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
             _book_train_time(counters, timer.ready())
+            _book_layer_time(counters, clock.ready())
             local_loss += loss.detach().to(torch.float64)
             position.step += 1
             # the epoch ends here: its last iteration, or the last one --max-iters lets it run
@@ -681,6 +738,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
         _book_train_time(counters, timer.finish())  # waits for the epoch's last step on the current stream
+        _book_layer_time(counters, clock.finish())
         epoch_s = time.perf_counter() - t_epoch
         traffic = comm.traffic.snapshot()
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]

@@ -3,8 +3,9 @@
 // A block's edges are grouped by destination (edge_dst non-decreasing), so the edge list already is a
 // CSR matrix by destination: row pointers come from one pass over edge_dst, the column of edge e is
 // edge_src[e]. Forward kernels run one destination row per iteration of a parallel loop (no atomics,
-// each row summed in edge order: deterministic). Backward kernels need the transpose (rows = sources),
-// built by a stable counting sort in O(E), so every source row is again summed in edge order.
+// each row summed in edge order: deterministic). Backward kernels scatter into the sources without a
+// transpose: each thread owns a range of source rows and walks all edges in order, adding only into its
+// rows, so every source row is again summed in edge order (the same bits for any thread count).
 // Nothing here materialises an [edges x width] message tensor; GAT keeps [edges x heads] scalars.
 
 #include <torch/extension.h>
@@ -77,45 +78,13 @@ torch::Tensor dst_indptr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t
   return indptr;
 }
 
-// The transpose of the edge list, grouped by source: (row pointers [num_src + 1], edge ids [E],
-// destinations [E] = edge_dst[edge ids]), each source's edges in their original (destination) order: a
-// stable counting sort. The destinations are written here, sequentially, so that backward kernels read
-// them without a random access through the edge ids.
-std::vector<torch::Tensor> src_csr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t num_src) {
-  check_index(edge_src, "edge_src");
-  check_index(edge_dst, "edge_dst");
-  auto src = edge_src.contiguous(), dst = edge_dst.contiguous();
-  const int64_t E = src.numel();
-  TORCH_CHECK_VALUE(dst.numel() == E, "edge_src has ", E, " entries but edge_dst ", dst.numel());
-  const int64_t* s = src.data_ptr<int64_t>();
-  const int64_t* d = dst.data_ptr<int64_t>();
-  auto indptr = torch::zeros({num_src + 1}, torch::kInt64);
-  auto perm = torch::empty({E}, torch::kInt64);
-  auto col = torch::empty({E}, torch::kInt64);
-  int64_t* p = indptr.data_ptr<int64_t>();
-  int64_t* q = perm.data_ptr<int64_t>();
-  int64_t* c = col.data_ptr<int64_t>();
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t u = s[e];
-    TORCH_CHECK_VALUE(u >= 0 && u < num_src, "edge_src[", e, "] = ", u, " is outside [0, num_src = ", num_src,
-                      "); pass one input row per source node");
-    ++p[u + 1];
-  }
-  for (int64_t u = 0; u < num_src; ++u) p[u + 1] += p[u];
-  std::vector<int64_t> fill(p, p + num_src);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t j = fill[s[e]]++;
-    q[j] = e;
-    c[j] = d[e];
-  }
-  return {indptr, perm, col};
-}
-
 namespace {
 
+// Sum (mean: divided by the row's entry count, as torch's `agg / deg` does: the same bits) of x's rows
+// col[p[i]..p[i+1]) into out[i].
 template <typename T>
 void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, const T* __restrict__ x,
-               T* __restrict__ out, int64_t rows, int64_t F) {
+               T* __restrict__ out, int64_t rows, int64_t F, bool mean) {
 #pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
   for (int64_t i = 0; i < rows; ++i) {
     T* __restrict__ o = out + i * F;
@@ -125,7 +94,56 @@ void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, c
       // Source rows are scattered over x: ask for a later one while this one is summed.
       if (j + kAhead < end) prefetch_row(x + col[j + kAhead] * F, F);
       const T* __restrict__ xr = x + col[j] * F;
+#pragma omp simd
       for (int64_t f = 0; f < F; ++f) o[f] += xr[f];
+    }
+    if (mean && end - p[i] > 1) {
+      const T deg = T(end - p[i]);
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) o[f] /= deg;
+    }
+  }
+}
+
+// The sources [lo, hi) that thread t of T owns in a scatter over ns rows: contiguous ranges, so a row is
+// written by one thread only (no atomics) and every row is summed in edge order (deterministic, and the
+// same order as a stable transpose of the edge list would give).
+inline void owned_range(int64_t ns, int t, int T, int64_t* lo, int64_t* hi) {
+  *lo = ns * t / T;
+  *hi = ns * (t + 1) / T;
+}
+
+// grad_x[u] = sum over edges e = (u -> v), in edge order, of g[v] (mean: g[v] / deg(v)), without a transpose:
+// every thread walks the destination-grouped edges and adds the rows of the sources it owns. With one
+// thread that is one pass; with T threads each reads all edge indices but only its sources' rows.
+template <typename T>
+void spmm_scatter(const int64_t* __restrict__ p, const int64_t* __restrict__ src, const T* __restrict__ g,
+                  T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F, bool mean) {
+  const int nt = static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, ns / 256)));
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T_ = omp_get_num_threads();
+    int64_t lo, hi;
+    owned_range(ns, t, T_, &lo, &hi);
+    std::fill(gx + lo * F, gx + hi * F, T(0));
+    std::vector<T> scaled(mean ? F : 0);
+    for (int64_t v = 0; v < nd; ++v) {
+      const int64_t b = p[v], end = p[v + 1];
+      if (b == end) continue;
+      const T* __restrict__ gv = g + v * F;
+      if (mean && end - b > 1) {  // g / deg once per destination (the bits of torch's `grad / deg`)
+        const T deg = T(end - b);
+        T* __restrict__ sc = scaled.data();
+        for (int64_t f = 0; f < F; ++f) sc[f] = gv[f] / deg;
+        gv = sc;
+      }
+      for (int64_t e = b; e < end; ++e) {
+        const int64_t u = src[e];
+        if (u < lo || u >= hi) continue;
+        T* __restrict__ o = gx + u * F;
+#pragma omp simd
+        for (int64_t f = 0; f < F; ++f) o[f] += gv[f];
+      }
     }
   }
 }
@@ -133,7 +151,7 @@ void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, c
 }  // namespace
 
 // out[i] = sum over j in [indptr[i], indptr[i+1]) of x[col[j]]: one CSR row per output row.
-// Forward of copy_u_sum: (dst row pointers, edge_src); its backward: (src row pointers, their destinations).
+// Forward of copy_u_sum: (dst row pointers, edge_src).
 torch::Tensor spmm_sum(torch::Tensor indptr, torch::Tensor col, torch::Tensor x) {
   check_index(indptr, "indptr");
   check_index(col, "col");
@@ -143,9 +161,147 @@ torch::Tensor spmm_sum(torch::Tensor indptr, torch::Tensor col, torch::Tensor x)
   auto out = torch::empty({rows, F}, xc.options());
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "spmm_sum", [&] {
     spmm_rows<scalar_t>(indptr.data_ptr<int64_t>(), col.data_ptr<int64_t>(), xc.data_ptr<scalar_t>(),
-                        out.data_ptr<scalar_t>(), rows, F);
+                        out.data_ptr<scalar_t>(), rows, F, false);
   });
   return out;
+}
+
+// As spmm_sum, each row divided by its entry count (rows without entries stay zero): copy_u_mean's forward.
+torch::Tensor spmm_mean(torch::Tensor indptr, torch::Tensor col, torch::Tensor x) {
+  check_index(indptr, "indptr");
+  check_index(col, "col");
+  check_values(x, "x", 2);
+  auto xc = x.contiguous();
+  const int64_t rows = indptr.numel() - 1, F = xc.size(1);
+  auto out = torch::empty({rows, F}, xc.options());
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "spmm_mean", [&] {
+    spmm_rows<scalar_t>(indptr.data_ptr<int64_t>(), col.data_ptr<int64_t>(), xc.data_ptr<scalar_t>(),
+                        out.data_ptr<scalar_t>(), rows, F, true);
+  });
+  return out;
+}
+
+// Backward of spmm_sum / spmm_mean (by destination row pointers indptr, columns edge_src) w.r.t. x:
+// grad_x [num_src, F], each source row summed in edge order, with no transposed CSR built.
+torch::Tensor spmm_backward(torch::Tensor indptr, torch::Tensor edge_src, torch::Tensor grad_out, int64_t num_src,
+                            bool mean) {
+  check_index(indptr, "indptr");
+  check_index(edge_src, "edge_src");
+  check_values(grad_out, "grad_out", 2);
+  auto g = grad_out.contiguous();
+  const int64_t nd = indptr.numel() - 1, F = g.size(1);
+  TORCH_CHECK_VALUE(g.size(0) == nd, "spmm_backward: grad_out has ", g.size(0), " rows for ", nd, " destinations");
+  auto gx = torch::empty({num_src, F}, g.options());
+  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "spmm_backward", [&] {
+    spmm_scatter<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(), g.data_ptr<scalar_t>(),
+                           gx.data_ptr<scalar_t>(), nd, num_src, F, mean);
+  });
+  return gx;
+}
+
+namespace {
+
+// SAGE-mean's GEMM input [h_dst | mean of the in-neighbours' rows], [nd, 2F], in one pass per row.
+template <typename T>
+void sage_concat_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ col, const T* __restrict__ x,
+                      T* __restrict__ out, int64_t nd, int64_t F, int64_t d0) {
+#pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
+  for (int64_t i = 0; i < nd; ++i) {
+    T* __restrict__ self = out + i * 2 * F;
+    T* __restrict__ o = self + F;
+    std::copy(x + (d0 + i) * F, x + (d0 + i + 1) * F, self);
+    std::fill(o, o + F, T(0));
+    const int64_t end = p[i + 1];
+    for (int64_t j = p[i]; j < end; ++j) {
+      if (j + kAhead < end) prefetch_row(x + col[j + kAhead] * F, F);
+      const T* __restrict__ xr = x + col[j] * F;
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) o[f] += xr[f];
+    }
+    if (end - p[i] > 1) {
+      const T deg = T(end - p[i]);
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) o[f] /= deg;
+    }
+  }
+}
+
+// Its backward: grad_x[d0 + v] gets g[v, :F], the sources of v's edges g[v, F:] / deg(v); one gradient over
+// the sources (no zero-filled slice gradient to add). Each row is owned by one thread and gets its terms in
+// destination order (the self term of v before v's edges): the same bits for any thread count.
+template <typename T>
+void sage_concat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
+                               const T* __restrict__ g, T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F,
+                               int64_t d0) {
+  const int nt = static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, ns / 256)));
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num(), T_ = omp_get_num_threads();
+    int64_t lo, hi;
+    owned_range(ns, t, T_, &lo, &hi);
+    std::fill(gx + lo * F, gx + hi * F, T(0));
+    std::vector<T> scaled(F);
+    for (int64_t v = 0; v < nd; ++v) {
+      const T* __restrict__ gs = g + v * 2 * F;
+      if (d0 + v >= lo && d0 + v < hi) {
+        T* __restrict__ o = gx + (d0 + v) * F;
+#pragma omp simd
+        for (int64_t f = 0; f < F; ++f) o[f] += gs[f];
+      }
+      const int64_t b = p[v], end = p[v + 1];
+      if (b == end) continue;
+      const T* __restrict__ gv = gs + F;
+      if (end - b > 1) {
+        const T deg = T(end - b);
+        T* __restrict__ sc = scaled.data();
+        for (int64_t f = 0; f < F; ++f) sc[f] = gv[f] / deg;
+        gv = sc;
+      }
+      for (int64_t e = b; e < end; ++e) {
+        const int64_t u = src[e];
+        if (u < lo || u >= hi) continue;
+        T* __restrict__ o = gx + u * F;
+#pragma omp simd
+        for (int64_t f = 0; f < F; ++f) o[f] += gv[f];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// [x[dst_start + i] | mean of x over row i's entries] for every destination row i: [num_dst, 2F].
+torch::Tensor sage_concat(torch::Tensor indptr, torch::Tensor col, torch::Tensor x, int64_t dst_start) {
+  check_index(indptr, "indptr");
+  check_index(col, "col");
+  check_values(x, "x", 2);
+  auto xc = x.contiguous();
+  const int64_t nd = indptr.numel() - 1, F = xc.size(1);
+  TORCH_CHECK_VALUE(dst_start >= 0 && dst_start + nd <= xc.size(0), "sage_concat: destinations [", dst_start, ", ",
+                    dst_start + nd, ") are not rows of x (", xc.size(0), " rows)");
+  auto out = torch::empty({nd, 2 * F}, xc.options());
+  AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "sage_concat", [&] {
+    sage_concat_impl<scalar_t>(indptr.data_ptr<int64_t>(), col.data_ptr<int64_t>(), xc.data_ptr<scalar_t>(),
+                               out.data_ptr<scalar_t>(), nd, F, dst_start);
+  });
+  return out;
+}
+
+torch::Tensor sage_concat_backward(torch::Tensor indptr, torch::Tensor edge_src, torch::Tensor grad_out,
+                                   int64_t num_src, int64_t dst_start) {
+  check_index(indptr, "indptr");
+  check_index(edge_src, "edge_src");
+  check_values(grad_out, "grad_out", 2);
+  auto g = grad_out.contiguous();
+  const int64_t nd = indptr.numel() - 1, F = g.size(1) / 2;
+  TORCH_CHECK_VALUE(g.size(0) == nd && g.size(1) == 2 * F, "sage_concat_backward: grad_out ", g.sizes(),
+                    " for ", nd, " destinations");
+  auto gx = torch::empty({num_src, F}, g.options());
+  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "sage_concat_backward", [&] {
+    sage_concat_backward_impl<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(),
+                                        g.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), nd, num_src, F, dst_start);
+  });
+  return gx;
 }
 
 namespace {
@@ -193,6 +349,7 @@ void gat_forward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__
         for (int64_t k = 0; k < H; ++k) {
           a[k] /= sm[k];  // sm >= 1: the maximum contributes exp(0)
           const scalar_t w = a[k];
+#pragma omp simd
           for (int64_t d = 0; d < D; ++d) o[k * D + d] += w * zr[k * D + d];
         }
       }
@@ -230,8 +387,7 @@ namespace {
 
 template <typename scalar_t>
 void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
-                       const int64_t* __restrict__ dst_t, const int64_t* __restrict__ sp,
-                       const int64_t* __restrict__ q, const scalar_t* __restrict__ gp,
+                       const scalar_t* __restrict__ gp,
                        const scalar_t* __restrict__ zp, const scalar_t* __restrict__ lp,
                        const scalar_t* __restrict__ rp, const scalar_t* __restrict__ ap,
                        scalar_t* __restrict__ gpre, scalar_t* __restrict__ gzp, scalar_t* __restrict__ glp,
@@ -253,6 +409,8 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
         scalar_t* __restrict__ ga = gpre + e * H;
         for (int64_t k = 0; k < H; ++k) {
           scalar_t acc = 0;
+          // A dot product: let the compiler split the sum over vector lanes (a fixed order: deterministic).
+#pragma omp simd reduction(+ : acc)
           for (int64_t d = 0; d < D; ++d) acc += gv[k * D + d] * zr[k * D + d];
           ga[k] = acc;
           dot[k] += a[k] * acc;
@@ -270,25 +428,26 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
         }
       }
     }
-#pragma omp for schedule(dynamic, kChunk)
-    for (int64_t u = 0; u < ns; ++u) {
-      scalar_t* __restrict__ gz = gzp + u * HD;
-      scalar_t* __restrict__ gl = glp + u * H;
-      std::fill(gz, gz + HD, scalar_t(0));
-      std::fill(gl, gl + H, scalar_t(0));
-      const int64_t end = sp[u + 1];
-      for (int64_t j = sp[u]; j < end; ++j) {
-        if (j + kAhead < end) {  // the gradient row and the edge's alpha / grad entries are all scattered
-          prefetch_row(gp + dst_t[j + kAhead] * HD, HD);
-          __builtin_prefetch(ap + q[j + kAhead] * H);
-          __builtin_prefetch(gpre + q[j + kAhead] * H);
-        }
-        const int64_t e = q[j];
-        const scalar_t* __restrict__ gv = gp + dst_t[j] * HD;
+    // Pass 2, after pass 1's implicit barrier: every thread walks the edges in destination order and adds
+    // into the sources it owns (no transpose; each source row summed in edge order).
+    const int t = omp_get_thread_num(), T_ = omp_get_num_threads();
+    int64_t lo, hi;
+    owned_range(ns, t, T_, &lo, &hi);
+    std::fill(gzp + lo * HD, gzp + hi * HD, scalar_t(0));
+    std::fill(glp + lo * H, glp + hi * H, scalar_t(0));
+    for (int64_t v = 0; v < nd; ++v) {
+      const scalar_t* __restrict__ gv = gp + v * HD;
+      const int64_t f = p[v + 1];
+      for (int64_t e = p[v]; e < f; ++e) {
+        const int64_t u = src[e];
+        if (u < lo || u >= hi) continue;
+        scalar_t* __restrict__ gz = gzp + u * HD;
+        scalar_t* __restrict__ gl = glp + u * H;
         const scalar_t* __restrict__ a = ap + e * H;
         const scalar_t* __restrict__ ga = gpre + e * H;
         for (int64_t k = 0; k < H; ++k) {
           const scalar_t w = a[k];
+#pragma omp simd
           for (int64_t d = 0; d < D; ++d) gz[k * D + d] += w * gv[k * D + d];
           gl[k] += ga[k];
         }
@@ -301,23 +460,20 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
 
 // GAT backward from grad_out [nd, H, D]: returns (grad_z [ns, H, D], grad_el [ns, H], grad_er [nd, H]).
 // Pass 1 (rows = destinations): grad of alpha, softmax and leaky_relu per edge, summed into grad_er.
-// Pass 2 (rows = sources, through the transpose src_indptr / perm / dst_t of src_csr): grad_z and grad_el.
+// Pass 2 (a scatter into the sources, each thread owning a range of them): grad_z and grad_el.
 std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor indptr, torch::Tensor edge_src,
-                                        torch::Tensor src_indptr, torch::Tensor perm, torch::Tensor dst_t,
                                         torch::Tensor z, torch::Tensor el, torch::Tensor er, torch::Tensor alpha,
                                         double slope) {
   check_values(grad_out, "grad_out", 3);
   auto g = grad_out.contiguous(), zc = z.contiguous(), elc = el.contiguous(), erc = er.contiguous();
-  const int64_t nd = indptr.numel() - 1, ns = src_indptr.numel() - 1, E = edge_src.numel();
+  const int64_t nd = indptr.numel() - 1, ns = zc.size(0), E = edge_src.numel();
   const int64_t H = zc.size(1), D = zc.size(2);
   auto grad_z = torch::empty_like(zc);
   auto grad_el = torch::empty({ns, H}, zc.options());
   auto grad_er = torch::zeros({erc.size(0), H}, zc.options());
   auto grad_pre = torch::empty({E, H}, zc.options());
   AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "gat_backward", [&] {
-    gat_backward_impl<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(),
-                                dst_t.data_ptr<int64_t>(), src_indptr.data_ptr<int64_t>(),
-                                perm.data_ptr<int64_t>(), g.data_ptr<scalar_t>(), zc.data_ptr<scalar_t>(),
+    gat_backward_impl<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(), g.data_ptr<scalar_t>(), zc.data_ptr<scalar_t>(),
                                 elc.data_ptr<scalar_t>(), erc.data_ptr<scalar_t>(), alpha.data_ptr<scalar_t>(),
                                 grad_pre.data_ptr<scalar_t>(), grad_z.data_ptr<scalar_t>(),
                                 grad_el.data_ptr<scalar_t>(), grad_er.data_ptr<scalar_t>(), nd, ns, H, D,
@@ -329,8 +485,11 @@ std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor in
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "gsplit CPU aggregation kernels (CSR by destination, deterministic, no per-edge messages)";
   m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list; checks all indices");
-  m.def("src_csr", &src_csr, "transpose of the edge list: (source row pointers, edge ids, destinations)");
   m.def("spmm_sum", &spmm_sum, "out[i] = sum of x[col[j]] over row i's entries");
+  m.def("spmm_mean", &spmm_mean, "spmm_sum divided by each row's entry count");
+  m.def("spmm_backward", &spmm_backward, "grad of spmm_sum / spmm_mean w.r.t. x, by a scatter in edge order");
+  m.def("sage_concat", &sage_concat, "[x[dst_start + i] | mean of x over row i's entries]");
+  m.def("sage_concat_backward", &sage_concat_backward, "grad of sage_concat w.r.t. x");
   m.def("gat_forward", &gat_forward, "fused GAT edge softmax and weighted sum: (out, alpha)");
   m.def("gat_backward", &gat_backward, "backward of gat_forward: (grad_z, grad_el, grad_er)");
 }

@@ -258,7 +258,9 @@ def test_recompute_keeps_fewer_tensors_for_backward():
 
     for name in ("sage", "gat"):
         plain, recomputed = saved_bytes(new_model(name)), saved_bytes(new_model(name + "-recompute"))
-        assert recomputed < 0.6 * plain, f"{name}: {recomputed} saved bytes with recompute vs {plain} without"
+        # 0.65: since SAGE-mean's plain layer saves less itself (one [h_dst | mean] input, no degree column:
+        # 138,120 -> 122,904 bytes here, issue 20), recompute's unchanged 76,808 bytes are 0.62 of it (0.56 before).
+        assert recomputed < 0.65 * plain, f"{name}: {recomputed} saved bytes with recompute vs {plain} without"
 
 
 def test_memory_estimate_is_close_to_saved_tensors():

@@ -11,11 +11,12 @@ from gsplit.comm.shuffle import shuffle
 from gsplit.overlap import overlapped_sp_forward, splits_sources
 from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
 from gsplit.sampling.block import Block
+from gsplit.timing import LayerClock, layer_ends, layer_starts
 
 
 def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Sequence[Block],
                between: Optional[Callable[[int, torch.Tensor, Block], torch.Tensor]] = None,
-               group=None) -> torch.Tensor:
+               group=None, clock: Optional[LayerClock] = None) -> torch.Tensor:
     """Run ``layers[i](blocks[i], h)`` bottom-up, shuffling rows on ``group`` before every layer but the first.
 
     ``feat`` has one row per ``blocks[0]`` source node (``blocks[0].srcdata["feat"]`` from the
@@ -30,6 +31,9 @@ def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Se
     their per-source terms apart (``project_sources`` / ``combine``, as gsplit's layers do); with other
     layers the plain path runs.
 
+    ``clock`` (a :class:`gsplit.timing.LayerClock`, e.g. the trainer's) times each layer's forward and
+    backward compute apart from the shuffles and waits between layers; ``None``: nothing is timed.
+
     Example:
         >>> logits = gsplit.sp_forward(model.layers, blocks[0].srcdata["feat"], blocks,
         ...                            between=lambda i, h, block: torch.relu(h))      # doctest: +SKIP
@@ -41,12 +45,14 @@ def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Se
         check_block_layer(layer)  # a bare PyG layer: say "wrap it in BlockConv" instead of PyG's dtype error
     if len(blocks) > 1 and all(b.overlap is not None for b in blocks[:-1]) and splits_sources(layers[:-1]):
         comm = group_of(blocks[1].shuffle_index) if group is None else as_communicator(group)
-        return overlapped_sp_forward(layers, feat, blocks, between, comm)
+        return overlapped_sp_forward(layers, feat, blocks, between, comm, clock)
     h = feat
     for i, (layer, block) in enumerate(zip(layers, blocks)):
         if i > 0:
             h = shuffle(h, block, group)
+        h = layer_starts(clock, i, h)
         h = layer(block, h)
         if between is not None and i < len(layers) - 1:
             h = between(i, h, block)
+        h = layer_ends(clock, i, h)
     return h

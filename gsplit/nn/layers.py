@@ -27,7 +27,8 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import nn
 
-from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, degrees, edge_softmax, gat_aggregate, gat_aggregate_torch
+from gsplit.ops.aggregate import (copy_u_mean, copy_u_sum, degrees, edge_softmax, gat_aggregate, gat_aggregate_torch,
+                                  self_and_mean)
 from gsplit.sampling.block import Block
 
 __all__ = ["SAGEConv", "GATConv", "GraphConv", "edge_softmax"]
@@ -127,15 +128,22 @@ class SAGEConv(nn.Module):
         nd, d0 = block.num_dst, block.dst_start
         src, dst = block.edge_src, block.edge_dst
         lin_first = self.in_feats > self.out_feats
-        if self.aggregator == "mean":
-            neigh = copy_u_mean(x, src, dst, nd)
-            out = self.fc_self(h[d0:d0 + nd]) + (neigh if lin_first else self.fc_neigh(neigh))
+        if self.aggregator == "mean" and lin_first:  # x is W_neigh h already: add W_self h_dst (+ b) to its mean
+            out = torch.addmm(copy_u_mean(x, src, dst, nd), h[d0:d0 + nd], self.fc_self.weight.t())
+            if self.bias is not None:
+                out = out.add_(self.bias)  # addmm's backward does not need its output: in place is safe
+        elif self.aggregator == "mean":
+            # One product of [h_dst | mean] with [W_self | W_neigh] (+ b in the same GEMM): no sum temporaries, and
+            # one gradient over h in backward instead of a zero-filled slice gradient plus the scatter's.
+            both = self_and_mean(h, src, dst, nd, d0)
+            w = torch.cat([self.fc_self.weight, self.fc_neigh.weight], dim=1)
+            out = both @ w.t() if self.bias is None else torch.addmm(self.bias, both, w.t())
         else:  # gcn
             deg = degrees(dst, nd).to(h.dtype).unsqueeze(1)
             neigh = (copy_u_sum(x, src, dst, nd) + x[d0:d0 + nd]) / (deg + 1)
             out = neigh if lin_first else self.fc_neigh(neigh)
-        if self.bias is not None:
-            out = out + self.bias
+            if self.bias is not None:
+                out = out + self.bias
         return self.activation(out) if self.activation is not None else out
 
     def extra_repr(self) -> str:
@@ -202,6 +210,8 @@ class GATConv(nn.Module):
         """The per-source terms ``(z, el)``: projected rows and the source half of the scores."""
         _check_input(self, block, h, self.in_feats)
         z = self.fc(self.feat_drop(h)).view(-1, self.num_heads, self.out_feats)
+        # (Measured, issue 20: both score halves as one GEMM with block-diagonal [H*D, 2H] attention weights, or
+        # einsum, took 2x this elementwise form forward + backward at 86k x 4 x 64 on one thread: skinny products.)
         return z, (z * self.attn_l).sum(-1)       # [num_src, H]: source half of the score
 
     def combine(self, block: Block, sources: Tuple[torch.Tensor, ...]) -> torch.Tensor:

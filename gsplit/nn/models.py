@@ -72,12 +72,12 @@ class _Stack(nn.Module):
         """What follows the last layer (identity here); layer-wise inference calls it too."""
         return h
 
-    def forward(self, blocks: List[Block], x: torch.Tensor, group=None) -> torch.Tensor:
+    def forward(self, blocks: List[Block], x: torch.Tensor, group=None, clock=None) -> torch.Tensor:
         """Logits of the top block's destinations; ``group`` is where split blocks shuffle (default: the
-        group the loader bound to the blocks)."""
+        group the loader bound to the blocks); ``clock`` times each layer (see :func:`sp_forward`)."""
         if self.training:
             self.step += 1
-        return self.output(sp_forward(self.layers, x, blocks, between=self.between, group=group))
+        return self.output(sp_forward(self.layers, x, blocks, between=self.between, group=group, clock=clock))
 
 
 class SAGE(_Stack):

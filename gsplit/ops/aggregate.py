@@ -3,9 +3,10 @@
 A block's edges are grouped by destination (``edge_dst`` non-decreasing), so its edge list already is
 a CSR matrix by destination. On CPU (float32 / float64) the compiled kernels of
 ``kernels/aggregate_cpu.cpp`` sum each destination's source rows directly, one row per parallel task,
-without materialising an ``[edges x width]`` message tensor; backward sums each source's
-gradient rows over the transpose, built per call by a stable counting sort (O(E)). Each row is summed
-in edge order, so CPU results are a pure function of the inputs.
+without materialising an ``[edges x width]`` message tensor (the mean divides inside the kernel); backward
+adds each destination's gradient row into its sources by a scatter in edge order, each thread owning a
+range of source rows (no transposed CSR, no atomics). Each row is summed in edge order, so CPU results
+are a pure function of the inputs, whatever the thread count.
 
 Elsewhere (CUDA tensors, other dtypes, ``GSPLIT_NO_EXTENSIONS=1``, or an extension that did not build)
 the plain-torch versions run: a gather (``index_select``) and a scatter-add (``index_add_``). Both
@@ -31,7 +32,7 @@ from torch.autograd.function import once_differentiable
 
 from gsplit.ops import cpu_ext
 
-__all__ = ["copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "degrees", "copy_u_sum_torch",
+__all__ = ["copy_u_sum", "copy_u_mean", "self_and_mean", "gat_aggregate", "edge_softmax", "degrees", "copy_u_sum_torch",
            "copy_u_mean_torch", "gat_aggregate_torch", "extension_available"]
 
 _EXT_NAME = "gsplit_aggregate"
@@ -166,38 +167,53 @@ def gat_aggregate_torch(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edg
 
 # ---------------------------------------------------------------------------- compiled CPU kernels
 class _CopyUSum(torch.autograd.Function):
+    """Sum (``mean=True``: mean) of source rows per destination; backward scatters into the sources."""
+
     @staticmethod
-    def forward(ctx, x, edge_src, edge_dst, indptr, ext):
-        ctx.ext, ctx.num_src = ext, x.shape[0]
-        ctx.save_for_backward(edge_src, edge_dst)
-        return ext.spmm_sum(indptr, edge_src, x)
+    def forward(ctx, x, edge_src, indptr, ext, mean):
+        ctx.ext, ctx.num_src, ctx.mean = ext, x.shape[0], mean
+        ctx.save_for_backward(edge_src, indptr)
+        return (ext.spmm_mean if mean else ext.spmm_sum)(indptr, edge_src, x)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         if not ctx.needs_input_grad[0]:
             return None, None, None, None, None
-        edge_src, edge_dst = ctx.saved_tensors
-        src_indptr, _, dst_t = ctx.ext.src_csr(edge_src, edge_dst, ctx.num_src)
-        return ctx.ext.spmm_sum(src_indptr, dst_t, grad_out), None, None, None, None
+        edge_src, indptr = ctx.saved_tensors
+        return ctx.ext.spmm_backward(indptr, edge_src, grad_out, ctx.num_src, ctx.mean), None, None, None, None
+
+
+class _SAGEConcat(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, edge_src, indptr, dst_start, ext):
+        ctx.ext, ctx.num_src, ctx.dst_start = ext, x.shape[0], dst_start
+        ctx.save_for_backward(edge_src, indptr)
+        return ext.sage_concat(indptr, edge_src, x, dst_start)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        edge_src, indptr = ctx.saved_tensors
+        return ctx.ext.sage_concat_backward(indptr, edge_src, grad_out, ctx.num_src, ctx.dst_start), None, None, None, None
 
 
 class _GATAggregate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, z, el, er, edge_src, edge_dst, indptr, negative_slope, ext):
+    def forward(ctx, z, el, er, edge_src, indptr, negative_slope, ext):
         out, alpha = ext.gat_forward(indptr, edge_src, z, el, er, negative_slope)
         ctx.ext, ctx.slope = ext, negative_slope
-        ctx.save_for_backward(z, el, er, edge_src, edge_dst, indptr, alpha)
+        ctx.save_for_backward(z, el, er, edge_src, indptr, alpha)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
-        z, el, er, edge_src, edge_dst, indptr, alpha = ctx.saved_tensors
-        src_indptr, perm, dst_t = ctx.ext.src_csr(edge_src, edge_dst, z.shape[0])
-        gz, gel, ger = ctx.ext.gat_backward(grad_out, indptr, edge_src, src_indptr, perm, dst_t, z, el, er,
-                                            alpha, ctx.slope)
-        return gz, gel, ger, None, None, None, None, None
+        z, el, er, edge_src, indptr, alpha = ctx.saved_tensors
+        gz, gel, ger = ctx.ext.gat_backward(grad_out, indptr, edge_src, z, el, er, alpha, ctx.slope)
+        return gz, gel, ger, None, None, None, None
 
 
 def _prepare(edge_src: torch.Tensor, edge_dst: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -223,7 +239,7 @@ def copy_u_sum(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, 
         return copy_u_sum_torch(x, edge_src, edge_dst, num_dst)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
     indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], int(num_dst))
-    return _CopyUSum.apply(x, edge_src, edge_dst, indptr, ext)
+    return _CopyUSum.apply(x, edge_src, indptr, ext, False)
 
 
 def copy_u_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:
@@ -236,8 +252,41 @@ def copy_u_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor,
         >>> copy_u_mean(x, torch.tensor([1, 2, 0]), torch.tensor([0, 0, 1]), 3).flatten().tolist()
         [3.0, 1.0, 0.0]
     """
-    agg = copy_u_sum(x, edge_src, edge_dst, num_dst)
-    return agg / _in_degrees(edge_dst, num_dst, agg).clamp_(min=1).view((-1,) + (1,) * (agg.dim() - 1))
+    _check_edges(edge_src, edge_dst, num_dst)
+    ext = _use_extension(x) if x.dim() == 2 else None
+    if ext is None:
+        return copy_u_mean_torch(x, edge_src, edge_dst, num_dst)
+    edge_src, edge_dst = _prepare(edge_src, edge_dst)
+    indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], int(num_dst))
+    # The kernel divides each row by its edge count (no degree pass, no [num_dst, F] quotient temporary).
+    return _CopyUSum.apply(x, edge_src, indptr, ext, True)
+
+
+def self_and_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int,
+                  dst_start: int = 0) -> torch.Tensor:
+    """``[x[dst_start + v] | mean of x[u] over v's edges]`` for each destination ``v``: [num_dst, 2 * F], the input
+    of SAGE-mean's one product with ``[W_self | W_neigh]``.
+
+    On CPU the compiled kernel writes both halves in one pass and its backward gives one gradient over ``x``
+    (the destinations' own rows and the scatter into the sources together); elsewhere ``torch.cat`` of a
+    slice and :func:`copy_u_mean`. Same arguments as :func:`copy_u_sum`, plus where the destinations' rows start.
+
+    Example:
+        >>> x = torch.tensor([[1.], [2.], [4.]])
+        >>> self_and_mean(x, torch.tensor([1, 2, 0]), torch.tensor([0, 0, 1]), 2).tolist()
+        [[1.0, 3.0], [2.0, 1.0]]
+    """
+    _check_edges(edge_src, edge_dst, num_dst)
+    d0, nd = int(dst_start), int(num_dst)
+    if d0 < 0 or d0 + nd > x.shape[0]:
+        raise ValueError(f"destinations [{d0}, {d0 + nd}) are not rows of x ({x.shape[0]} rows); "
+                         "pass the block's dst_start and num_dst")
+    ext = _use_extension(x) if x.dim() == 2 else None
+    if ext is None:
+        return torch.cat([x[d0:d0 + nd], copy_u_mean_torch(x, edge_src, edge_dst, nd)], dim=1)
+    edge_src, edge_dst = _prepare(edge_src, edge_dst)
+    indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], nd)
+    return _SAGEConcat.apply(x, edge_src, indptr, d0, ext)
 
 
 def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src: torch.Tensor,
@@ -265,4 +314,4 @@ def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src:
         return gat_aggregate_torch(z, el, er[: int(num_dst)], edge_src, edge_dst, num_dst, negative_slope)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
     indptr = ext.dst_indptr(edge_src, edge_dst, z.shape[0], int(num_dst))
-    return _GATAggregate.apply(z, el, er[: int(num_dst)], edge_src, edge_dst, indptr, float(negative_slope), ext)
+    return _GATAggregate.apply(z, el, er[: int(num_dst)], edge_src, indptr, float(negative_slope), ext)

@@ -1,0 +1,190 @@
+"""Where a SAGE / GAT iteration's layer compute goes, op by op, in gsplit and in DGL 2.1 on the SAME blocks (issue 20).
+
+Samples ``--batches`` mini-batches of the vs_dgl setting (synthetic graph of ``--nodes`` vertices, fanouts
+15,10,5, ``--batch-size`` targets, as one rank of ``vs_dgl.py`` at 2 ranks), saves their blocks to an
+``.npz`` (``layer_ops_models.py`` says the format), and times one process running the model's forward,
+cross-entropy and backward on them (``--threads`` torch threads, default 1 = one rank's share of 2 cores;
+hidden 256, dropout 0.5, GAT 4 heads), median of ``--repeats`` passes after a warm-up; then one pass under
+``torch.profiler`` gives each op's self time per iteration. Every side runs in a process of its own, the sides
+interleaved in each of ``--rounds`` rounds; the median over rounds is reported. Sides, all on the same blocks:
+
+* ``gsplit``: this checkout's ``gsplit.nn.SAGE`` / ``GAT`` (fresh ``Block`` objects every step, so anything
+  a block caches is paid per step, as in training);
+* ``baseline`` (``--baseline-repo DIR``): the same from another checkout (e.g. ``/work/main`` before a change),
+  run in a subprocess with its own extension cache folder (``--baseline-extension-dir``, default gsplit's
+  usual one: run this checkout with another ``GSPLIT_EXTENSION_DIR`` when its kernels differ);
+* ``dgl`` (``--dgl-python``): ``dgl_layer_ops_peer.py``, DGL's ``SAGEConv`` / ``GATConv`` (``dgl_peer.py``'s models).
+
+    GSPLIT_EXTENSION_DIR=~/.cache/gsplit/ext-new python experiments/bench_layer_ops.py \
+        --dgl-python /work/main/.venv-dgl/bin/python --baseline-repo /work/main
+    python experiments/bench_layer_ops.py --quick
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+import numpy as np
+import torch
+
+from layer_ops_models import read_blocks, time_and_profile
+
+
+def save_blocks(path: Path, args) -> dict:
+    """Sample the batches and write them to ``path``; returns their sizes."""
+    from gsplit import datasets
+    from gsplit.sampling import NeighborSampler
+
+    ds = datasets.load("synthetic", num_nodes=args.nodes, seed=args.seed)
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    sampler = NeighborSampler(fanouts, seed=args.seed)
+    perm = ds.train_idx[torch.randperm(ds.train_idx.numel(), generator=torch.Generator().manual_seed(args.seed))]
+    arrays = {"meta": np.array([args.batches, len(fanouts), ds.features.shape[1], ds.num_classes])}
+    sizes = []
+    for b in range(args.batches):
+        seeds = perm[b * args.batch_size:(b + 1) * args.batch_size]
+        mb = sampler.sample(ds.graph, seeds, epoch=0, iteration=b)
+        for l, blk in enumerate(mb.blocks):
+            arrays[f"b{b}_l{l}_src"] = blk.edge_src.numpy()
+            arrays[f"b{b}_l{l}_dst"] = blk.edge_dst.numpy()
+            arrays[f"b{b}_l{l}_ids"] = blk.src_nodes.numpy()
+            arrays[f"b{b}_l{l}_n"] = np.array([blk.num_src_nodes(), blk.num_dst])
+        arrays[f"b{b}_feat"] = ds.features[mb.blocks[0].src_nodes].numpy()
+        arrays[f"b{b}_label"] = ds.labels[mb.output_nodes].numpy()
+        sizes.append([[blk.num_src_nodes(), blk.num_dst, blk.num_edges()] for blk in mb.blocks])
+    np.savez(path, **arrays)
+    return {"in_feats": int(ds.features.shape[1]), "num_classes": ds.num_classes, "blocks_src_dst_edges": sizes}
+
+
+def gsplit_side(blocks_path: Path, models, args) -> dict:
+    """Time and profile this process's gsplit on the saved blocks."""
+    from gsplit.nn.models import GAT, SAGE
+    from gsplit.sampling.block import Block
+
+    torch.set_num_threads(args.threads)
+    data = read_blocks(blocks_path)
+    z = np.load(blocks_path)
+    for i, b in enumerate(data["batches"]):
+        b["ids"] = [torch.from_numpy(z[f"b{i}_l{l}_ids"]) for l in range(data["num_layers"])]
+
+    def run_forward(model, batch):
+        # Fresh blocks every step: whatever a Block caches is paid once per step, as in training.
+        blocks = [Block(src_nodes=ids, num_dst=nd, edge_src=src, edge_dst=dst, edge_ids=src, layer=l)
+                  for l, ((src, dst, _ns, nd), ids) in enumerate(zip(batch["layers"], batch["ids"]))]
+        return model(blocks, batch["feat"])
+
+    out = {}
+    for name in models:
+        torch.manual_seed(0)
+        if name == "sage":
+            model = SAGE(data["in_feats"], args.hidden, data["num_classes"], data["num_layers"], dropout=args.dropout)
+        else:
+            model = GAT(data["in_feats"], args.hidden, data["num_classes"], data["num_layers"], heads=args.heads,
+                        dropout=args.dropout)
+        out[name] = time_and_profile(model, data["batches"], run_forward, args.repeats)
+    return out
+
+
+def run_peer(cmd, env=None) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
+        target = fh.name
+    subprocess.run([str(c) for c in cmd] + ["--json", target], check=True, env=env)
+    return json.loads(Path(target).read_text())
+
+
+def side_args(args):
+    return ["--models", args.models, "--threads", args.threads, "--repeats", args.repeats, "--hidden", args.hidden,
+            "--heads", args.heads, "--dropout", args.dropout]
+
+
+def print_tables(results: dict, models, top: int) -> None:
+    sides = list(results)
+    for m in models:
+        print(f"\n== {m}: ms per iteration (forward incl. loss / backward), {', '.join(sides)}")
+        rows = [[s, results[s][m]["forward_ms"], results[s][m]["backward_ms"],
+                 results[s][m]["forward_ms"] + results[s][m]["backward_ms"]] for s in sides]
+        ref = rows[-1][3]
+        for r in rows:
+            r.append(r[3] / ref)
+        print(common.format_table(["side", "forward", "backward", "total", f"/ {sides[-1]}"], rows, ".4g"))
+        for s in sides:
+            ops = results[s][m]["ops"]
+            best = sorted(ops.items(), key=lambda kv: -kv[1]["self_ms"])[:top]
+            print(f"\n{s}: top ops by self time (ms per iteration, profiled pass)")
+            print(common.format_table(["op", "self ms", "total ms", "calls"],
+                                      [[k[:70], v["self_ms"], v["total_ms"], v["calls"]] for k, v in best], ".3g"))
+
+
+def main() -> None:
+    p = common.make_parser(__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=0, help="vertices (default 100000; quick 20000)")
+    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--batches", type=int, default=0, help="mini-batches (default 4; quick 2)")
+    p.add_argument("--models", default="sage,gat")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=2, help="timed passes per side and round")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (each side once per round)")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.5)
+    p.add_argument("--top", type=int, default=18, help="ops per table")
+    p.add_argument("--dgl-python", default="", help="interpreter of the DGL venv: adds DGL's side")
+    p.add_argument("--baseline-repo", default="", help="another gsplit checkout: adds its side (e.g. /work/main)")
+    p.add_argument("--baseline-extension-dir", default=str(Path.home() / ".cache" / "gsplit" / "extensions"),
+                   help="the baseline's compiled-kernel cache (its kernels differ from this checkout's: give this "
+                        "run another GSPLIT_EXTENSION_DIR, or the two rebuild over each other)")
+    p.add_argument("--blocks", default="", help="(internal) time this checkout on saved blocks and write --json")
+    p.add_argument("--json", default="", help="(internal, with --blocks)")
+    args = p.parse_args()
+    models = [m for m in args.models.split(",") if m]
+    if args.blocks:  # subprocess mode: the baseline checkout's side
+        Path(args.json).write_text(json.dumps(gsplit_side(Path(args.blocks), models, args)))
+        return
+    args.nodes = args.nodes or (20_000 if args.quick else 100_000)
+    args.batches = args.batches or (2 if args.quick else 4)
+    stem = common.output_stem(args, "bench_layer_ops")
+    blocks_path = stem.with_suffix(".blocks.npz")
+    info = save_blocks(blocks_path, args)
+    print(f"blocks (src, dst, edges per layer): {info['blocks_src_dst_edges'][0]} ... -> {common._rel(blocks_path)}")
+    # Each side runs in its own process, the sides interleaved in every round, so that load drifts on a
+    # shared machine hit them alike; per side the median over rounds is reported (the last round's profile).
+    sides = {}
+    if args.baseline_repo:
+        env = {**os.environ, "PYTHONPATH": str(Path(args.baseline_repo).resolve()),
+               "GSPLIT_EXTENSION_DIR": args.baseline_extension_dir}
+        sides["baseline"] = ([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)], env)
+    sides["gsplit"] = ([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)],
+                       {**os.environ, "PYTHONPATH": str(common.REPO)})
+    if args.dgl_python:
+        sides["dgl"] = ([args.dgl_python, Path(__file__).with_name("dgl_layer_ops_peer.py"), "--blocks", blocks_path,
+                         *side_args(args)], None)
+    rounds = {s: [] for s in sides}
+    for r in range(args.rounds):
+        for s, (cmd, env) in sides.items():
+            rounds[s].append(run_peer(cmd, env))
+            print(f"round {r + 1}: {s} " + ", ".join(f"{m} {rounds[s][-1][m]['forward_ms'] + rounds[s][-1][m]['backward_ms']:.0f} ms"
+                                                     for m in models), flush=True)
+    results = {}
+    for s, runs in rounds.items():
+        results[s] = {}
+        for m in models:
+            last = dict(runs[-1][m])
+            for key in ("forward_ms", "backward_ms"):
+                last[key + "_rounds"] = [run[m][key] for run in runs]
+                last[key] = statistics.median(last[key + "_rounds"])
+            results[s][m] = last
+    print_tables(results, models, args.top)
+    blocks_path.unlink()  # large; rerunning samples the same blocks again
+    common.save_json(stem, {"blocks": info, "results": results, "sides": list(results)})
+
+
+if __name__ == "__main__":
+    main()
