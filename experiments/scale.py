@@ -302,8 +302,8 @@ def fit(rows: List[dict]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="1000000,4000000,8000000")
-    p.add_argument("--metis-edges-per-vertex", type=float, default=None,
-                   help="METIS's input bound passed to prepare (default: gsplit's default; 0: every edge)")
+    p.add_argument("--metis-edges-per-vertex", default=None,
+                   help="METIS's input bound passed to prepare (default: gsplit's default, auto; 0: every edge)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--stats-batches", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=1024)

@@ -311,7 +311,7 @@ def cmd_prepare(args) -> int:
     from gsplit.partitioning.sparsify import check_entries_per_vertex
 
     try:
-        check_entries_per_vertex(args.metis_edges_per_vertex)
+        args.metis_edges_per_vertex = check_entries_per_vertex(args.metis_edges_per_vertex)
     except ValueError as e:
         raise CliError(f"--metis-edges-per-vertex: {e}") from None
     ds = _prepare_dataset(args, out)
@@ -339,7 +339,8 @@ def _prepare_map(args, ds, out: Path) -> int:
     r = prepared.report
     if r.get("metis_entries_in"):
         print(f"METIS saw {r['metis_entries']:,} of {r['metis_entries_in']:,} adjacency entries "
-              f"(--metis-edges-per-vertex {args.metis_edges_per_vertex:g})")
+              f"(at most {r['metis_edges_per_vertex']:g} per vertex, each vertex's heaviest edges; "
+              f"--metis-edges-per-vertex {args.metis_edges_per_vertex or 0})")
     print(f"peak host memory while preparing (this process + the METIS process, PSS): "
           f"{r['host_peak_mb'] / 1024:.2f} GiB (METIS's own pages {r['metis_private_peak_mb'] / 1024:.2f} GiB)")
     _print_stats(prepared.report["stats"])
@@ -1075,11 +1076,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-out", help="also write the dataset as a folder of memory-mapped .npy files there "
                         "(an edgelist, or an ogbn-NAME whose raw files are unpacked: converted in chunks) and "
                         "prepare from it; train with --dataset folder:DIR")
-    from gsplit.partitioning.metis import METIS_EDGES_PER_VERTEX
+    from gsplit.partitioning.metis import METIS_BOUND_WHEN_SHORT, METIS_EDGES_PER_VERTEX
 
-    p.add_argument("--metis-edges-per-vertex", type=float, default=METIS_EDGES_PER_VERTEX,
+    p.add_argument("--metis-edges-per-vertex", default=METIS_EDGES_PER_VERTEX,
                    help="bound METIS's input (and memory) to this many adjacency entries per vertex, each vertex's "
-                        f"heaviest edges; 0: every edge (default {METIS_EDGES_PER_VERTEX:g})")
+                        "heaviest edges, e.g. 8; 0: every edge; auto: every edge where the memory for it is "
+                        f"available, else {METIS_BOUND_WHEN_SHORT:g} (default {METIS_EDGES_PER_VERTEX})")
     p.add_argument("--chunk-edges", type=int, default=1 << 22,
                    help="edges per chunk when --dataset-out converts an edge list (default 4194304)")
     p.add_argument("--full-graph", action="store_true",

@@ -195,3 +195,34 @@ def test_bounded_partition_is_refined_over_all_edges():
     meta = pmap.metadata
     assert meta["refine_cut_after"] <= meta["refine_cut_before"]
     assert "refine" in meta["stage_seconds"]
+
+
+def test_auto_bound_keeps_every_edge_where_memory_allows_and_bounds_it_otherwise(monkeypatch, caplog):
+    import gsplit.partitioning.prepare as prepare
+    from gsplit.partitioning.metis import METIS_BOUND_WHEN_SHORT
+
+    n, e = 1000, 15000
+    monkeypatch.setattr(prepare, "available_memory", lambda: prepare.prepare_peak_bytes(n, e))
+    assert prepare.resolve_metis_bound(n, e, "auto") is None           # just fits: full quality
+    monkeypatch.setattr(prepare, "available_memory", lambda: prepare.prepare_peak_bytes(n, e) - 1)
+    with caplog.at_level("WARNING", logger="gsplit.partitioning.prepare"):
+        assert prepare.resolve_metis_bound(n, e, "auto") == METIS_BOUND_WHEN_SHORT
+    assert "bounding its input" in caplog.text and "--metis-edges-per-vertex 0" in caplog.text
+    assert prepare.resolve_metis_bound(n, e, 0) is None and prepare.resolve_metis_bound(n, e, "6") == 6.0
+    with pytest.raises(ValueError, match="auto"):
+        prepare.resolve_metis_bound(n, e, "eight")
+
+
+def test_auto_bound_applies_in_partition_when_memory_is_short(monkeypatch):
+    import gsplit.partitioning.prepare as prepare
+
+    g, _ = _weighted_symmetric(n=300, m=6000)
+    w = gsplit.presample(g, torch.arange(300), gsplit.NeighborSampler([4, 3]), 32, num_parts=2)
+    full = gsplit.partition(g, 2, weights=w)                               # auto, plenty of memory: every edge
+    assert "metis_entries_in" not in full.metadata
+    monkeypatch.setattr(prepare, "available_memory", lambda: 0)
+    short = gsplit.partition(g, 2, weights=w, metis_edges_per_vertex=None)
+    assert "metis_entries_in" not in short.metadata                        # None: never bounded
+    bounded = gsplit.partition(g, 2, weights=w)                            # auto, no memory: bounded
+    assert bounded.metadata["metis_edges_per_vertex"] == 8.0
+    assert bounded.metadata["metis_adjacency_entries"] <= 8 * 300 < bounded.metadata["metis_entries_in"]

@@ -28,7 +28,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -46,9 +46,16 @@ log = logging.getLogger(__name__)
 METHODS = ("gsplit", "node", "edge", "random")
 """Names accepted by :func:`partition`'s ``method``."""
 
-METIS_EDGES_PER_VERTEX = 8.0
-"""Default budget of METIS's input: adjacency entries (both directions) per vertex, the heaviest edges of
-each vertex kept (:func:`gsplit.partitioning.sparsify.heaviest_edges`); 0 or None: every edge."""
+METIS_EDGES_PER_VERTEX = "auto"
+"""Default budget of METIS's input: ``"auto"`` gives METIS every edge where the memory it needs is
+available and :data:`METIS_BOUND_WHEN_SHORT` entries per vertex otherwise
+(:func:`gsplit.partitioning.prepare.resolve_metis_bound`); a number: adjacency entries (both directions)
+per vertex, the heaviest edges of each vertex kept (:func:`gsplit.partitioning.sparsify.heaviest_edges`);
+0 or None: every edge."""
+
+METIS_BOUND_WHEN_SHORT = 8.0
+"""The budget ``"auto"`` picks when every edge would not fit: at 1M vertices it cost nothing in cut after
+the refinement, at 4M the weighted cut grew from 0.150 to 0.178 (experiments/README.md, issue 19)."""
 
 BALANCE_MODES = ("layers", "total")
 """How ``gsplit``/``node`` turn pre-sampling weights into METIS balance constraints (see :func:`partition`)."""
@@ -511,7 +518,7 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
               train_idx=None, seed: int = 0, sampler=None, batch_size: Optional[int] = None, *,
               epochs: int = 10, ufactor: int = 30, balance: str = "layers",
               presample_method: str = "expected",
-              metis_edges_per_vertex: Optional[float] = METIS_EDGES_PER_VERTEX) -> PartitionMap:
+              metis_edges_per_vertex: Union[float, str, None] = METIS_EDGES_PER_VERTEX) -> PartitionMap:
     """Partition ``graph``'s vertices into ``num_parts`` parts (one per GPU); returns a :class:`PartitionMap`.
 
     Methods:
@@ -535,7 +542,8 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
     average, each vertex's heaviest edges (by pre-sampled weight; unit weights: a hash of the endpoints),
     kept symmetric (:func:`gsplit.partitioning.sparsify.heaviest_edges`); METIS's map is then refined
     over every edge (balanced label propagation, :func:`gsplit.partitioning.refine.refine_cut`). ``0`` or
-    ``None``: METIS sees every edge. The map's metadata records what was kept (``metis_entries_in``,
+    ``None``: METIS sees every edge; ``"auto"`` (default): every edge where the memory that needs is
+    available, else :data:`METIS_BOUND_WHEN_SHORT` (with a warning). The map's metadata records what was kept (``metis_entries_in``,
     ``metis_adjacency_entries``, ``metis_weight_kept``) and the refinement (``refine_cut_before/after``).
 
     ``gsplit``/``node`` need ``weights`` from :func:`presample`; without them, pass ``sampler``,
@@ -556,7 +564,9 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
     if balance not in BALANCE_MODES:
         raise ValueError(f"unknown balance {balance!r}; use one of {', '.join(BALANCE_MODES)}")
     num_parts = check_part_args(num_parts, graph.num_nodes, ufactor)
-    budget = check_entries_per_vertex(metis_edges_per_vertex)
+    from gsplit.partitioning.prepare import resolve_metis_bound  # prepare builds on this module
+
+    budget = resolve_metis_bound(graph.num_nodes, graph.num_edges, metis_edges_per_vertex)
     n = graph.num_nodes
     t0 = time.perf_counter()
     fingerprint = graph.fingerprint()

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from gsplit.io import atomic_write_json
-from gsplit.partitioning.metis import METIS_EDGES_PER_VERTEX, partition
+from gsplit.partitioning.metis import METIS_BOUND_WHEN_SHORT, METIS_EDGES_PER_VERTEX, partition
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, presample
 from gsplit.partitioning.stats import split_stats
-from gsplit.resources import HostMemoryMeter, require_memory
+from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex
+from gsplit.resources import HostMemoryMeter, available_memory, require_memory
 from gsplit.resources import cpu_seconds as cpu_now
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -45,18 +46,41 @@ PREPARE_NS_PER_EDGE = {"weights": 450, "partition": 2500, "stats": 500}
 left that the CLI shows, never for decisions."""
 
 
-def prepare_peak_bytes(num_nodes: int, num_edges: int,
-                       metis_edges_per_vertex: Optional[float] = METIS_EDGES_PER_VERTEX) -> int:
-    """Estimated peak host memory that :func:`prepare_partition` needs on top of the loaded dataset.
+def prepare_peak_bytes(num_nodes: int, num_edges: int, metis_edges_per_vertex: Optional[float] = None) -> int:
+    """Estimated peak host memory that :func:`prepare_partition` needs on top of the loaded dataset, with
+    METIS's input bounded to ``metis_edges_per_vertex`` entries per vertex (None: every edge).
 
     Example:
-        >>> prepare_peak_bytes(1_000_000, 15_000_000) / 2**30   # doctest: +ELLIPSIS
-        1.8...
+        >>> round(prepare_peak_bytes(1_000_000, 15_000_000) / 2**30, 2), round(prepare_peak_bytes(1_000_000, 15_000_000, 8) / 2**30, 2)
+        (2.83, 1.89)
     """
     entries = int(num_edges) if not metis_edges_per_vertex else min(int(num_edges),
                                                                     int(metis_edges_per_vertex * num_nodes))
     return (PREPARE_BYTES_PER_EDGE * int(num_edges) + PREPARE_BYTES_PER_METIS_ENTRY * entries
             + PREPARE_BYTES_PER_VERTEX * int(num_nodes))
+
+
+def resolve_metis_bound(num_nodes: int, num_edges: int,
+                        metis_edges_per_vertex: Union[float, str, None] = METIS_EDGES_PER_VERTEX) -> Optional[float]:
+    """The budget of METIS's input to use: ``"auto"`` keeps every edge (None) where the memory that needs
+    (:func:`prepare_peak_bytes`) is available, else bounds it to :data:`METIS_BOUND_WHEN_SHORT` entries per
+    vertex and logs a warning (the bound costs cut quality on some graphs); a number is validated and kept.
+
+    Example:
+        >>> resolve_metis_bound(1000, 15000), resolve_metis_bound(1000, 15000, 6), resolve_metis_bound(1000, 15000, 0)
+        (None, 6.0, None)
+    """
+    budget = check_entries_per_vertex(metis_edges_per_vertex)
+    if budget != AUTO:
+        return budget
+    needed, available = prepare_peak_bytes(num_nodes, num_edges), available_memory()
+    if needed <= available:
+        return None
+    log.warning("METIS on every edge of %s vertices / %s edges would need about %.1f GiB but %.1f GiB is available; "
+                "bounding its input to the %g heaviest edges per vertex (the cut can be worse: pass "
+                "metis_edges_per_vertex=0 / --metis-edges-per-vertex 0 on a larger host for full quality)",
+                f"{num_nodes:,}", f"{num_edges:,}", needed / 2**30, available / 2**30, METIS_BOUND_WHEN_SHORT)
+    return METIS_BOUND_WHEN_SHORT
 
 
 def estimated_stage_seconds(stage: str, num_edges: int) -> float:
@@ -87,7 +111,7 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
                       stats_batches: int = 20, weights: Optional[PresampleWeights] = None,
                       progress: Optional[Callable[[str], None]] = None,
                       presample_method: str = "expected",
-                      metis_edges_per_vertex: Optional[float] = METIS_EDGES_PER_VERTEX) -> PreparedPartition:
+                      metis_edges_per_vertex: Union[float, str, None] = METIS_EDGES_PER_VERTEX) -> PreparedPartition:
     """Pre-sample (if ``method`` needs it), partition into ``num_parts``, measure, and save under ``out``.
 
     ``batch_size`` is targets **per rank**, as for the loaders; pre-sampling and statistics use the
@@ -111,6 +135,7 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     """
     say = progress or (lambda message: log.info("%s", message))
     graph = dataset.graph
+    metis_edges_per_vertex = resolve_metis_bound(graph.num_nodes, graph.num_edges, metis_edges_per_vertex)
     require_memory(prepare_peak_bytes(graph.num_nodes, graph.num_edges, metis_edges_per_vertex),
                    f"preparing a partition of {graph.num_nodes:,} vertices and {graph.num_edges:,} edges "
                    "(on top of the loaded dataset)")
@@ -175,7 +200,8 @@ def _prepare(dataset, num_parts, fanouts, batch_size, method, seed, presample_ep
               "presample_epochs": used_weights.epochs if used_weights is not None else 0,
               "presample_s": seconds.get("presample", 0.0), "partition_s": seconds["partition"],
               "partition_stage_s": stages, "metis_entries": pmap.metadata.get("metis_adjacency_entries"),
-              "metis_entries_in": pmap.metadata.get("metis_entries_in")}
+              "metis_entries_in": pmap.metadata.get("metis_entries_in"),
+              "metis_edges_per_vertex": pmap.metadata.get("metis_edges_per_vertex")}
     if stats_batches:
         t, c = time.perf_counter(), cpu_now()
         say(f"split statistics on {stats_batches} sampled mini-batches ...")

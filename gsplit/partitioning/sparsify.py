@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import numpy as np
 
@@ -49,19 +49,26 @@ class SparsifyInfo:
     """Share of the total edge weight that was kept (1.0 when all entries are kept)."""
 
 
-def check_entries_per_vertex(value: Optional[float]) -> Optional[float]:
-    """Validate a budget of METIS adjacency entries per vertex: None or 0 mean no bound.
+AUTO = "auto"
+"""The budget that :func:`gsplit.partitioning.prepare.resolve_metis_bound` picks from the memory available."""
+
+
+def check_entries_per_vertex(value: Union[float, str, None]) -> Union[float, str, None]:
+    """Validate a budget of METIS adjacency entries per vertex: None or 0 mean no bound, ``"auto"`` a bound
+    only where every edge would not fit in memory (:func:`gsplit.partitioning.prepare.resolve_metis_bound`).
 
     Example:
-        >>> check_entries_per_vertex(8), check_entries_per_vertex(0)
-        (8.0, None)
+        >>> check_entries_per_vertex(8), check_entries_per_vertex(0), check_entries_per_vertex("auto")
+        (8.0, None, 'auto')
     """
     if value is None:
         return None
+    if value == AUTO:
+        return AUTO
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"METIS edges per vertex={value!r}; pass a number (0 for no bound)") from None
+        raise ValueError(f"METIS edges per vertex={value!r}; pass a number (0 for no bound) or \"auto\"") from None
     if v == 0:
         return None
     if not np.isfinite(v) or v < MIN_ENTRIES_PER_VERTEX:
