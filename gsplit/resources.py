@@ -121,8 +121,8 @@ def descendants(pid: int) -> list:
     """Process ids of ``pid``'s children, grandchildren... (``/proc/<pid>/task/*/children``; [] off Linux).
 
     Example:
-        >>> descendants(os.getpid())
-        []
+        >>> os.getpid() in descendants(os.getppid())   # this process is its parent's child (on Linux)
+        True
     """
     found, todo = [], [pid]
     while todo:

@@ -30,6 +30,8 @@ from gsplit.comm.communicator import Communicator
 # test of this file also runs against code without them (and shows its defect there)
 from gsplit.launch import LaunchError, launch, report_progress
 
+from fake_cuda import FakeEvent
+
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the launcher's fault tests read /proc")
 
 
@@ -225,31 +227,6 @@ def test_a_collective_in_flight_means_waiting_until_it_completes():
 
 
 # ------------------------------------------------------------------------------------------------ defect 4
-class FakeEvent:
-    """A CUDA event: ``record`` notes the host time; the GPU 'reaches' it once ``gpu_at`` passes it."""
-
-    log: list = []
-    gpu_at = [0.0]
-
-    def __init__(self):
-        self.t = None
-
-    def record(self, stream=None):
-        self.t = time.perf_counter()
-        FakeEvent.log.append("record")
-
-    def query(self):
-        FakeEvent.log.append("query")
-        return self.t is not None and self.t <= FakeEvent.gpu_at[0]
-
-    def synchronize(self):
-        FakeEvent.log.append("synchronize")
-        FakeEvent.gpu_at[0] = max(FakeEvent.gpu_at[0], self.t)
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) * 1000.0
-
-
 @pytest.fixture
 def fake_cuda_events(monkeypatch):
     from gsplit import timing

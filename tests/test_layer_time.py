@@ -19,33 +19,10 @@ from gsplit.launch import launch
 from gsplit.timing import LayerClock, layer_ends, layer_starts
 from gsplit.trainer import TrainConfig, iteration_balance, train_rank
 
+from fake_cuda import FakeEvent
+
 WORLD = 2
 SLEEP = 0.02  # seconds the slow rank's layer 1 sleeps per part, forward and backward
-
-
-class FakeEvent:
-    """A CUDA event stand-in: records the host clock; 'completes' once the fake GPU reaches it."""
-
-    log: list = []
-    gpu_at = [0.0]
-
-    def __init__(self):
-        self.t = None
-
-    def record(self, stream=None):
-        self.t = time.perf_counter()
-        FakeEvent.log.append("record")
-
-    def query(self):
-        FakeEvent.log.append("query")
-        return self.t is not None and self.t <= FakeEvent.gpu_at[0]
-
-    def synchronize(self):
-        FakeEvent.log.append("synchronize")
-        FakeEvent.gpu_at[0] = max(FakeEvent.gpu_at[0], self.t)
-
-    def elapsed_time(self, end):
-        return (end.t - self.t) * 1000.0
 
 
 def _fake_cuda(monkeypatch_setattr):
