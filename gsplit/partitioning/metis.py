@@ -38,7 +38,7 @@ from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, check_train_idx, presample
 from gsplit.partitioning.refine import refine_cut
-from gsplit.partitioning.sparsify import check_entries_per_vertex, heaviest_edges
+from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex, heaviest_edges
 from gsplit.resources import cpu_seconds, process_status_kb
 
 log = logging.getLogger(__name__)
@@ -564,9 +564,7 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
     if balance not in BALANCE_MODES:
         raise ValueError(f"unknown balance {balance!r}; use one of {', '.join(BALANCE_MODES)}")
     num_parts = check_part_args(num_parts, graph.num_nodes, ufactor)
-    from gsplit.partitioning.prepare import resolve_metis_bound  # prepare builds on this module
-
-    budget = resolve_metis_bound(graph.num_nodes, graph.num_edges, metis_edges_per_vertex)
+    budget = check_entries_per_vertex(metis_edges_per_vertex)  # bad values fail before any work
     n = graph.num_nodes
     t0 = time.perf_counter()
     fingerprint = graph.fingerprint()
@@ -613,6 +611,10 @@ def partition(graph: Graph, num_parts: int, method: str = "gsplit", weights: Opt
         entries_in = int(adjncy.size)
         t_bound, c_bound = time.perf_counter(), cpu_seconds()
         bounded = False
+        if budget == AUTO:  # decided only where METIS runs: other methods need no memory for it
+            from gsplit.partitioning.prepare import resolve_metis_bound  # prepare builds on this module
+
+            budget = resolve_metis_bound(n, graph.num_edges, budget)
         if budget is not None:
             xadj, adjncy, ew, kept = heaviest_edges(xadj, adjncy, ew, int(budget * n))
             bounded = kept.rank_threshold >= 0
