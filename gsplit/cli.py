@@ -423,10 +423,8 @@ def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
     from gsplit.io import load_npy
     from gsplit.partitioning.presample import PresampleWeights
 
-    if (pdir / "presample.json").exists():
-        weights = PresampleWeights.load(pdir)
-        weights.check_graph(graph)
-        return weights.vertex_weights
+    if (pdir / "presample.json").exists():  # the vertex weights alone: the per-edge ones are METIS's
+        return PresampleWeights.load_vertex_weights(pdir, graph)
     if (pdir / "vertex_weights.npy").exists():  # older gsplit wrote this array alone
         return torch.from_numpy(load_npy(pdir / "vertex_weights.npy", "run `gsplit prepare` again", kind="f",
                                          length=graph.num_nodes).astype(np.float32))
@@ -629,7 +627,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
             if prepared.weights is not None:
                 cache_weights = prepared.weights.vertex_weights
         owner = pmap.assignment
-        if cache_weights is None and pdir is not None:
+        if cache_weights is None and pdir is not None and parse_size(cfg.cache_size):  # only a cache reads them
             cache_weights = _saved_vertex_weights(pdir, ds.graph)
         if parse_size(cfg.cache_size):
             print("feature cache ordered by " + ("pre-sampling frequency" if cache_weights is not None

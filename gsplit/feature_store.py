@@ -185,7 +185,9 @@ class FeatureStore:
             return
 
         self.features = features.contiguous()  # kernels and index_select read rows at fixed strides
-        owned = self._owned(owner)
+        # no cache, no owned ids: a [num_nodes] mask and [num_nodes / ranks] ids per rank for nothing
+        cached_any = bool(self.cache_bytes_budget) or not self.row_bytes
+        owned = self._owned(owner, ids=cached_any)
         capacity = self.cache_bytes_budget // self.row_bytes if self.row_bytes else owned.numel()
         k = min(int(capacity), owned.numel())
         self.cached_ids = self._hottest(owned, k, weights, graph) if k else torch.empty(0, dtype=torch.int64)
@@ -225,13 +227,17 @@ class FeatureStore:
                  self.cache_bytes_budget / 2**20)
 
     # ------------------------------------------------------------------ construction
-    def _owned(self, owner) -> torch.Tensor:
+    def _owned(self, owner, ids: bool = True) -> torch.Tensor:
+        """The vertices this rank owns (``owner`` checked); with ``ids=False`` only the check (empty ids)."""
         if owner is None:
-            return torch.arange(self.num_nodes, dtype=torch.int64)
-        owner = torch.as_tensor(owner).cpu()
+            return torch.arange(self.num_nodes if ids else 0, dtype=torch.int64)
+        owner = torch.as_tensor(owner)  # a tensor stays where it is: no copy to check its shape
         if owner.shape != (self.num_nodes,):
             raise ValueError(f"owner has shape {tuple(owner.shape)} but the features have {self.num_nodes} rows; "
                              "pass one owning rank per vertex (PartitionMap.assignment)")
+        if not ids:
+            return torch.empty(0, dtype=torch.int64)
+        owner = owner.cpu()
         return (owner == self.rank).nonzero().squeeze(1)
 
     def _hottest(self, owned: torch.Tensor, k: int, weights, graph) -> torch.Tensor:
