@@ -39,7 +39,7 @@ from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, check_train_idx, presample
 from gsplit.partitioning.refine import refine_cut
 from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex, heaviest_edges
-from gsplit.resources import cpu_seconds, process_status_kb
+from gsplit.resources import cpu_seconds, process_status_kb, return_freed_heap
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,8 @@ def _call_kway_in_child(lib: _MetisLib, xadj, adjncy, nparts: int, vwgt, adjwgt,
     and it is not in this process's peak (``VmHWM``)."""
     if not hasattr(os, "fork") or not sys.platform.startswith("linux"):
         return (*_call_kway(lib, xadj, adjncy, nparts, vwgt, adjwgt, seed, ufactor), {})
+    # the temporaries of METIS's input, freed but resident in the heap, would stay held by both processes
+    return_freed_heap()
     read_fd, write_fd = os.pipe()
     with warnings.catch_warnings():  # the child only runs METIS (C) and numpy copies: no locks of other threads
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -18,7 +18,7 @@ from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, presample
 from gsplit.partitioning.stats import split_stats
 from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex
-from gsplit.resources import HostMemoryMeter, available_memory, require_memory
+from gsplit.resources import HostMemoryMeter, available_memory, require_memory, return_freed_heap
 from gsplit.resources import cpu_seconds as cpu_now
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -139,7 +139,9 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     require_memory(prepare_peak_bytes(graph.num_nodes, graph.num_edges, metis_edges_per_vertex),
                    f"preparing a partition of {graph.num_nodes:,} vertices and {graph.num_edges:,} edges "
                    "(on top of the loaded dataset)")
-    _return_freed_heap()
+    # a dataset generated or converted in this process leaves hundreds of MB freed but resident, which
+    # METIS's fork would otherwise hold on to as well (measured: 520 vs 250 MB resident before pre-sampling at 1M)
+    return_freed_heap()
     with HostMemoryMeter() as meter:
         prepared = _prepare(dataset, num_parts, fanouts, batch_size, method, seed, presample_epochs, out,
                             stats_batches, weights, say, progress is not None, presample_method,
@@ -151,18 +153,6 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     if out is not None:
         atomic_write_json(Path(out) / "prepare.json", report)
     return prepared
-
-
-def _return_freed_heap() -> None:
-    """Give the C heap's freed pages back to the OS (glibc ``malloc_trim``) before the stages start: a dataset
-    generated or converted in this process leaves hundreds of MB freed but resident, which METIS's fork
-    would otherwise hold on to as well (measured: 520 vs 250 MB resident before pre-sampling at 1M)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def _prepare(dataset, num_parts, fanouts, batch_size, method, seed, presample_epochs, out, stats_batches, weights,
