@@ -99,3 +99,23 @@ def test_freed_heap_is_returned_before_metis_forks():
     assert child_start_mb < before_mb - 0.75 * freed_mb, \
         f"METIS's process started with {child_start_mb} MB, the parent held {before_mb:.0f} MB with {freed_mb:.0f} " \
         "MB of it freed"
+
+
+@pytest.mark.parametrize("name", ["symmetric", "symmetric with self loops", "directed"])
+def test_per_edge_ids_of_the_weights_stage_are_int32(name):
+    """The expected weights' per-edge index arrays (reverse edge, destination) and METIS's reverse ids are
+    int32 below 2^31 edges: 8 of the weights stage's bytes per edge fewer, same values."""
+    from gsplit.partitioning.expected import _EdgeView, reverse_edges
+
+    g = _graphs()[name]
+    indptr, src = g.indptr.numpy(), g.indices.numpy()
+    rev = reverse_edges(indptr, src)
+    assert rev.dtype == np.int32
+    dst = np.repeat(np.arange(g.num_nodes), np.diff(indptr))
+    has = rev >= 0
+    # the reverse of u -> d is an edge d -> u (a repeated edge may point at either copy)
+    np.testing.assert_array_equal(src[rev[has]], dst[has])
+    np.testing.assert_array_equal(dst[rev[has]], src[has])
+    view = _EdgeView(g, 3)
+    assert view.dst.dtype == torch.int32 and view.rev.dtype == torch.int32
+    np.testing.assert_array_equal(view.dst.numpy(), dst)

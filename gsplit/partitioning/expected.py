@@ -99,8 +99,20 @@ def _layer_rates(deg: np.ndarray, fanout: int, replace: bool) -> Tuple[np.ndarra
     return count, per_edge, incl
 
 
+def edge_id_dtype(num_edges: int) -> np.dtype:
+    """The narrowest of int32 / int64 that holds every edge id (and -1): int32 halves a per-edge id array
+    for any graph under 2^31 edges.
+
+    Example:
+        >>> edge_id_dtype(10), edge_id_dtype(2**31)
+        (dtype('int32'), dtype('int64'))
+    """
+    return np.dtype(np.int32 if num_edges < 2**31 else np.int64)
+
+
 def reverse_edges(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
-    """Edge id of ``d -> u`` for every edge ``u -> d`` of a CSC graph, ``-1`` where there is none.
+    """Edge id of ``d -> u`` for every edge ``u -> d`` of a CSC graph, ``-1`` where there is none
+    (int32 below 2^31 edges, else int64: :func:`edge_id_dtype`).
 
     With repeated edges one of the copies is returned. Symmetric graphs whose in-edge lists are sorted
     (every graph built by :meth:`Graph.from_edges`) take an O(E) path; others a sort and a search.
@@ -112,14 +124,15 @@ def reverse_edges(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
     import scipy.sparse as sp
 
     n, m = indptr.size - 1, indices.size
+    ids = edge_id_dtype(m)
     if m == 0:
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(0, dtype=ids)
     # the same matrix by rows: row u lists the out-edges u -> d (by d), each with its edge id
-    out = sp.csc_matrix((np.arange(m, dtype=np.int64), indices, indptr), shape=(n, n)).tocsr()
+    out = sp.csc_matrix((np.arange(m, dtype=ids), indices, indptr), shape=(n, n)).tocsr()
     if np.array_equal(out.indptr, indptr) and np.array_equal(out.indices, indices):
         # symmetric, sorted: u's k-th in-neighbour is its k-th out-neighbour, so the in-edge at CSC
         # position p (d -> u) and the out-edge u -> d at CSR position p are each other's reverse
-        return np.asarray(out.data, dtype=np.int64)
+        return np.asarray(out.data, dtype=ids)
     dst = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
     key = dst * n + indices  # (dst, src) of every edge; sorted when every in-edge list is
     order = None
@@ -130,7 +143,7 @@ def reverse_edges(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
     query = np.repeat(np.arange(n, dtype=np.int64), np.diff(out.indptr)) * n + out.indices
     pos = np.minimum(np.searchsorted(key, query), m - 1)
     found = key[pos] == query
-    rev = np.full(m, -1, dtype=np.int64)
+    rev = np.full(m, -1, dtype=ids)
     hit = pos[found] if order is None else order[pos[found]]
     rev[np.asarray(out.data)[found]] = hit
     return rev
@@ -152,7 +165,9 @@ class _EdgeView:
         rev = torch.from_numpy(reverse_edges(indptr.numpy(), self.src.numpy()))
         self.no_rev = (rev < 0).nonzero().squeeze(1)      # edges whose reverse is missing (none if symmetric)
         self.rev = rev.clamp_min_(0)
-        self.dst = torch.repeat_interleave(torch.arange(self.n), self.deg, output_size=self.m)
+        # destination per edge in the narrow type (int32 below 2^31 vertices): index_select takes it as it is
+        ids = np.int32 if self.n < 2**31 else np.int64
+        self.dst = torch.from_numpy(np.repeat(np.arange(self.n, dtype=ids), self.deg.numpy()))
         # a self loop d -> d only picks d itself, which is in the frontier already: it never counts
         self.loops = (self.src == self.dst).nonzero().squeeze(1)
         self.x = torch.empty(self.m, dtype=_EDGE_DTYPE)
