@@ -102,3 +102,14 @@ def test_feature_store_without_cache_builds_no_owned_ids(monkeypatch):
     monkeypatch.undo()
     cached = FeatureStore(feats, owner=owner, rank=1, cache_size=10 * 16, weights=torch.rand(1000))  # owned rows
     assert cached.cached_ids.numel() == 10 and bool((owner[cached.cached_ids] == 1).all())
+
+
+def test_vertex_weights_refuse_nan(tmp_path, prepared):
+    import shutil
+
+    shutil.copytree(prepared / "map", tmp_path / "map")
+    bad = np.load(tmp_path / "map" / "vertex_weights.npy")
+    bad[3] = np.nan
+    np.save(tmp_path / "map" / "vertex_weights.npy", bad)
+    with pytest.raises(ValueError, match="vertex_weights.npy holds negative or non-finite weights"):
+        PresampleWeights.load_vertex_weights(tmp_path / "map")
