@@ -78,6 +78,10 @@ class AsyncRows:
         self._recv: Optional[torch.Tensor] = None
         self._staged_for: Optional[torch.device] = None
         self._send: Optional[torch.Tensor] = None
+        self.kept_grad: Optional[torch.Tensor] = None
+        """Overlapped layers' backward: the gradients of the boundary rows this rank reads itself
+        (``OverlapSplit.keep_boundary_idx``), held from ``_Assemble``'s backward until ``_SendBoundary``'s adds
+        them to the gradients that come back, so that the boundary rows' gradient is made once."""
 
     def start(self, rows: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], tag: str) -> None:
         """Start sending ``rows`` (grouped by destination rank, ``send_counts[j]`` to rank ``j``)."""
@@ -208,9 +212,13 @@ class _SendBoundary(torch.autograd.Function):
         if ctx.clock is not None:
             ctx.clock.mark(("bwd", ctx.layer))
         if plan.send_inverse is not None:  # each boundary row went to one rank: gather its one gradient
-            return back.index_select(0, plan.send_inverse), None, None, None, None, None
-        grad = back.new_zeros(ctx.shape)  # a row sent to several ranks sums their gradients
-        grad.index_add_(0, plan.send_idx, back)
+            grad = back.index_select(0, plan.send_inverse)
+        else:  # a row sent to several ranks sums their gradients
+            grad = back.new_zeros(ctx.shape)
+            grad.index_add_(0, plan.send_idx, back)
+        kept, ctx.ex.kept_grad = ctx.ex.kept_grad, None
+        if kept is not None:  # and this rank's own reads of boundary rows (a + b: the bits of autograd's sum)
+            grad.index_add_(0, plan.keep_boundary_idx, kept)
         return grad, None, None, None, None, None
 
 
@@ -225,8 +233,7 @@ class _Assemble(torch.autograd.Function):
     @staticmethod
     def forward(ctx, token, hi: torch.Tensor, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows,
                 tag: str) -> torch.Tensor:
-        plan = _assembly(plan)
-        ctx.plan, ctx.ex, ctx.tag, ctx.token_shape, ctx.hb_shape = plan, ex, tag, token.shape, hb.shape
+        ctx.plan, ctx.ex, ctx.tag, ctx.token_shape = plan, ex, tag, token.shape
         out = hi.new_empty((plan.num_mixed,) + tuple(hi.shape[1:]))
         out.index_copy_(0, plan.interior_pos, hi)
         if plan.keep_boundary_idx.numel():
@@ -240,11 +247,12 @@ class _Assemble(torch.autograd.Function):
         # the received rows' gradients go back first; the interior backward runs while they travel
         ctx.ex.start(grad_out.index_select(0, plan.recv_pos), plan.recv_counts, plan.send_counts, f"{ctx.tag}/bwd")
         grad_hi = grad_out.index_select(0, plan.interior_pos)
-        grad_hb = grad_out.new_zeros(ctx.hb_shape)
+        # the boundary rows' gradient is made by _SendBoundary's backward (which runs next, after the wait),
+        # from the returning gradients and these: one buffer, no zeros and no sum of two
         if plan.keep_boundary_idx.numel():
-            grad_hb.index_copy_(0, plan.keep_boundary_idx, grad_out.index_select(0, plan.keep_boundary_pos))
+            ctx.ex.kept_grad = grad_out.index_select(0, plan.keep_boundary_pos)
         # a (size-0) gradient for the token, so that autograd runs _SendBoundary's backward: the wait
-        return grad_out.new_zeros(ctx.token_shape), grad_hi, grad_hb, None, None, None
+        return grad_out.new_zeros(ctx.token_shape), grad_hi, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------- forward
@@ -270,7 +278,7 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
         h = layer_starts(clock, i, h)
         if i == last:
             return layer_ends(clock, i, layer(block, h))
-        plan = block.overlap
+        plan = _assembly(block.overlap)
         tag = f"{blocks[i + 1].shuffle_index.tag}/overlap"
         bb, ib = plan.boundary_block, plan.interior_block
         sources = layer.project_sources(block, h)  # once, for both parts

@@ -114,3 +114,22 @@ def test_one_rank_shuffle_is_a_direct_copy():
     expected[index.recv_pos] = h.detach()[index.send_idx]
     assert torch.equal(out, expected)
     assert comm.traffic.calls == {}
+
+
+def test_assembly_fields_derived_from_keep_rows():
+    """A plan made without the assembly fields (they are optional) gets them from ``keep_idx`` / ``keep_pos``:
+    each interior row's one place, then the kept boundary rows in row order."""
+    from gsplit.overlap import _assembly
+    from gsplit.sampling.block import Block, OverlapSplit, split_destinations
+
+    block = Block(src_nodes=torch.arange(6), num_dst=4, edge_src=torch.tensor([4, 5, 4, 5]),
+                  edge_dst=torch.tensor([0, 1, 2, 3]), edge_ids=torch.arange(4))
+    interior, boundary = split_destinations(block, 2, 2)
+    # rows 0, 1 interior; 2, 3 boundary (row 3 goes to rank 1; row 2 is read here too, at place 0)
+    plan = OverlapSplit(interior_block=interior, boundary_block=boundary, send_idx=torch.tensor([1]),
+                        send_counts=[0, 1], recv_pos=torch.tensor([3]), recv_counts=[0, 1],
+                        keep_idx=torch.tensor([2, 1, 0]), keep_pos=torch.tensor([0, 2, 1]), num_mixed=4)
+    full = _assembly(plan)
+    assert full.interior_pos.tolist() == [1, 2]
+    assert full.keep_boundary_idx.tolist() == [0] and full.keep_boundary_pos.tolist() == [0]
+    assert _assembly(full) is full
