@@ -111,7 +111,7 @@ def side_rank(rank, world_size, graph_args, owner, batches: int, repeats: int):
                 out.backward(g)
                 return out
             out = step()
-            checksum += float(out.detach().double().sum()) + float(hi.grad.double().sum()) + float(hb.grad.double().sum())
+            checksum += sum(float(t.detach().double().sum()) for t in (out, hi.grad, hb.grad))
             over.append(_timed(comm, step, repeats))
         per_batch[PARTS[2]].append(tuple(map(sum, zip(*over))))
     return {"ms": {p: 1e3 * statistics.median(f for f, _ in v) for p, v in per_batch.items()},

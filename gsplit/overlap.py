@@ -188,8 +188,8 @@ def _assembly(plan: OverlapSplit) -> OverlapSplit:
         return plan
     n_int = plan.num_interior
     kept, order = torch.sort(plan.keep_idx)
-    return replace(plan, interior_pos=plan.keep_pos.index_select(0, order[:n_int]),
-                   keep_boundary_idx=kept[n_int:] - n_int, keep_boundary_pos=plan.keep_pos.index_select(0, order[n_int:]))
+    return replace(plan, interior_pos=plan.keep_pos.index_select(0, order[:n_int]), keep_boundary_idx=kept[n_int:] - n_int,
+                   keep_boundary_pos=plan.keep_pos.index_select(0, order[n_int:]))
 
 
 # ---------------------------------------------------------------------------------------------- autograd

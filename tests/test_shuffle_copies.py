@@ -92,7 +92,8 @@ def test_shuffle_path_copies_rows_without_advanced_indexing_or_cat(overlap):
         expected = ({"_Assemble", "_AssembleBackward", "_SendBoundary", "_SendBoundaryBackward"} if overlap
                     else {"_Shuffle", "_ShuffleBackward"}) | {"feature shuffle"}
         assert expected <= set(ops), (rank, sorted(ops))
-        slow = {region: {name: n for name, n in counts.items() if name in SLOW_COPIES} for region, counts in ops.items()}
+        slow = {region: {name: n for name, n in counts.items() if name in SLOW_COPIES}
+                for region, counts in ops.items()}
         assert not any(slow.values()), f"rank {rank} copies rows with slow ops: {slow}"
         for region, counts in ops.items():  # each region copies its rows (the wait only waits)
             assert "aten::index_select" in counts or "aten::index_copy_" in counts or region.endswith(
