@@ -21,7 +21,8 @@ import common  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import gsplit
 from gsplit.trainer import TrainConfig, train_rank
 
-# (label, function name as cProfile records it, file fragment): cumulative seconds of each
+# (label, function name as cProfile records it, file fragment): cumulative seconds of each. Cumulative means
+# with everything the function calls: the loader's _prepare includes sampling and the feature gather.
 PARTS = [
     ("sampling, whole (split: incl. id exchanges)", "sp_sample", "split_sampling.py"),
     ("layer loop (sample_layers; dp: all of sampling)", "sample_layers", "neighbor.py"),
@@ -30,7 +31,7 @@ PARTS = [
     ("  id exchange (exchange_ids)", "exchange_ids", "split_sampling.py"),
     ("    count exchange (exchange_counts)", "exchange_counts", "communicator.py"),
     ("feature gather (FeatureStore)", "gather_with_counts", "feature_store.py"),
-    ("feature shuffle + labels (loader, rest)", "_prepare", "loader.py"),
+    ("loader, whole (_prepare: sampling, gather, feature shuffle, labels)", "_prepare", "loader.py"),
     ("forward (model)", "_call_impl", "module.py"),
     ("  layers: per-source terms (project_sources)", "project_sources", "nn/layers.py"),
     ("  layers: aggregation + per-destination terms (combine)", "combine", "nn/layers.py"),
@@ -42,6 +43,30 @@ PARTS = [
     ("optimiser step", "step", "adam.py"),
     ("all-to-all calls (ids + shuffles)", "all_to_all_rows", "communicator.py"),
 ]
+
+
+LOADER = next(label for label, name, _ in PARTS if name == "_prepare")
+# (label, whole, parts to take off): rows computed from the cumulative ones above
+DERIVED = [
+    ("feature shuffle + labels (loader minus sampling and gather)", LOADER,
+     ("sampling, whole (split: incl. id exchanges)", "feature gather (FeatureStore)")),
+]
+ROW_ORDER = [label for label, _, _ in PARTS[:8]] + [DERIVED[0][0]] + [label for label, _, _ in PARTS[8:]]
+
+
+def derived_ms(ms: dict) -> dict:
+    """The computed rows of one system's ``ms_per_iteration`` (absent where a part is absent, e.g. dp's loader).
+
+    Example:
+        >>> derived_ms({LOADER: 90.0, "sampling, whole (split: incl. id exchanges)": 53.0,
+        ...             "feature gather (FeatureStore)": 5.0})
+        {'feature shuffle + labels (loader minus sampling and gather)': 32.0}
+    """
+    out = {}
+    for label, whole, minus in DERIVED:
+        if whole in ms and all(m in ms for m in minus):
+            out[label] = ms[whole] - sum(ms[m] for m in minus)
+    return out
 
 
 def profiled_rank(rank, world_size, cfg, dataset, owner, report_rank):
@@ -83,11 +108,12 @@ def main():
         out = gsplit.launch(profiled_rank, args.ranks, args=(cfg, ds, pmap.assignment, args.rank), devices="cpu",
                             backend="gloo", timeout=1800)[args.rank]
         n = out["iterations"] or iters
-        results[system] = {"ms_per_iteration": {k: 1e3 * v / n for k, v in out["cumulative_s"].items()},
+        ms = {k: 1e3 * v / n for k, v in out["cumulative_s"].items()}
+        results[system] = {"ms_per_iteration": {**ms, **derived_ms(ms)},
                            "iterations": n, "epoch_s": out["epoch"]["epoch_s"] if out["epoch"] else None}
         print(f"{system}: {n} iterations, epoch {results[system]['epoch_s']:.2f}s (profiled)", flush=True)
     rows = []
-    for label, _, _ in PARTS:
+    for label in ROW_ORDER:
         vals = [results[s]["ms_per_iteration"].get(label) for s in ("split", "dp")]
         if any(v is not None for v in vals):
             rows.append([label] + [("-" if v is None else round(v, 1)) for v in vals])

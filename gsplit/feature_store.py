@@ -369,12 +369,12 @@ class FeatureStore:
         self._check_range(*self._min_max(ids))
         if self._slot_of is None:
             return self.features.index_select(0, ids), self._counts_for(ids.numel(), 0)
-        slots = self._slot_of[ids].to(torch.int64)
+        slots = self._slot_of.index_select(0, ids).to(torch.int64)  # index_select: ids are 1-D, faster than x[ids]
         hit = slots >= 0
         hit_pos, miss_pos = hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
         out = self._empty(ids.numel())
-        out.index_copy_(0, hit_pos, self.cache.index_select(0, slots[hit_pos]))
-        out.index_copy_(0, miss_pos, self.features.index_select(0, ids[miss_pos]))
+        out.index_copy_(0, hit_pos, self.cache.index_select(0, slots.index_select(0, hit_pos)))
+        out.index_copy_(0, miss_pos, self.features.index_select(0, ids.index_select(0, miss_pos)))
         return out, self._counts_for(ids.numel(), hit_pos.numel())
 
     def _slots_and_checks(self, ids: torch.Tensor) -> Tuple[torch.Tensor, int]:
@@ -391,7 +391,7 @@ class FeatureStore:
             return slots, 0
         lo, hi = torch.aminmax(ids)
         # clamp so that an out-of-range id cannot index slot_of before the check below reports it
-        slots = self._slot_of[ids.clamp(0, self.num_nodes - 1)].to(torch.int64)
+        slots = self._slot_of.index_select(0, ids.clamp(0, self.num_nodes - 1)).to(torch.int64)
         lo, hi, hits = torch.stack([lo, hi, (slots >= 0).sum()]).tolist()
         self._check_range(lo, hi)
         return slots, hits
@@ -408,9 +408,9 @@ class FeatureStore:
         hit = slots >= 0
         hit_pos, miss_pos = hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
         if hit_pos.numel():
-            out.index_copy_(0, hit_pos, self.cache.index_select(0, slots[hit_pos]))
+            out.index_copy_(0, hit_pos, self.cache.index_select(0, slots.index_select(0, hit_pos)))
         if miss_pos.numel():
-            miss_ids = ids[miss_pos].cpu()
+            miss_ids = ids.index_select(0, miss_pos).cpu()
             # Pinned staging, so the copy below is asynchronous; torch's pinned allocator keeps the
             # buffer alive until the copy has run.
             staging = torch.empty((miss_ids.numel(),) + self.row_shape, dtype=self.dtype,

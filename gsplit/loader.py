@@ -381,12 +381,12 @@ class DataLoader(RankLoader):
             local = local.to(self.device, non_blocking=True)
             batch.blocks[0].srcdata[self.feat_key] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
         for key, table in self.extra_node_feats.items():
-            local = table[batch.input_nodes.to(table.device)].to(self.device, non_blocking=True)
+            local = table.index_select(0, batch.input_nodes.to(table.device)).to(self.device, non_blocking=True)
             batch.blocks[0].srcdata[key] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
         for key, table in self.label_data.items():
             # host labels are gathered with the host targets and copied once, asynchronously
             ids = targets if table.device.type == "cpu" else batch.output_nodes.to(table.device)
-            batch.blocks[-1].dstdata[key] = to_device(table[ids], self.device)
+            batch.blocks[-1].dstdata[key] = to_device(table.index_select(0, ids), self.device)
         t2 = time.perf_counter()
         stats = IterationStats.of_batch(batch, t1 - t0, t2 - t1, counts)
         traffic = TrafficCounter.delta(comm.traffic.snapshot(seconds=True), before) if own_group else None

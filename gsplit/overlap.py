@@ -42,6 +42,7 @@ path on the same blocks.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, List, Optional, Sequence
 
 import torch
@@ -77,6 +78,10 @@ class AsyncRows:
         self._recv: Optional[torch.Tensor] = None
         self._staged_for: Optional[torch.device] = None
         self._send: Optional[torch.Tensor] = None
+        self.kept_grad: Optional[torch.Tensor] = None
+        """Overlapped layers' backward: the gradients of the boundary rows this rank reads itself
+        (``OverlapSplit.keep_boundary_idx``), held from ``_Assemble``'s backward until ``_SendBoundary``'s adds
+        them to the gradients that come back, so that the boundary rows' gradient is made once."""
 
     def start(self, rows: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], tag: str) -> None:
         """Start sending ``rows`` (grouped by destination rank, ``send_counts[j]`` to rank ``j``)."""
@@ -130,23 +135,61 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
         n_own, n_int, dev = block.num_dst, int(index.num_interior), block.device
         if index.num_local != n_own:
             raise ValueError(f"block {i + 1}'s shuffle reads {index.num_local} rows but block {i} makes {n_own}")
-        # edges are grouped by destination: the interior destinations' edges come first (the one host read)
-        e_int = int(torch.searchsorted(block.edge_dst, torch.tensor([n_int], device=dev))[0]) if n_int else 0
+        # the next shuffle, cut in the rows that stay on this rank and those that go (python-int offsets)
+        own_send, own_recv = index.own_rows(rank)
+        keep_idx, keep_pos = index.send_idx[own_send], index.recv_pos[own_recv]
+        n_keep, n_bnd = keep_idx.numel(), n_own - n_int
+        # every interior row is read here exactly once (no other rank asked for it), boundary rows at most once:
+        # sorted, the kept rows are 0..n_int-1 and then the kept boundary rows
+        if n_keep < n_int:
+            raise ValueError(f"block {i + 1}'s plan keeps {n_keep} rows on rank {rank} but the layer has {n_int} "
+                             f"interior rows, each read on this rank; the plan is not sp_sample's")
+        kept, order = torch.sort(keep_idx)
+        interior_pos = keep_pos.index_select(0, order[:n_int])
+        e_int = 0
+        if n_int:  # edges are grouped by destination: the interior destinations' edges come first. One host
+            # read, with the check that the first n_int kept rows are the interior rows (so interior_pos is right)
+            e_int, last_interior = torch.stack([
+                torch.searchsorted(block.edge_dst, torch.tensor([n_int], device=dev))[0], kept[n_int - 1]]).tolist()
+            if last_interior != n_int - 1:
+                raise ValueError(f"block {i + 1}'s plan does not read each of the {n_int} interior rows once on "
+                                 f"rank {rank}; the plan is not sp_sample's")
         # both parts read the whole block's sources (their per-source terms are computed once)
         interior, boundary = split_destinations(block, n_int, e_int)
-        # the next shuffle, cut in the rows that stay on this rank and those that go (python-int offsets)
-        send_off = [sum(index.send_counts[:j]) for j in range(len(index.send_counts) + 1)]
-        recv_off = [sum(index.recv_counts[:j]) for j in range(len(index.recv_counts) + 1)]
-        others = [j for j in range(len(index.send_counts)) if j != rank]
-        cut = lambda t, off, js: torch.cat([t[off[j]:off[j + 1]] for j in js] or [t[:0]])  # noqa: E731
+        send_counts = [0 if j == rank else c for j, c in enumerate(index.send_counts)]
+        send_idx = _without(index.send_idx, own_send) - n_int
+        send_inverse = None
+        if sum(send_counts) == n_bnd and n_bnd:  # every boundary row goes to exactly one other rank (two ranks)
+            send_inverse = torch.empty_like(send_idx).index_copy_(
+                0, send_idx, torch.arange(n_bnd, dtype=send_idx.dtype, device=dev))
         block.overlap = OverlapSplit(
             interior_block=interior, boundary_block=boundary,
-            send_idx=cut(index.send_idx, send_off, others) - n_int,
-            send_counts=[0 if j == rank else c for j, c in enumerate(index.send_counts)],
-            recv_pos=cut(index.recv_pos, recv_off, others),
+            send_idx=send_idx, send_counts=send_counts,
+            recv_pos=_without(index.recv_pos, own_recv),
             recv_counts=[0 if j == rank else c for j, c in enumerate(index.recv_counts)],
-            keep_idx=cut(index.send_idx, send_off, [rank]), keep_pos=cut(index.recv_pos, recv_off, [rank]),
-            num_mixed=index.num_mixed)
+            keep_idx=keep_idx, keep_pos=keep_pos, num_mixed=index.num_mixed,
+            interior_pos=interior_pos, keep_boundary_idx=kept[n_int:] - n_int,
+            keep_boundary_pos=keep_pos.index_select(0, order[n_int:]), send_inverse=send_inverse)
+
+
+def _without(t: torch.Tensor, own: slice) -> torch.Tensor:
+    """``t`` without the stretch ``own`` (a view where that stretch is at one end, as for two ranks)."""
+    if own.start == 0:
+        return t[own.stop:]
+    if own.stop == t.numel():
+        return t[:own.start]
+    return torch.cat([t[:own.start], t[own.stop:]])
+
+
+def _assembly(plan: OverlapSplit) -> OverlapSplit:
+    """``plan`` with its assembly fields (``interior_pos``, ``keep_boundary_*``) derived from ``keep_idx`` /
+    ``keep_pos`` when a plan was made without them; no host read."""
+    if plan.interior_pos is not None:
+        return plan
+    n_int = plan.num_interior
+    kept, order = torch.sort(plan.keep_idx)
+    return replace(plan, interior_pos=plan.keep_pos.index_select(0, order[:n_int]), keep_boundary_idx=kept[n_int:] - n_int,
+                   keep_boundary_pos=plan.keep_pos.index_select(0, order[n_int:]))
 
 
 # ---------------------------------------------------------------------------------------------- autograd
@@ -157,7 +200,7 @@ class _SendBoundary(torch.autograd.Function):
     def forward(ctx, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows, tag: str, clock: Optional[LayerClock],
                 layer: int) -> torch.Tensor:
         ctx.plan, ctx.ex, ctx.shape, ctx.clock, ctx.layer = plan, ex, hb.shape, clock, layer
-        ex.start(hb[plan.send_idx], plan.send_counts, plan.recv_counts, f"{tag}/fwd")
+        ex.start(hb.index_select(0, plan.send_idx), plan.send_counts, plan.recv_counts, f"{tag}/fwd")
         return hb.new_empty(0)  # a token that orders _Assemble after this in the graph
 
     @staticmethod
@@ -168,35 +211,48 @@ class _SendBoundary(torch.autograd.Function):
         back = ctx.ex.wait()
         if ctx.clock is not None:
             ctx.clock.mark(("bwd", ctx.layer))
-        grad = back.new_zeros(ctx.shape)
-        grad.index_add_(0, plan.send_idx, back)
+        if plan.send_inverse is not None:  # each boundary row went to one rank: gather its one gradient
+            grad = back.index_select(0, plan.send_inverse)
+        else:  # a row sent to several ranks sums their gradients
+            grad = back.new_zeros(ctx.shape)
+            grad.index_add_(0, plan.send_idx, back)
+        kept, ctx.ex.kept_grad = ctx.ex.kept_grad, None
+        if kept is not None:  # and this rank's own reads of boundary rows (a + b: the bits of autograd's sum)
+            grad.index_add_(0, plan.keep_boundary_idx, kept)
         return grad, None, None, None, None, None
 
 
 class _Assemble(torch.autograd.Function):
     """Forward: the next block's source rows from this rank's rows and the received ones (after the wait).
-    Backward: start returning the received rows' gradients, give this rank's rows theirs."""
+    Backward: start returning the received rows' gradients, give this rank's rows theirs.
+
+    Every place is written once (``index_copy_``) and every row read from where it is (``hi``, ``hb``, the
+    received rows): no concatenation, no advanced indexing; the interior rows, each read once here, land
+    in one ``index_copy_`` and their gradients come back in one ``index_select``."""
 
     @staticmethod
     def forward(ctx, token, hi: torch.Tensor, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows,
                 tag: str) -> torch.Tensor:
-        ctx.plan, ctx.ex, ctx.tag, ctx.n_int, ctx.token_shape = plan, ex, tag, hi.shape[0], token.shape
+        ctx.plan, ctx.ex, ctx.tag, ctx.token_shape = plan, ex, tag, token.shape
         out = hi.new_empty((plan.num_mixed,) + tuple(hi.shape[1:]))
-        out[plan.keep_pos] = torch.cat([hi, hb])[plan.keep_idx]
-        out[plan.recv_pos] = ex.wait()
+        out.index_copy_(0, plan.interior_pos, hi)
+        if plan.keep_boundary_idx.numel():
+            out.index_copy_(0, plan.keep_boundary_pos, hb.index_select(0, plan.keep_boundary_idx))
+        out.index_copy_(0, plan.recv_pos, ex.wait())
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         plan: OverlapSplit = ctx.plan
-        grad_out = grad_out.contiguous()
         # the received rows' gradients go back first; the interior backward runs while they travel
-        ctx.ex.start(grad_out[plan.recv_pos], plan.recv_counts, plan.send_counts, f"{ctx.tag}/bwd")
-        n_own = ctx.n_int + plan.boundary_block.num_dst
-        grad = grad_out.new_zeros((n_own,) + tuple(grad_out.shape[1:]))
-        grad.index_add_(0, plan.keep_idx, grad_out[plan.keep_pos])
+        ctx.ex.start(grad_out.index_select(0, plan.recv_pos), plan.recv_counts, plan.send_counts, f"{ctx.tag}/bwd")
+        grad_hi = grad_out.index_select(0, plan.interior_pos)
+        # the boundary rows' gradient is made by _SendBoundary's backward (which runs next, after the wait),
+        # from the returning gradients and these: one buffer, no zeros and no sum of two
+        if plan.keep_boundary_idx.numel():
+            ctx.ex.kept_grad = grad_out.index_select(0, plan.keep_boundary_pos)
         # a (size-0) gradient for the token, so that autograd runs _SendBoundary's backward: the wait
-        return grad_out.new_zeros(ctx.token_shape), grad[:ctx.n_int], grad[ctx.n_int:], None, None, None
+        return grad_out.new_zeros(ctx.token_shape), grad_hi, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------- forward
@@ -222,7 +278,7 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
         h = layer_starts(clock, i, h)
         if i == last:
             return layer_ends(clock, i, layer(block, h))
-        plan = block.overlap
+        plan = _assembly(block.overlap)
         tag = f"{blocks[i + 1].shuffle_index.tag}/overlap"
         bb, ib = plan.boundary_block, plan.interior_block
         sources = layer.project_sources(block, h)  # once, for both parts

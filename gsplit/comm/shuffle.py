@@ -7,21 +7,58 @@ for backward.
 
 from __future__ import annotations
 
+from typing import List, Sequence
+
 import torch
 
 from gsplit.comm.communicator import Communicator, as_communicator, group_of
 from gsplit.sampling.block import Block, ShuffleIndex
 
 
+def _others(counts: Sequence[int], rank: int) -> List[int]:
+    """``counts`` with this rank's own entry 0: its rows are copied directly, not sent to itself."""
+    return [0 if j == rank else int(c) for j, c in enumerate(counts)]
+
+
+def _gather_around(h: torch.Tensor, idx: torch.Tensor, own: slice) -> torch.Tensor:
+    """``h[idx]`` without the stretch ``idx[own]``, into one buffer (``index_select`` per stretch: no index
+    tensor is concatenated, and advanced indexing, several times slower on the CPU, is not used)."""
+    before, after = idx[:own.start], idx[own.stop:]
+    if not before.numel() or not after.numel():
+        return h.index_select(0, after if not before.numel() else before)
+    out = h.new_empty((before.numel() + after.numel(),) + tuple(h.shape[1:]))
+    torch.index_select(h, 0, before, out=out[:before.numel()])
+    torch.index_select(h, 0, after, out=out[before.numel():])
+    return out
+
+
+def _copy_around(out: torch.Tensor, pos: torch.Tensor, own: slice, rows: torch.Tensor) -> None:
+    """``out[pos without pos[own]] = rows`` (rows in that order), with ``index_copy_``: positions are unique."""
+    before, after = pos[:own.start], pos[own.stop:]
+    if before.numel():
+        out.index_copy_(0, before, rows[:before.numel()])
+    if after.numel():
+        out.index_copy_(0, after, rows[before.numel():])
+
+
 def shuffle_rows(h: torch.Tensor, index: ShuffleIndex, comm: Communicator, tag_suffix: str = "fwd") -> torch.Tensor:
-    """Local-frontier rows -> mixed-frontier rows, without autograd (used for input features)."""
+    """Local-frontier rows -> mixed-frontier rows, without autograd (used for input features).
+
+    The rows this rank reads itself are copied directly (``index_select`` + ``index_copy_``); only the rows of
+    other ranks go through the all-to-all (this rank's own count in it is 0: same traffic counted, fewer
+    copies). Every mixed-frontier row is received exactly once, so writing with ``index_copy_`` is exact.
+    """
     if h.shape[0] != index.num_local:
         raise ValueError(f"shuffle input has {h.shape[0]} rows but this rank's local frontier has "
                          f"{index.num_local} vertices; pass the output of the previous layer unchanged")
-    recv = comm.all_to_all_rows(h[index.send_idx], index.send_counts, index.recv_counts,
-                                tag=f"{index.tag}/{tag_suffix}")
+    rank = comm.rank
+    own_send, own_recv = index.own_rows(rank)
     out = h.new_empty((index.num_mixed,) + tuple(h.shape[1:]))
-    out[index.recv_pos] = recv
+    if comm.world_size > 1:  # one collective, as before, even when no row goes to another rank
+        recv = comm.all_to_all_rows(_gather_around(h, index.send_idx, own_send), _others(index.send_counts, rank),
+                                    _others(index.recv_counts, rank), tag=f"{index.tag}/{tag_suffix}")
+        _copy_around(out, index.recv_pos, own_recv, recv)
+    out.index_copy_(0, index.recv_pos[own_recv], h.index_select(0, index.send_idx[own_send]))
     return out
 
 
@@ -34,12 +71,25 @@ class _Shuffle(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         index: ShuffleIndex = ctx.index
+        comm: Communicator = ctx.comm
+        rank = comm.rank
+        own_send, own_recv = index.own_rows(rank)
         # Transpose of the forward: return each received row's gradient to its owner, who sums the
         # gradients of a vertex that several ranks read.
-        back = ctx.comm.all_to_all_rows(grad_out[index.recv_pos].contiguous(), index.recv_counts,
-                                        index.send_counts, tag=f"{index.tag}/bwd")
         grad_h = grad_out.new_zeros((index.num_local,) + tuple(grad_out.shape[1:]))
-        grad_h.index_add_(0, index.send_idx, back)
+        own = grad_out.index_select(0, index.recv_pos[own_recv])
+        if comm.world_size == 1:
+            grad_h.index_add_(0, index.send_idx[own_send], own)
+            return grad_h, None, None
+        back = comm.all_to_all_rows(_gather_around(grad_out, index.recv_pos, own_recv),
+                                    _others(index.recv_counts, rank), _others(index.send_counts, rank),
+                                    tag=f"{index.tag}/bwd")
+        # summed in rank order, this rank's own rows at its place: the order (and bits) of one index_add_
+        # over the rows of every rank
+        n_before = own_send.start
+        grad_h.index_add_(0, index.send_idx[:own_send.start], back[:n_before])
+        grad_h.index_add_(0, index.send_idx[own_send], own)
+        grad_h.index_add_(0, index.send_idx[own_send.stop:], back[n_before:])
         return grad_h, None, None
 
 

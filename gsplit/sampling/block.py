@@ -56,6 +56,20 @@ class ShuffleIndex:
         return replace(self, send_idx=self.send_idx.to(device, non_blocking=non_blocking),
                        recv_pos=self.recv_pos.to(device, non_blocking=non_blocking))
 
+    def own_rows(self, rank: int) -> Tuple[slice, slice]:
+        """``(send, recv)``: the stretches of ``send_idx`` and ``recv_pos`` that ``rank`` sends to itself (python
+        ints from the counts; rows are grouped by rank). :func:`gsplit.shuffle` copies them directly instead of
+        passing them through the all-to-all.
+
+        Example:
+            >>> index = ShuffleIndex(send_idx=torch.tensor([0, 2, 1]), send_counts=[1, 2],
+            ...                      recv_pos=torch.tensor([1, 0]), recv_counts=[1, 1], num_local=3, num_mixed=2)
+            >>> index.own_rows(1)
+            (slice(1, 3, None), slice(1, 2, None))
+        """
+        s0, r0 = sum(self.send_counts[:rank]), sum(self.recv_counts[:rank])
+        return slice(s0, s0 + self.send_counts[rank]), slice(r0, r0 + self.recv_counts[rank])
+
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor of the plan (e.g. to mark them as used on a CUDA stream)."""
         yield self.send_idx
@@ -198,6 +212,19 @@ class OverlapSplit:
     """int64 where they go among the next block's sources."""
     num_mixed: int
     """Sources of the next block (rows of the shuffled output)."""
+    interior_pos: Optional[torch.Tensor] = None
+    """int64 place among the next block's sources of every interior row, in row order: each interior row is
+    read by this rank exactly once (no other rank reads it), so the interior part lands with one
+    ``index_copy_`` and its gradient comes back with one ``index_select``. ``None``: derived from ``keep_idx``
+    / ``keep_pos`` where used (:func:`gsplit.overlap.plan_overlap` fills it)."""
+    keep_boundary_idx: Optional[torch.Tensor] = None
+    """int64 boundary rows (``0`` = first boundary row) this rank reads too, ascending; ``None`` as above."""
+    keep_boundary_pos: Optional[torch.Tensor] = None
+    """int64 where they go among the next block's sources; ``None`` as above."""
+    send_inverse: Optional[torch.Tensor] = None
+    """When every boundary row is sent exactly once (two ranks): the position in ``send_idx`` of each boundary
+    row, so that the returning gradients are gathered (``index_select``) instead of accumulated; ``None``
+    where a row goes to several ranks (or not computed)."""
 
     @property
     def num_interior(self) -> int:
@@ -210,15 +237,20 @@ class OverlapSplit:
             interior, boundary = split_destinations(block, self.num_interior, self.interior_block.num_edges())
         else:
             interior, boundary = self.interior_block.to(device, non_blocking), self.boundary_block.to(device, non_blocking)
+        mv_opt = lambda t: None if t is None else mv(t)  # noqa: E731
         return replace(self, interior_block=interior, boundary_block=boundary,
                        send_idx=mv(self.send_idx), recv_pos=mv(self.recv_pos),
-                       keep_idx=mv(self.keep_idx), keep_pos=mv(self.keep_pos))
+                       keep_idx=mv(self.keep_idx), keep_pos=mv(self.keep_pos),
+                       interior_pos=mv_opt(self.interior_pos), keep_boundary_idx=mv_opt(self.keep_boundary_idx),
+                       keep_boundary_pos=mv_opt(self.keep_boundary_pos), send_inverse=mv_opt(self.send_inverse))
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor of the split (its two blocks' included)."""
         yield from self.interior_block.tensors()
         yield from self.boundary_block.tensors()
         yield from (self.send_idx, self.recv_pos, self.keep_idx, self.keep_pos)
+        yield from (t for t in (self.interior_pos, self.keep_boundary_idx, self.keep_boundary_pos, self.send_inverse)
+                    if t is not None)
 
 
 def split_destinations(block: Block, num_first: int, num_first_edges: int) -> Tuple[Block, Block]:
