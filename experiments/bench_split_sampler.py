@@ -96,9 +96,10 @@ def rank_body(rank, world_size, data_path, warmup, iters, overlap):
     ops.sample_neighbors = timed("sample", ops.sample_neighbors)
     ops.relabel = timed("relabel", ops.relabel)
     split_sampling.exchange_ids = timed("exchange", split_sampling.exchange_ids)
+    split_sampling.plan_overlap = timed("plan", split_sampling.plan_overlap)
     communicator.Communicator._all_to_all = timed("a2a", communicator.Communicator._all_to_all)
 
-    per_iter, digests, batch_ms = [], [], []
+    per_iter, digests, batch_ms, tail = [], [], [], []
     seeds_list = list(global_batches(train, 1024 * world_size, 0, 0, drop_last=True))
     for it in range(warmup + iters):
         seeds = seeds_list[it % len(seeds_list)]
@@ -113,8 +114,13 @@ def rank_body(rank, world_size, data_path, warmup, iters, overlap):
         if it >= warmup:
             batch_ms.append(1e3 * (t1 - t0))
             per_iter.append({"start": t0, "end": t1, "events": list(events)})
-    return {"rank": rank, "batch_ms": batch_ms, "iters": per_iter, "digests": digests,
-            "edges": [int(b.num_edges()) for b in batch.blocks]}
+            last_exchange = max(e[2] for e in events if e[0] == "exchange")
+            tail.append((1e3 * (t1 - last_exchange), 1e3 * sum(e[2] - e[1] for e in events if e[0] == "plan")))
+    sizes = [{"layer": b.layer, "dst": int(b.num_dst), "src": int(b.src_nodes.numel()), "edges": int(b.num_edges()),
+              "ids_sent": list(b.shuffle_index.recv_counts), "ids_received": list(b.shuffle_index.send_counts)}
+             for b in batch.blocks]  # the last batch's: rows this rank receives in the shuffle = ids it sent
+    return {"rank": rank, "batch_ms": batch_ms, "iters": per_iter, "digests": digests, "sizes": sizes,
+            "after_ms": statistics.median(a for a, _ in tail), "plan_ms": statistics.median(p for _, p in tail)}
 
 
 def layer_phases(ranks) -> dict:
@@ -168,7 +174,8 @@ def worker(args) -> int:
            "batch_ms_max_over_ranks": statistics.median(max(a, b) for a, b in zip(ranks[0]["batch_ms"],
                                                                                    ranks[1]["batch_ms"])),
            "layers": layer_phases(ranks), "digests": [r["digests"] for r in ranks],
-           "edges": [r["edges"] for r in ranks], "load": os.getloadavg()}
+           "sizes": [r["sizes"] for r in ranks],
+           "after_ms": [r["after_ms"] for r in ranks], "plan_ms": [r["plan_ms"] for r in ranks], "load": os.getloadavg()}
     Path(args.result).write_text(json.dumps(res))
     return 0
 
@@ -236,10 +243,14 @@ def main(argv=None) -> int:
         summary[name] = {"batch_ms_rank": [statistics.median(r["batch_ms"][k] for r in rs) for k in range(2)],
                          "batch_ms_max": statistics.median(r["batch_ms_max_over_ranks"] for r in rs),
                          "per_round_max": [r["batch_ms_max_over_ranks"] for r in rs]}
+        summary[name]["after_last_exchange_ms"] = [statistics.median(r["after_ms"][k] for r in rs) for k in range(2)]
+        summary[name]["plan_overlap_ms"] = [statistics.median(r["plan_ms"][k] for r in rs) for k in range(2)]
     rows = [[name, s["batch_ms_rank"][0], s["batch_ms_rank"][1], s["batch_ms_max"],
-             s["batch_ms_max"] / summary[list(trees)[0]]["batch_ms_max"]] for name, s in summary.items()]
+             s["batch_ms_max"] / summary[list(trees)[0]]["batch_ms_max"], max(s["after_last_exchange_ms"]),
+             max(s["plan_overlap_ms"])] for name, s in summary.items()]
     table = common.format_table(["tree", "rank 0 ms/batch", "rank 1 ms/batch", "max over ranks ms",
-                                 f"ratio to {list(trees)[0]}"], rows, ".2f")
+                                 f"ratio to {list(trees)[0]}", "after last exchange ms", "of which plan_overlap ms"],
+                                rows, ".2f")
     identical = None
     if args.old:
         identical = all(a["digests"] == b["digests"] for a, b in zip(runs["old"], runs["new"]))
@@ -256,6 +267,10 @@ def main(argv=None) -> int:
     print(table)
     if identical is not None:
         print(f"every batch identical in both trees: {identical}")
+    for r, blocks in enumerate(runs["new"][0]["sizes"]):
+        print(f"rank {r}, last batch: " + "; ".join(
+            f"L{b['layer']} dst {b['dst']:,} src {b['src']:,} edges {b['edges']:,} ids sent {b['ids_sent']}"
+            for b in reversed(blocks)))
     print("\nper layer (L2 first), median ms")
     print(layer_table)
     common.save_json(stem, {"experiment": "split sampling alone, 2 ranks (issue 20)", "nodes": nodes,
@@ -263,7 +278,7 @@ def main(argv=None) -> int:
                             "trees": {k: str(v) for k, v in trees.items()}, "loads": loads,
                             "identical_batches": identical, "summary": summary, "table": table,
                             "layer_table": layer_table,
-                            "edges_per_rank_layer": runs["new"][0]["edges"]})
+                            "sizes_last_batch": runs["new"][0]["sizes"]})
     return 0
 
 

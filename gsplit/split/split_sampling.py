@@ -70,17 +70,25 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
 
 def _interior_first(frontier: torch.Tensor, send_idx: torch.Tensor, send_counts, rank: int):
     """``(frontier', send_idx', num_interior)``: the frontier reordered, rows no other rank asked for first
-    (each part keeps id order), and the send rows renumbered to match; one host read (the count)."""
+    (each part keeps id order), and the send rows renumbered to match; one host read (the count).
+
+    The rows other ranks asked for are those of every requester's part of ``send_idx`` but this rank's own
+    (two slices: no mask and no size read). The stable partition is one prefix sum: an interior row ``i``
+    moves to ``i - (boundary rows before it)``, a boundary row to ``num_interior + (boundary rows before it)``;
+    it equals a stable sort by the boundary flag, in one pass instead of a sort and its inverse.
+    """
     start = sum(send_counts[:rank])
-    sent_away = torch.ones(send_idx.numel(), dtype=torch.bool, device=send_idx.device)
-    sent_away[start:start + send_counts[rank]] = False
-    boundary = torch.zeros(frontier.numel(), dtype=torch.int8, device=frontier.device)
-    boundary[send_idx[sent_away]] = 1
-    perm = torch.sort(boundary, stable=True).indices  # new row -> old row: interior, then boundary
-    new_of_old = torch.empty_like(perm)
-    new_of_old[perm] = torch.arange(perm.numel(), device=perm.device)
-    num_interior = frontier.numel() - int(boundary.sum())
-    return frontier[perm], new_of_old[send_idx], num_interior
+    end = start + send_counts[rank]
+    boundary = torch.zeros(frontier.numel(), dtype=torch.int64, device=frontier.device)
+    boundary[send_idx[:start]] = 1
+    boundary[send_idx[end:]] = 1
+    before = torch.cumsum(boundary, 0)  # boundary rows up to and including each row
+    num_interior = frontier.numel() - (int(before[-1]) if frontier.numel() else 0)
+    rows = torch.arange(frontier.numel(), device=frontier.device)
+    new_of_old = torch.where(boundary.bool(), num_interior + before - 1, rows - before)
+    reordered = torch.empty_like(frontier)
+    reordered[new_of_old] = frontier
+    return reordered, new_of_old[send_idx], num_interior
 
 
 def local_targets(seeds: torch.Tensor, owner: torch.Tensor, rank: int) -> torch.Tensor:
