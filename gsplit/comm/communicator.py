@@ -240,12 +240,28 @@ class Communicator:
         send_cap, recv_cap = self.capacities.capacities(tag, world)
         send_split = [2 + c for c in send_cap]
         recv_split = [2 + c for c in recv_cap]
+        send_base = [sum(send_split[:j]) for j in range(world)]
         recv_base = [sum(recv_split[:j]) for j in range(world)]
+        total = sum(send_split)
         dest = dest.to(torch.int64)
-        if device.type == "cpu" and self._collective_device(x).type == "cpu":
-            buf, counts = _pack_slots_host(x, dest, send_cap)
-        else:
-            buf, counts = _pack_slots_device(x, dest, send_cap)
+        counts = torch.zeros(world, dtype=torch.int64, device=device).index_add_(
+            0, dest, torch.ones_like(dest))
+        starts = torch.cumsum(counts, 0) - counts
+        # the slot layout as device tensors, without a sync (a pinned asynchronous copy on a GPU)
+        layout = torch.tensor([send_base, send_cap], dtype=torch.int64)
+        if device.type == "cuda":
+            layout = layout.pin_memory()
+        base_t, cap_t = layout.to(device, non_blocking=True).unbind(0)
+        within = torch.arange(n, device=device) - starts[dest]
+        fits = within < cap_t[dest]
+        # rows that do not fit go past the end (one place each, so no two writes collide) and are dropped
+        pos = torch.where(fits, base_t[dest] + 2 + within, total + torch.arange(n, device=device))
+        buf = x.new_zeros(total + n, dtype=torch.int64)
+        buf.index_copy_(0, pos, x.to(torch.int64))
+        overflow = (counts > cap_t).any().to(torch.int64)
+        buf.index_copy_(0, base_t, counts)
+        buf.index_copy_(0, base_t + 1, overflow.expand(world))
+        buf = buf[:total]
         out = self._all_to_all(buf, send_split, recv_split, tag)
         headers = torch.stack([out[recv_base[j]:recv_base[j] + 2] for j in range(world)], 1)  # [count; overflow]
         with waiting_for_peers():  # under NCCL the host blocks here, until every peer has sent its slots
@@ -343,58 +359,6 @@ class Communicator:
         if self.nccl_for_cuda:
             return t.device if t.is_cuda else torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
-
-
-def _pack_slots_device(x: torch.Tensor, dest: torch.Tensor, cap: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The send buffer of :meth:`Communicator.all_to_all_counted` and the counts per destination (a device
-    tensor), built without a host sync: per destination ``j`` a header ``[count, overflow]`` then ``cap[j]``
-    rows (zero where unused); rows beyond a slot's capacity are left out (they go in the second exchange)."""
-    world, device, n = len(cap), x.device, x.numel()
-    split = [2 + c for c in cap]
-    base = [sum(split[:j]) for j in range(world)]
-    total = sum(split)
-    counts = torch.zeros(world, dtype=torch.int64, device=device).index_add_(0, dest, torch.ones_like(dest))
-    starts = torch.cumsum(counts, 0) - counts
-    # the slot layout as device tensors, without a sync (a pinned asynchronous copy on a GPU)
-    layout = torch.tensor([base, cap], dtype=torch.int64)
-    if device.type == "cuda":
-        layout = layout.pin_memory()
-    base_t, cap_t = layout.to(device, non_blocking=True).unbind(0)
-    within = torch.arange(n, device=device) - starts[dest]
-    fits = within < cap_t[dest]
-    # rows that do not fit go past the end (one place each, so no two writes collide) and are dropped
-    pos = torch.where(fits, base_t[dest] + 2 + within, total + torch.arange(n, device=device))
-    buf = x.new_zeros(total + n, dtype=torch.int64)
-    buf.index_copy_(0, pos, x.to(torch.int64))
-    overflow = (counts > cap_t).any().to(torch.int64)
-    buf.index_copy_(0, base_t, counts)
-    buf.index_copy_(0, base_t + 1, overflow.expand(world))
-    return buf[:total], counts
-
-
-def _pack_slots_host(x: torch.Tensor, dest: torch.Tensor, cap: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_pack_slots_device` for host tensors, the same buffer: the counts cost no sync on the host, so
-    each destination's rows (contiguous, ``dest`` being grouped) are copied as one slice, with no per-row
-    index arithmetic (that was 5 passes over the rows and 3 gathers)."""
-    world = len(cap)
-    counts = torch.bincount(dest, minlength=world) if dest.numel() else torch.zeros(world, dtype=torch.int64)
-    if counts.numel() != world:
-        raise ValueError(f"all_to_all_counted got a destination rank {int(dest.max())} outside the world of "
-                         f"{world} ranks; pass ranks in [0, {world})")
-    host = counts.tolist()
-    buf = torch.zeros(sum(cap) + 2 * world, dtype=torch.int64)
-    overflow = int(any(c > k for c, k in zip(host, cap)))
-    x = x.to(torch.int64)
-    start, at = 0, 0
-    for j in range(world):
-        buf[at] = host[j]
-        buf[at + 1] = overflow
-        fit = min(host[j], cap[j])
-        if fit:
-            buf[at + 2:at + 2 + fit] = x[start:start + fit]
-        start += host[j]
-        at += 2 + cap[j]
-    return buf, counts
 
 
 def serves_cuda_with_nccl(group: Optional[dist.ProcessGroup] = None) -> bool:

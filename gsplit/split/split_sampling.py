@@ -42,8 +42,8 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     """
     if comm.world_size == 1:
         # every id is this rank's: nothing to count or exchange. The (unique) ids sorted are the new frontier
-        # and each id's place in it the send index: one relabel against an empty block gives both at once
-        frontier, send_idx = ops.relabel(ids[:0], ids, num_nodes)
+        # and each id's place in it the send index
+        frontier, send_idx = ops.unique_inverse(ids, num_nodes, distinct=True)
         counts = [ids.numel()]
         index = ShuffleIndex(send_idx=send_idx, send_counts=counts, recv_pos=torch.arange(
             ids.numel(), device=ids.device), recv_counts=list(counts), num_local=frontier.numel(),
@@ -57,10 +57,8 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     # the counts travel with the ids: one all-to-all per layer (a second only when a pair's count outgrows
     # the capacity learnt from earlier iterations), and one wait, for the counts that come back
     requested, requests_sent, requests_received = comm.all_to_all_counted(ids[order], dest, tag=f"ids/{tag}")
-    # the new frontier is the sorted union of the requests and each request's row is its place in it: what
-    # unique + searchsorted computed, in one relabel pass against an empty block (searchsorted alone was
-    # most of the exchange's time around the call: 13 ms for 90k requests on 1 core)
-    frontier, send_idx = ops.relabel(requested[:0], requested, num_nodes)
+    # the new frontier is the sorted union of the requests and each request's row is its place in it
+    frontier, send_idx = ops.unique_inverse(requested, num_nodes)
     num_interior = None
     if interior_first:
         frontier, send_idx, num_interior = _interior_first(frontier, send_idx, requests_received, comm.rank)
