@@ -3,8 +3,10 @@
 Setup (as ``profile_iteration.py``): synthetic 100k (``--quick``: 20k) vertices, the ``edge`` map of
 ``experiments/common.make_map`` for 2 ranks, fanouts 15,10,5, 1024 targets per rank (global batches of
 2048 of the training targets, epoch 0), one torch thread per rank (``gsplit.launch``'s default on 2 cores).
-Every iteration starts after a barrier (training syncs once per iteration at the gradient all-reduce),
-so the times below are those of sampling alone; ``--warmup`` (3) iterations untimed, ``--iters`` (30) timed.
+Also the CPU time of the sampling thread per batch (``time.thread_time``: what it computed, not what it
+waited; less sensitive to other jobs on the cores than wall time). Every iteration starts after a barrier
+(training syncs once per iteration at the gradient all-reduce), so the times below are those of sampling
+alone; ``--warmup`` (3) iterations untimed, ``--iters`` (30) timed.
 
 Per rank and layer (L2 is sampled first), median ms: ``sample`` (``ops.sample_neighbors``), ``relabel``
 (the block's ``ops.relabel``), ``before`` (from the layer's start to its id exchange: what the other rank
@@ -99,20 +101,21 @@ def rank_body(rank, world_size, data_path, warmup, iters, overlap):
     split_sampling.plan_overlap = timed("plan", split_sampling.plan_overlap)
     communicator.Communicator._all_to_all = timed("a2a", communicator.Communicator._all_to_all)
 
-    per_iter, digests, batch_ms, tail = [], [], [], []
+    per_iter, digests, batch_ms, tail, cpu_ms = [], [], [], [], []
     seeds_list = list(global_batches(train, 1024 * world_size, 0, 0, drop_last=True))
     for it in range(warmup + iters):
         seeds = seeds_list[it % len(seeds_list)]
         targets = split_sampling.local_targets(seeds, owner, rank)
         dist.barrier()
         events.clear()
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         batch = split_sampling.sp_sample(graph, seeds, owner, sampler, comm, epoch=0, iteration=it,
                                          targets=targets, overlap=overlap)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         digests.append(batch_digest(batch))
         if it >= warmup:
             batch_ms.append(1e3 * (t1 - t0))
+            cpu_ms.append(1e3 * (c1 - c0))
             per_iter.append({"start": t0, "end": t1, "events": list(events)})
             last_exchange = max(e[2] for e in events if e[0] == "exchange")
             tail.append((1e3 * (t1 - last_exchange), 1e3 * sum(e[2] - e[1] for e in events if e[0] == "plan")))
@@ -120,7 +123,8 @@ def rank_body(rank, world_size, data_path, warmup, iters, overlap):
               "ids_sent": list(b.shuffle_index.recv_counts), "ids_received": list(b.shuffle_index.send_counts)}
              for b in batch.blocks]  # the last batch's: rows this rank receives in the shuffle = ids it sent
     return {"rank": rank, "batch_ms": batch_ms, "iters": per_iter, "digests": digests, "sizes": sizes,
-            "after_ms": statistics.median(a for a, _ in tail), "plan_ms": statistics.median(p for _, p in tail)}
+            "cpu_ms": statistics.median(cpu_ms), "after_ms": statistics.median(a for a, _ in tail),
+            "plan_ms": statistics.median(p for _, p in tail)}
 
 
 def layer_phases(ranks) -> dict:
@@ -175,7 +179,8 @@ def worker(args) -> int:
                                                                                    ranks[1]["batch_ms"])),
            "layers": layer_phases(ranks), "digests": [r["digests"] for r in ranks],
            "sizes": [r["sizes"] for r in ranks],
-           "after_ms": [r["after_ms"] for r in ranks], "plan_ms": [r["plan_ms"] for r in ranks], "load": os.getloadavg()}
+           "cpu_ms": [r["cpu_ms"] for r in ranks], "after_ms": [r["after_ms"] for r in ranks],
+           "plan_ms": [r["plan_ms"] for r in ranks], "load": os.getloadavg()}
     Path(args.result).write_text(json.dumps(res))
     return 0
 
@@ -243,13 +248,16 @@ def main(argv=None) -> int:
         summary[name] = {"batch_ms_rank": [statistics.median(r["batch_ms"][k] for r in rs) for k in range(2)],
                          "batch_ms_max": statistics.median(r["batch_ms_max_over_ranks"] for r in rs),
                          "per_round_max": [r["batch_ms_max_over_ranks"] for r in rs]}
+        summary[name]["cpu_ms_rank"] = [statistics.median(r["cpu_ms"][k] for r in rs) for k in range(2)]
         summary[name]["after_last_exchange_ms"] = [statistics.median(r["after_ms"][k] for r in rs) for k in range(2)]
         summary[name]["plan_overlap_ms"] = [statistics.median(r["plan_ms"][k] for r in rs) for k in range(2)]
     rows = [[name, s["batch_ms_rank"][0], s["batch_ms_rank"][1], s["batch_ms_max"],
-             s["batch_ms_max"] / summary[list(trees)[0]]["batch_ms_max"], max(s["after_last_exchange_ms"]),
+             s["batch_ms_max"] / summary[list(trees)[0]]["batch_ms_max"], s["cpu_ms_rank"][0], s["cpu_ms_rank"][1],
+             sum(s["cpu_ms_rank"]) / sum(summary[list(trees)[0]]["cpu_ms_rank"]), max(s["after_last_exchange_ms"]),
              max(s["plan_overlap_ms"])] for name, s in summary.items()]
     table = common.format_table(["tree", "rank 0 ms/batch", "rank 1 ms/batch", "max over ranks ms",
-                                 f"ratio to {list(trees)[0]}", "after last exchange ms", "of which plan_overlap ms"],
+                                 f"ratio to {list(trees)[0]}", "rank 0 thread CPU ms", "rank 1 thread CPU ms",
+                                 "CPU ratio", "after last exchange ms", "of which plan_overlap ms"],
                                 rows, ".2f")
     identical = None
     if args.old:

