@@ -13,7 +13,8 @@ Per rank and layer (L2 is sampled first), median ms: ``sample`` (``ops.sample_ne
 waits for), ``exchange`` (``exchange_ids`` whole), in it ``a2a`` (the collectives, ``Communicator._all_to_all``),
 ``wait`` (from this rank's entry into the first collective of the layer to the later rank's entry: the part
 of ``a2a`` that is waiting for the other rank) and ``around`` (exchange minus collectives: packing, capacity
-bookkeeping, the new frontier and the shuffle index). Timestamps are ``time.perf_counter`` (CLOCK_MONOTONIC,
+bookkeeping, the new frontier and the shuffle index); ``before cpu`` and ``around cpu``: the same two spans in
+the thread's CPU time (what the rank computed there, without the time other jobs held the core). Timestamps are ``time.perf_counter`` (CLOCK_MONOTONIC,
 one clock for both processes of the host).
 
 The data (graph, map, targets) are made once and saved under ``OUT/scratch/bench_split_sampler/``; each
@@ -43,7 +44,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 FANOUTS = [15, 10, 5]
-PHASES = ["sample", "relabel", "before", "exchange", "a2a", "wait", "around"]
+PHASES = ["sample", "relabel", "before", "exchange", "a2a", "wait", "around", "before cpu", "around cpu"]
 
 
 def batch_digest(batch) -> str:
@@ -89,9 +90,9 @@ def rank_body(rank, world_size, data_path, warmup, iters, overlap):
 
     def timed(name, fn):
         def wrapper(*a, **k):
-            t0 = time.perf_counter()
+            c0, t0 = time.thread_time(), time.perf_counter()
             out = fn(*a, **k)
-            events.append((name, t0, time.perf_counter()))
+            events.append((name, t0, time.perf_counter(), c0, time.thread_time()))
             return out
         return wrapper
 
@@ -116,8 +117,8 @@ def rank_body(rank, world_size, data_path, warmup, iters, overlap):
         if it >= warmup:
             batch_ms.append(1e3 * (t1 - t0))
             cpu_ms.append(1e3 * (c1 - c0))
-            per_iter.append({"start": t0, "end": t1, "events": list(events)})
-            last_exchange = max(e[2] for e in events if e[0] == "exchange")
+            per_iter.append({"start": t0, "start_cpu": c0, "end": t1, "events": list(events)})
+            last_exchange = max(e[2] for e in events if e[0] == "exchange")  # (name, t0, t1, cpu0, cpu1)
             tail.append((1e3 * (t1 - last_exchange), 1e3 * sum(e[2] - e[1] for e in events if e[0] == "plan")))
     sizes = [{"layer": b.layer, "dst": int(b.num_dst), "src": int(b.src_nodes.numel()), "edges": int(b.num_edges()),
               "ids_sent": list(b.shuffle_index.recv_counts), "ids_received": list(b.shuffle_index.send_counts)}
@@ -136,23 +137,26 @@ def layer_phases(ranks) -> dict:
         layers = {}  # rank -> list per layer (top first) of dict
         for r in range(world):
             ev = ranks[r]["iters"][i]["events"]
-            start = ranks[r]["iters"][i]["start"]
+            start, start_cpu = ranks[r]["iters"][i]["start"], ranks[r]["iters"][i]["start_cpu"]
             rows = []
             cur = None
-            for name, t0, t1 in ev:
+            for name, t0, t1, c0, c1 in ev:
                 if name == "sample" and (cur is None or "exchange" in cur):
                     cur = {"start": start if not rows else rows[-1]["exchange"][1], "sample": t1 - t0,
-                           "relabel": 0.0, "a2a": 0.0, "a2a_enter": None}
+                           "start_cpu": start_cpu if not rows else rows[-1]["exchange_cpu"][1],
+                           "relabel": 0.0, "a2a": 0.0, "a2a_cpu": 0.0, "a2a_enter": None}
                     rows.append(cur)
                 elif name == "relabel" and "exchange" not in cur and cur.get("relabel_done") is None:
                     cur["relabel"] = t1 - t0
                     cur["relabel_done"] = True
                 elif name == "a2a":
                     cur["a2a"] += t1 - t0
+                    cur["a2a_cpu"] += c1 - c0
                     if cur["a2a_enter"] is None:
                         cur["a2a_enter"] = t0
                 elif name == "exchange":
                     cur["exchange"] = (t0, t1)
+                    cur["exchange_cpu"] = (c0, c1)
             layers[r] = rows
         for k in range(num_layers):
             enters = [layers[r][k]["a2a_enter"] for r in range(world)]
@@ -160,10 +164,12 @@ def layer_phases(ranks) -> dict:
                 row = layers[r][k]
                 layer = num_layers - 1 - k
                 ex0, ex1 = row["exchange"]
+                cx0, cx1 = row["exchange_cpu"]
                 vals = {"sample": row["sample"], "relabel": row["relabel"], "before": ex0 - row["start"],
                         "exchange": ex1 - ex0, "a2a": row["a2a"],
                         "wait": max(0.0, max(enters) - enters[r]) if None not in enters else 0.0,
-                        "around": ex1 - ex0 - row["a2a"]}
+                        "around": ex1 - ex0 - row["a2a"], "before cpu": cx0 - row["start_cpu"],
+                        "around cpu": cx1 - cx0 - row["a2a_cpu"]}
                 for p in PHASES:
                     out[r][f"L{layer}"][p].append(1e3 * vals[p])
     return {r: {lay: {p: statistics.median(v) for p, v in ph.items()} for lay, ph in layers.items()}
