@@ -20,7 +20,28 @@ from typing import Any, Callable, Deque, List, Optional, Tuple
 import torch
 
 
-class StepTimer:
+class _Stamps:
+    """What both clocks share: a stamp is ``perf_counter()`` on a CPU, a CUDA event recorded on the current
+    stream on a GPU (an enqueue: the host does not wait), and the seconds between two stamps."""
+
+    def __init__(self, device: torch.device, event_factory: Optional[Callable[[], Any]] = None):
+        self.on_gpu = torch.device(device).type == "cuda"
+        self._device = torch.device(device)
+        self._event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+
+    def _stamp(self) -> Any:
+        if not self.on_gpu:
+            return time.perf_counter()
+        event = self._event()
+        event.record(torch.cuda.current_stream(self._device))
+        return event
+
+    def _elapsed(self, start: Any, end: Any) -> float:
+        """Seconds from ``start`` to ``end`` (on a GPU both events must have completed)."""
+        return start.elapsed_time(end) / 1000.0 if self.on_gpu else end - start
+
+
+class StepTimer(_Stamps):
     """Seconds of timed steps: the host clock on a CPU, CUDA events on the current stream on a GPU.
 
     ``start()`` / ``stop(key)`` bracket a step; ``ready()`` returns ``(key, seconds)`` of the steps whose
@@ -42,29 +63,22 @@ class StepTimer:
     """
 
     def __init__(self, device: torch.device, event_factory: Optional[Callable[[], Any]] = None):
-        self.on_gpu = torch.device(device).type == "cuda"
-        self._device = torch.device(device)
-        self._event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        super().__init__(device, event_factory)
         self._start: Any = None
         self._pending: Deque[Tuple[Any, Any, Any]] = deque()  # (key, start event, end event) in stream order
         self._done: List[Tuple[Any, float]] = []
 
     def start(self) -> None:
-        if self.on_gpu:
-            self._start = self._event()
-            self._start.record(torch.cuda.current_stream(self._device))
-        else:
-            self._start = time.perf_counter()
+        self._start = self._stamp()
 
     def stop(self, key: Any) -> None:
         if self._start is None:
             raise RuntimeError("StepTimer.stop() without start(); call start() before the step")
+        end = self._stamp()
         if self.on_gpu:
-            end = self._event()
-            end.record(torch.cuda.current_stream(self._device))
             self._pending.append((key, self._start, end))
         else:
-            self._done.append((key, time.perf_counter() - self._start))
+            self._done.append((key, self._elapsed(self._start, end)))
         self._start = None
 
     def ready(self) -> List[Tuple[Any, float]]:
@@ -72,7 +86,7 @@ class StepTimer:
         # events on one stream complete in order: stop at the first one still pending
         while self._pending and self._pending[0][2].query():
             key, start, end = self._pending.popleft()
-            self._done.append((key, start.elapsed_time(end) / 1000.0))
+            self._done.append((key, self._elapsed(start, end)))
         done, self._done = self._done, []
         return done
 
@@ -100,7 +114,7 @@ class LayerSeconds:
     shuffles' backward and the waits for returning gradients are left out."""
 
 
-class LayerClock:
+class LayerClock(_Stamps):
     """Seconds each layer computes, forward and backward, per training step, without host-device syncs.
 
     The forward code calls :meth:`mark` where a layer's compute starts (``("fwd", i)``) and stops
@@ -128,20 +142,13 @@ class LayerClock:
     """
 
     def __init__(self, device: torch.device, event_factory: Optional[Callable[[], Any]] = None):
-        self.on_gpu = torch.device(device).type == "cuda"
-        self._device = torch.device(device)
-        self._event = event_factory or (lambda: torch.cuda.Event(enable_timing=True))
+        super().__init__(device, event_factory)
         self._marks: List[Tuple[LayerLabel, Any]] = []
         self._pending: Deque[Tuple[Any, List[Tuple[LayerLabel, Any]]]] = deque()
 
     def mark(self, label: LayerLabel) -> None:
         """From now on the time is ``label``'s (``("fwd", i)``, ``("bwd", i)`` or ``None``)."""
-        if self.on_gpu:
-            stamp = self._event()
-            stamp.record(torch.cuda.current_stream(self._device))
-        else:
-            stamp = time.perf_counter()
-        self._marks.append((label, stamp))
+        self._marks.append((label, self._stamp()))
 
     def on_backward(self, h: torch.Tensor, label: LayerLabel) -> torch.Tensor:
         """``h`` itself, whose backward marks ``label`` once ``h``'s gradient is complete (a tensor that needs
@@ -180,7 +187,7 @@ class LayerClock:
             phase, layer = label
             times = out.forward if phase == "fwd" else out.backward
             times.extend([0.0] * (layer + 1 - len(times)))
-            times[layer] += start.elapsed_time(end) / 1000.0 if self.on_gpu else end - start
+            times[layer] += self._elapsed(start, end)
         n = max(len(out.forward), len(out.backward))
         out.forward.extend([0.0] * (n - len(out.forward)))
         out.backward.extend([0.0] * (n - len(out.backward)))
