@@ -19,8 +19,8 @@ from gsplit.graph import Graph
 from gsplit.ops import aggregate, cpu_ext, cuda, sample_cpu, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 
-__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "unique_ids", "unique_inverse", "sampling_device", "copy_u_sum", "copy_u_mean",
-           "gat_aggregate", "edge_softmax", "aggregate", "cuda", "sample_cpu", "torch_ops"]
+__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "unique_ids", "unique_inverse", "sampling_device",
+           "copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "aggregate", "cuda", "sample_cpu", "torch_ops"]
 
 sampling_device = cuda.sampling_device
 
