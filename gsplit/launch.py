@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from gsplit import resources
 from gsplit.comm import waits
 
 log = logging.getLogger(__name__)
@@ -350,6 +351,8 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
                               timeout=datetime.timedelta(seconds=timeout))
         init_process_group(backend, dev, store=store, rank=rank, world_size=world_size,
                            timeout=datetime.timedelta(seconds=timeout))
+        if dev.type == "cpu":  # a CPU rank's step allocates the same large temporaries every iteration
+            resources.keep_freed_heap()
         result = fn(rank, world_size, *args)
         try:
             payload = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)

@@ -34,6 +34,7 @@ from gsplit.launch import report_progress, resolve_device
 from gsplit.loader import DataLoader, IterationStats
 from gsplit.nn.loss import split_cross_entropy
 from gsplit.nn.models import build_model
+from gsplit.resources import keep_freed_heap
 from gsplit.resume import run_record
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
@@ -639,6 +640,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         raise ValueError(f"dataset {dataset.name!r} has no training vertices (train_idx is empty): nothing to train; "
                          f"check its split options")
     device = resolve_device(cfg.device)
+    if device.type == "cpu":  # also one process and torchrun ranks (gsplit.launch sets it for its CPU ranks)
+        keep_freed_heap()
     system = SYSTEMS[cfg.system]
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
     torch.manual_seed(cfg.seed)

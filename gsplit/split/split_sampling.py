@@ -41,21 +41,27 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     picks are a function of the vertex, so the order changes no edge, only the rows' places.
     """
     if comm.world_size == 1:
-        # every id is this rank's: nothing to count or exchange, and the (unique) ids are the new frontier
-        frontier, order = torch.sort(ids, stable=True)
+        # every id is this rank's: nothing to count or exchange. The (unique) ids sorted are the new frontier
+        # and each id's place in it the send index
+        frontier, send_idx = ops.unique_inverse(ids, num_nodes, distinct=True)
         counts = [ids.numel()]
-        index = ShuffleIndex(send_idx=torch.argsort(order), send_counts=counts, recv_pos=torch.arange(
+        index = ShuffleIndex(send_idx=send_idx, send_counts=counts, recv_pos=torch.arange(
             ids.numel(), device=ids.device), recv_counts=list(counts), num_local=frontier.numel(),
             num_mixed=ids.numel(), tag=f"shuffle/{tag}",
             num_interior=frontier.numel() if interior_first else None)
         return frontier, index
-    order = torch.argsort(owner, stable=True)
+    # index_select rather than ids[order] here and below: the same gather, 6-9x faster on the CPU in torch 2.13
+    # (62k ids: 0.08 vs 0.67 ms on one core; advanced indexing goes through a general kernel)
+    # group the ids by owner, stable: the sort's values are the owners in that order (no second gather). The
+    # owners are sorted as the smallest integers that hold a rank: torch sorts those by radix, 3-4x faster
+    # than int64 keys (62k ids: 0.6 vs 2.2 ms on one core); a stable sort's order is the same for any dtype
+    dest, order = torch.sort(owner.to(_rank_dtype(comm.world_size)), stable=True)
     # the counts travel with the ids: one all-to-all per layer (a second only when a pair's count outgrows
     # the capacity learnt from earlier iterations), and one wait, for the counts that come back
-    requested, requests_sent, requests_received = comm.all_to_all_counted(ids[order], owner[order],
+    requested, requests_sent, requests_received = comm.all_to_all_counted(ids.index_select(0, order), dest,
                                                                           tag=f"ids/{tag}")
-    frontier = ops.unique_ids(requested, num_nodes)
-    send_idx = torch.searchsorted(frontier, requested)
+    # the new frontier is the sorted union of the requests and each request's row is its place in it
+    frontier, send_idx = ops.unique_inverse(requested, num_nodes)
     num_interior = None
     if interior_first:
         frontier, send_idx, num_interior = _interior_first(frontier, send_idx, requests_received, comm.rank)
@@ -65,19 +71,35 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     return frontier, index
 
 
+def _rank_dtype(world_size: int) -> torch.dtype:
+    """The smallest signed integer type that holds every rank of ``world_size``."""
+    for dtype in (torch.int8, torch.int16, torch.int32):
+        if world_size - 1 <= torch.iinfo(dtype).max:
+            return dtype
+    return torch.int64
+
+
 def _interior_first(frontier: torch.Tensor, send_idx: torch.Tensor, send_counts, rank: int):
     """``(frontier', send_idx', num_interior)``: the frontier reordered, rows no other rank asked for first
-    (each part keeps id order), and the send rows renumbered to match; one host read (the count)."""
+    (each part keeps id order), and the send rows renumbered to match; one host read (the count).
+
+    The rows other ranks asked for are those of every requester's part of ``send_idx`` but this rank's own
+    (two slices: no mask and no size read). The stable partition is one prefix sum: an interior row ``i``
+    moves to ``i - (boundary rows before it)``, a boundary row to ``num_interior + (boundary rows before it)``;
+    it equals a stable sort by the boundary flag, in one pass instead of a sort and its inverse.
+    """
     start = sum(send_counts[:rank])
-    sent_away = torch.ones(send_idx.numel(), dtype=torch.bool, device=send_idx.device)
-    sent_away[start:start + send_counts[rank]] = False
-    boundary = torch.zeros(frontier.numel(), dtype=torch.int8, device=frontier.device)
-    boundary[send_idx[sent_away]] = 1
-    perm = torch.sort(boundary, stable=True).indices  # new row -> old row: interior, then boundary
-    new_of_old = torch.empty_like(perm)
-    new_of_old[perm] = torch.arange(perm.numel(), device=perm.device)
-    num_interior = frontier.numel() - int(boundary.sum())
-    return frontier[perm], new_of_old[send_idx], num_interior
+    end = start + send_counts[rank]
+    boundary = torch.zeros(frontier.numel(), dtype=torch.int64, device=frontier.device)
+    boundary.index_fill_(0, send_idx[:start], 1)
+    boundary.index_fill_(0, send_idx[end:], 1)
+    before = torch.cumsum(boundary, 0)  # boundary rows up to and including each row
+    num_interior = frontier.numel() - (int(before[-1]) if frontier.numel() else 0)
+    rows = torch.arange(frontier.numel(), device=frontier.device)
+    new_of_old = torch.where(boundary.bool(), num_interior + before - 1, rows - before)
+    reordered = torch.empty_like(frontier)
+    reordered.index_copy_(0, new_of_old, frontier)
+    return reordered, new_of_old.index_select(0, send_idx), num_interior
 
 
 def local_targets(seeds: torch.Tensor, owner: torch.Tensor, rank: int) -> torch.Tensor:
@@ -136,7 +158,7 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
 
     def exchange(layer: int, mixed_frontier: torch.Tensor):
         # layer 0's exchange makes the input frontier: features are loaded, not computed, so not reordered
-        return exchange_ids(mixed_frontier, owner[mixed_frontier].long(), comm, tag=f"layer{layer}",
+        return exchange_ids(mixed_frontier, owner.index_select(0, mixed_frontier), comm, tag=f"layer{layer}",
                             num_nodes=graph.num_nodes, interior_first=overlap and layer > 0)
 
     batch = sampler.sample_layers(graph, to_device(targets.to(torch.int64), device), epoch, iteration, exchange)
