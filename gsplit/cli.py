@@ -1074,12 +1074,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset-out", help="also write the dataset as a folder of memory-mapped .npy files there "
                         "(an edgelist, or an ogbn-NAME whose raw files are unpacked: converted in chunks) and "
                         "prepare from it; train with --dataset folder:DIR")
-    from gsplit.partitioning.metis import METIS_BOUND_WHEN_SHORT, METIS_EDGES_PER_VERTEX
+    from gsplit.partitioning.metis import METIS_BOUNDS_WHEN_SHORT, METIS_EDGES_PER_VERTEX
 
     p.add_argument("--metis-edges-per-vertex", default=METIS_EDGES_PER_VERTEX,
                    help="bound METIS's input (and memory) to this many adjacency entries per vertex, each vertex's "
                         "heaviest edges, e.g. 8; 0: every edge; auto: every edge where the memory for it is "
-                        f"available, else {METIS_BOUND_WHEN_SHORT:g} (default {METIS_EDGES_PER_VERTEX})")
+                        f"available, else the largest of {'/'.join(f'{k:g}' for k in METIS_BOUNDS_WHEN_SHORT)} that fits "
+                        f"(default {METIS_EDGES_PER_VERTEX})")
     p.add_argument("--chunk-edges", type=int, default=1 << 22,
                    help="edges per chunk when --dataset-out converts an edge list (default 4194304)")
     p.add_argument("--full-graph", action="store_true",

@@ -204,7 +204,11 @@ def test_auto_bound_keeps_every_edge_where_memory_allows_and_bounds_it_otherwise
     n, e = 1000, 15000
     monkeypatch.setattr(prepare, "available_memory", lambda: prepare.prepare_peak_bytes(n, e))
     assert prepare.resolve_metis_bound(n, e, "auto") is None           # just fits: full quality
-    monkeypatch.setattr(prepare, "available_memory", lambda: prepare.prepare_peak_bytes(n, e) - 1)
+    # short: the largest budget of 12 / 10 / 8 entries per vertex whose peak fits, the smallest when none does
+    for room, expected in [(prepare.prepare_peak_bytes(n, e) - 1, 12.0), (prepare.prepare_peak_bytes(n, e, 12) - 1, 10.0),
+                           (prepare.prepare_peak_bytes(n, e, 10) - 1, 8.0), (0, METIS_BOUND_WHEN_SHORT)]:
+        monkeypatch.setattr(prepare, "available_memory", lambda room=room: room)
+        assert prepare.resolve_metis_bound(n, e, "auto") == expected, room
     with caplog.at_level("WARNING", logger="gsplit.partitioning.prepare"):
         assert prepare.resolve_metis_bound(n, e, "auto") == METIS_BOUND_WHEN_SHORT
     assert "bounding its input" in caplog.text and "--metis-edges-per-vertex 0" in caplog.text

@@ -48,14 +48,18 @@ METHODS = ("gsplit", "node", "edge", "random")
 
 METIS_EDGES_PER_VERTEX = "auto"
 """Default budget of METIS's input: ``"auto"`` gives METIS every edge where the memory it needs is
-available and :data:`METIS_BOUND_WHEN_SHORT` entries per vertex otherwise
+available and otherwise the largest of :data:`METIS_BOUNDS_WHEN_SHORT` entries per vertex that fits
 (:func:`gsplit.partitioning.prepare.resolve_metis_bound`); a number: adjacency entries (both directions)
 per vertex, the heaviest edges of each vertex kept (:func:`gsplit.partitioning.sparsify.heaviest_edges`);
 0 or None: every edge."""
 
-METIS_BOUND_WHEN_SHORT = 8.0
-"""The budget ``"auto"`` picks when every edge would not fit: at 1M vertices it cost nothing in cut after
-the refinement, at 4M the weighted cut grew from 0.150 to 0.178 (experiments/README.md, issue 19)."""
+METIS_BOUNDS_WHEN_SHORT = (12.0, 10.0, 8.0)
+"""The budgets ``"auto"`` tries, largest first, when every edge would not fit: at 4M vertices 12 and 10
+entries per vertex kept the unbounded cut (0.150) with 82 % / 66 % of METIS's memory while 8 raised it to
+0.178; at 1M, 8 cost nothing after the refinement (experiments/README.md, issue 19; one graph, one seed)."""
+
+METIS_BOUND_WHEN_SHORT = METIS_BOUNDS_WHEN_SHORT[-1]
+"""The smallest of them: what ``"auto"`` uses when none fits (the memory check then says what is missing)."""
 
 BALANCE_MODES = ("layers", "total")
 """How ``gsplit``/``node`` turn pre-sampling weights into METIS balance constraints (see :func:`partition`)."""

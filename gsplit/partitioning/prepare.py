@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from gsplit.io import atomic_write_json
-from gsplit.partitioning.metis import METIS_BOUND_WHEN_SHORT, METIS_EDGES_PER_VERTEX, partition
+from gsplit.partitioning.metis import METIS_BOUNDS_WHEN_SHORT, METIS_EDGES_PER_VERTEX, partition
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import PresampleWeights, presample
 from gsplit.partitioning.stats import split_stats
@@ -63,8 +63,9 @@ def prepare_peak_bytes(num_nodes: int, num_edges: int, metis_edges_per_vertex: O
 def resolve_metis_bound(num_nodes: int, num_edges: int,
                         metis_edges_per_vertex: Union[float, str, None] = METIS_EDGES_PER_VERTEX) -> Optional[float]:
     """The budget of METIS's input to use: ``"auto"`` keeps every edge (None) where the memory that needs
-    (:func:`prepare_peak_bytes`) is available, else bounds it to :data:`METIS_BOUND_WHEN_SHORT` entries per
-    vertex and logs a warning (the bound costs cut quality on some graphs); a number is validated and kept.
+    (:func:`prepare_peak_bytes`) is available, else bounds it to the largest of
+    :data:`~gsplit.partitioning.metis.METIS_BOUNDS_WHEN_SHORT` entries per vertex whose peak fits (the
+    smallest when none does) and logs a warning (a bound can cost cut quality); a number is validated and kept.
 
     Example:
         >>> resolve_metis_bound(1000, 15000), resolve_metis_bound(1000, 15000, 6), resolve_metis_bound(1000, 15000, 0)
@@ -76,11 +77,13 @@ def resolve_metis_bound(num_nodes: int, num_edges: int,
     needed, available = prepare_peak_bytes(num_nodes, num_edges), available_memory()
     if needed <= available:
         return None
+    fits = [k for k in METIS_BOUNDS_WHEN_SHORT if prepare_peak_bytes(num_nodes, num_edges, k) <= available]
+    bound = fits[0] if fits else METIS_BOUNDS_WHEN_SHORT[-1]
     log.warning("METIS on every edge of %s vertices / %s edges would need about %.1f GiB but %.1f GiB is available; "
                 "bounding its input to the %g heaviest edges per vertex (the cut can be worse: pass "
                 "metis_edges_per_vertex=0 / --metis-edges-per-vertex 0 on a larger host for full quality)",
-                f"{num_nodes:,}", f"{num_edges:,}", needed / 2**30, available / 2**30, METIS_BOUND_WHEN_SHORT)
-    return METIS_BOUND_WHEN_SHORT
+                f"{num_nodes:,}", f"{num_edges:,}", needed / 2**30, available / 2**30, bound)
+    return bound
 
 
 def estimated_stage_seconds(stage: str, num_edges: int) -> float:

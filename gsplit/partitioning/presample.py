@@ -103,6 +103,19 @@ class PresampleWeights:
         write_array_dir(path, {k: v.cpu().numpy() for k, v in arrays.items()}, meta, meta_name=self._META,
                         default=str)
 
+    _FIX = "pre-sample again (`gsplit prepare`) to rewrite it"
+
+    @classmethod
+    def _read_meta(cls, p: Path) -> dict:
+        return read_meta(p, ["num_batches", "batch_size", "epochs", "num_nodes", "num_edges"],
+                         "set of pre-sampling weights", cls._FIX, meta_name=cls._META,
+                         written_first=["edge_weights.npy", "level_vertex_weights.npy", "layer_edge_load.npy"])
+
+    @classmethod
+    def _check_weights(cls, a: np.ndarray, file: Path) -> None:
+        if not np.isfinite(a).all() or (a < 0).any():
+            raise ValueError(f"{file} holds negative or non-finite weights; {cls._FIX}")
+
     @classmethod
     def load(cls, path) -> "PresampleWeights":
         """Read weights written by :meth:`save`, checking dtypes, shapes and that no weight is negative or NaN.
@@ -116,11 +129,8 @@ class PresampleWeights:
             >>> torch.equal(PresampleWeights.load(d).vertex_weights, w.vertex_weights)
             True
         """
-        p = Path(path)
-        fix = "pre-sample again (`gsplit prepare`) to rewrite it"
-        meta = read_meta(p, ["num_batches", "batch_size", "epochs", "num_nodes", "num_edges"],
-                         "set of pre-sampling weights", fix, meta_name=cls._META,
-                         written_first=["edge_weights.npy", "level_vertex_weights.npy", "layer_edge_load.npy"])
+        p, fix = Path(path), cls._FIX
+        meta = cls._read_meta(p)
         n, e = meta["num_nodes"], meta["num_edges"]
         arrays = {}
         for name, rows in (("vertex_weights", None), ("edge_weights", None), ("level_vertex_weights", -1),
@@ -130,8 +140,7 @@ class PresampleWeights:
             if a.shape[-1] != width:
                 raise ValueError(f"{p / (name + '.npy')} has shape {a.shape} but the graph of {p / cls._META} has "
                                  f"{width} {'edges' if name == 'edge_weights' else 'vertices'}; {fix}")
-            if not np.isfinite(a).all() or (a < 0).any():
-                raise ValueError(f"{p / (name + '.npy')} holds negative or non-finite weights; {fix}")
+            cls._check_weights(a, p / f"{name}.npy")
             arrays[name] = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
         if arrays["level_vertex_weights"].shape[0] != arrays["layer_edge_load"].shape[0] + 1:
             raise ValueError(f"{p}: level_vertex_weights.npy has {arrays['level_vertex_weights'].shape[0]} levels "
@@ -157,14 +166,10 @@ class PresampleWeights:
             >>> torch.equal(PresampleWeights.load_vertex_weights(d, g), w.vertex_weights)
             True
         """
-        p = Path(path)
-        fix = "pre-sample again (`gsplit prepare`) to rewrite it"
-        meta = read_meta(p, ["num_batches", "batch_size", "epochs", "num_nodes", "num_edges"],
-                         "set of pre-sampling weights", fix, meta_name=cls._META,
-                         written_first=["edge_weights.npy", "level_vertex_weights.npy", "layer_edge_load.npy"])
+        p, fix = Path(path), cls._FIX
+        meta = cls._read_meta(p)
         a = load_npy(p / "vertex_weights.npy", fix, kind="f", ndim=1, length=meta["num_nodes"])
-        if not np.isfinite(a).all() or (a < 0).any():
-            raise ValueError(f"{p / 'vertex_weights.npy'} holds negative or non-finite weights; {fix}")
+        cls._check_weights(a, p / "vertex_weights.npy")
         if graph is not None:
             if meta["num_nodes"] != graph.num_nodes or meta["num_edges"] != graph.num_edges:
                 raise ValueError(f"the pre-sampling weights in {p} are for {meta['num_nodes']} vertices and "
