@@ -50,7 +50,7 @@ import torch.distributed as dist
 
 from gsplit.comm.communicator import Communicator
 from gsplit.comm.waits import track_in_flight, waiting_for_peers
-from gsplit.sampling.block import Block, OverlapSplit, split_destinations
+from gsplit.sampling.block import Block, OverlapSplit, split_destinations, without_stretch
 from gsplit.timing import LayerClock, layer_ends, layer_starts
 
 __all__ = ["AsyncRows", "plan_overlap", "overlapped_sp_forward", "splits_sources"]
@@ -144,8 +144,7 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
         if n_keep < n_int:
             raise ValueError(f"block {i + 1}'s plan keeps {n_keep} rows on rank {rank} but the layer has {n_int} "
                              f"interior rows, each read on this rank; the plan is not sp_sample's")
-        kept, order = torch.sort(keep_idx)
-        interior_pos = keep_pos.index_select(0, order[:n_int])
+        kept, assembly = _assembly_fields(keep_idx, keep_pos, n_int)
         e_int = 0
         if n_int:  # edges are grouped by destination: the interior destinations' edges come first. One host
             # read, with the check that the first n_int kept rows are the interior rows (so interior_pos is right)
@@ -156,8 +155,8 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
                                  f"rank {rank}; the plan is not sp_sample's")
         # both parts read the whole block's sources (their per-source terms are computed once)
         interior, boundary = split_destinations(block, n_int, e_int)
-        send_counts = [0 if j == rank else c for j, c in enumerate(index.send_counts)]
-        send_idx = _without(index.send_idx, own_send) - n_int
+        send_counts, recv_counts = index.counts_to_others(rank)
+        send_idx = without_stretch(index.send_idx, own_send) - n_int
         send_inverse = None
         if sum(send_counts) == n_bnd and n_bnd:  # every boundary row goes to exactly one other rank (two ranks)
             send_inverse = torch.empty_like(send_idx).index_copy_(
@@ -165,20 +164,16 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
         block.overlap = OverlapSplit(
             interior_block=interior, boundary_block=boundary,
             send_idx=send_idx, send_counts=send_counts,
-            recv_pos=_without(index.recv_pos, own_recv),
-            recv_counts=[0 if j == rank else c for j, c in enumerate(index.recv_counts)],
-            keep_idx=keep_idx, keep_pos=keep_pos, num_mixed=index.num_mixed,
-            interior_pos=interior_pos, keep_boundary_idx=kept[n_int:] - n_int,
-            keep_boundary_pos=keep_pos.index_select(0, order[n_int:]), send_inverse=send_inverse)
+            recv_pos=without_stretch(index.recv_pos, own_recv), recv_counts=recv_counts,
+            keep_idx=keep_idx, keep_pos=keep_pos, num_mixed=index.num_mixed, send_inverse=send_inverse, **assembly)
 
 
-def _without(t: torch.Tensor, own: slice) -> torch.Tensor:
-    """``t`` without the stretch ``own`` (a view where that stretch is at one end, as for two ranks)."""
-    if own.start == 0:
-        return t[own.stop:]
-    if own.stop == t.numel():
-        return t[:own.start]
-    return torch.cat([t[:own.start], t[own.stop:]])
+def _assembly_fields(keep_idx: torch.Tensor, keep_pos: torch.Tensor, n_int: int):
+    """``(keep_idx sorted, the plan's assembly fields)``: every interior row is read here exactly once and
+    boundary rows at most once, so sorted, the kept rows are ``0..n_int-1`` and then the kept boundary rows."""
+    kept, order = torch.sort(keep_idx)
+    return kept, dict(interior_pos=keep_pos.index_select(0, order[:n_int]), keep_boundary_idx=kept[n_int:] - n_int,
+                      keep_boundary_pos=keep_pos.index_select(0, order[n_int:]))
 
 
 def _assembly(plan: OverlapSplit) -> OverlapSplit:
@@ -186,10 +181,7 @@ def _assembly(plan: OverlapSplit) -> OverlapSplit:
     ``keep_pos`` when a plan was made without them; no host read."""
     if plan.interior_pos is not None:
         return plan
-    n_int = plan.num_interior
-    kept, order = torch.sort(plan.keep_idx)
-    return replace(plan, interior_pos=plan.keep_pos.index_select(0, order[:n_int]), keep_boundary_idx=kept[n_int:] - n_int,
-                   keep_boundary_pos=plan.keep_pos.index_select(0, order[n_int:]))
+    return replace(plan, **_assembly_fields(plan.keep_idx, plan.keep_pos, plan.num_interior)[1])
 
 
 # ---------------------------------------------------------------------------------------------- autograd

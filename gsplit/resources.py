@@ -97,6 +97,17 @@ def require_memory(needed_bytes: int, what: str, hint: str = "") -> None:
             "or set GSPLIT_SKIP_MEMORY_CHECK=1 to try anyway")
 
 
+def _glibc():
+    """The C library when it is glibc (``malloc_trim`` / ``mallopt``), else None (macOS, musl, Windows)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+    except OSError:
+        return None
+
+
 def return_freed_heap() -> None:
     """Give the C heap's freed pages back to the OS (glibc ``malloc_trim``; nothing elsewhere).
 
@@ -107,12 +118,9 @@ def return_freed_heap() -> None:
     Example:
         >>> return_freed_heap()   # returns None; safe to call anywhere, any number of times
     """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
+    libc = _glibc()
+    if libc is not None:  # not glibc: nothing to do
+        libc.malloc_trim(0)
 
 
 def smaps_rollup_kb(pid: int) -> Optional[dict]:
@@ -274,10 +282,7 @@ def keep_freed_heap() -> bool:
     """
     if os.environ.get("GSPLIT_KEEP_HEAP", "1") == "0":
         return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))
-    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator's defaults stand
+    libc = _glibc()
+    if libc is None:  # not glibc: its allocator's defaults stand
         return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))

@@ -7,38 +7,10 @@ for backward.
 
 from __future__ import annotations
 
-from typing import List, Sequence
-
 import torch
 
 from gsplit.comm.communicator import Communicator, as_communicator, group_of
-from gsplit.sampling.block import Block, ShuffleIndex
-
-
-def _others(counts: Sequence[int], rank: int) -> List[int]:
-    """``counts`` with this rank's own entry 0: its rows are copied directly, not sent to itself."""
-    return [0 if j == rank else int(c) for j, c in enumerate(counts)]
-
-
-def _gather_around(h: torch.Tensor, idx: torch.Tensor, own: slice) -> torch.Tensor:
-    """``h[idx]`` without the stretch ``idx[own]``, into one buffer (``index_select`` per stretch: no index
-    tensor is concatenated, and advanced indexing, several times slower on the CPU, is not used)."""
-    before, after = idx[:own.start], idx[own.stop:]
-    if not before.numel() or not after.numel():
-        return h.index_select(0, after if not before.numel() else before)
-    out = h.new_empty((before.numel() + after.numel(),) + tuple(h.shape[1:]))
-    torch.index_select(h, 0, before, out=out[:before.numel()])
-    torch.index_select(h, 0, after, out=out[before.numel():])
-    return out
-
-
-def _copy_around(out: torch.Tensor, pos: torch.Tensor, own: slice, rows: torch.Tensor) -> None:
-    """``out[pos without pos[own]] = rows`` (rows in that order), with ``index_copy_``: positions are unique."""
-    before, after = pos[:own.start], pos[own.stop:]
-    if before.numel():
-        out.index_copy_(0, before, rows[:before.numel()])
-    if after.numel():
-        out.index_copy_(0, after, rows[before.numel():])
+from gsplit.sampling.block import Block, ShuffleIndex, without_stretch
 
 
 def shuffle_rows(h: torch.Tensor, index: ShuffleIndex, comm: Communicator, tag_suffix: str = "fwd") -> torch.Tensor:
@@ -46,7 +18,8 @@ def shuffle_rows(h: torch.Tensor, index: ShuffleIndex, comm: Communicator, tag_s
 
     The rows this rank reads itself are copied directly (``index_select`` + ``index_copy_``); only the rows of
     other ranks go through the all-to-all (this rank's own count in it is 0: same traffic counted, fewer
-    copies). Every mixed-frontier row is received exactly once, so writing with ``index_copy_`` is exact.
+    copies). Rows are gathered with ``index_select`` (advanced indexing is several times slower on the CPU),
+    and every mixed-frontier row is received exactly once, so writing with ``index_copy_`` is exact.
     """
     if h.shape[0] != index.num_local:
         raise ValueError(f"shuffle input has {h.shape[0]} rows but this rank's local frontier has "
@@ -55,9 +28,10 @@ def shuffle_rows(h: torch.Tensor, index: ShuffleIndex, comm: Communicator, tag_s
     own_send, own_recv = index.own_rows(rank)
     out = h.new_empty((index.num_mixed,) + tuple(h.shape[1:]))
     if comm.world_size > 1:  # one collective, as before, even when no row goes to another rank
-        recv = comm.all_to_all_rows(_gather_around(h, index.send_idx, own_send), _others(index.send_counts, rank),
-                                    _others(index.recv_counts, rank), tag=f"{index.tag}/{tag_suffix}")
-        _copy_around(out, index.recv_pos, own_recv, recv)
+        send_counts, recv_counts = index.counts_to_others(rank)
+        recv = comm.all_to_all_rows(h.index_select(0, without_stretch(index.send_idx, own_send)), send_counts,
+                                    recv_counts, tag=f"{index.tag}/{tag_suffix}")
+        out.index_copy_(0, without_stretch(index.recv_pos, own_recv), recv)
     out.index_copy_(0, index.recv_pos[own_recv], h.index_select(0, index.send_idx[own_send]))
     return out
 
@@ -81,9 +55,9 @@ class _Shuffle(torch.autograd.Function):
         if comm.world_size == 1:
             grad_h.index_add_(0, index.send_idx[own_send], own)
             return grad_h, None, None
-        back = comm.all_to_all_rows(_gather_around(grad_out, index.recv_pos, own_recv),
-                                    _others(index.recv_counts, rank), _others(index.send_counts, rank),
-                                    tag=f"{index.tag}/bwd")
+        send_counts, recv_counts = index.counts_to_others(rank)
+        back = comm.all_to_all_rows(grad_out.index_select(0, without_stretch(index.recv_pos, own_recv)),
+                                    recv_counts, send_counts, tag=f"{index.tag}/bwd")
         # summed in rank order, this rank's own rows at its place: the order (and bits) of one index_add_
         # over the rows of every rank
         n_before = own_send.start

@@ -70,6 +70,19 @@ class ShuffleIndex:
         s0, r0 = sum(self.send_counts[:rank]), sum(self.recv_counts[:rank])
         return slice(s0, s0 + self.send_counts[rank]), slice(r0, r0 + self.recv_counts[rank])
 
+    def counts_to_others(self, rank: int) -> Tuple[List[int], List[int]]:
+        """``(send_counts, recv_counts)`` with ``rank``'s own entries 0: the all-to-all of the rows that leave
+        the rank (its own rows, :meth:`own_rows`, are copied directly).
+
+        Example:
+            >>> index = ShuffleIndex(send_idx=torch.tensor([0, 2, 1]), send_counts=[1, 2],
+            ...                      recv_pos=torch.tensor([1, 0]), recv_counts=[1, 1], num_local=3, num_mixed=2)
+            >>> index.counts_to_others(1)
+            ([1, 0], [1, 0])
+        """
+        return ([0 if j == rank else int(c) for j, c in enumerate(self.send_counts)],
+                [0 if j == rank else int(c) for j, c in enumerate(self.recv_counts)])
+
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor of the plan (e.g. to mark them as used on a CUDA stream)."""
         yield self.send_idx
@@ -251,6 +264,21 @@ class OverlapSplit:
         yield from (self.send_idx, self.recv_pos, self.keep_idx, self.keep_pos)
         yield from (t for t in (self.interior_pos, self.keep_boundary_idx, self.keep_boundary_pos, self.send_inverse)
                     if t is not None)
+
+
+def without_stretch(t: torch.Tensor, stretch: slice) -> torch.Tensor:
+    """``t`` without ``t[stretch]`` (e.g. a plan's rows but this rank's own, :meth:`ShuffleIndex.own_rows`): a
+    view where the stretch is at one end, as with two ranks, else one concatenation of the two sides.
+
+    Example:
+        >>> without_stretch(torch.tensor([5, 6, 7, 8]), slice(1, 3)).tolist()
+        [5, 8]
+    """
+    if stretch.start == 0:
+        return t[stretch.stop:]
+    if stretch.stop == t.numel():
+        return t[:stretch.start]
+    return torch.cat([t[:stretch.start], t[stretch.stop:]])
 
 
 def split_destinations(block: Block, num_first: int, num_first_edges: int) -> Tuple[Block, Block]:
