@@ -42,6 +42,8 @@ from typing import Callable, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = "skipped: no CUDA GPU on this machine"
+PARTS = ("environment", "gpu-tests", "sanitizer", "suite", "gpu-kernel-timings", "cpu-kernel-timings", "split-vs-dp")
+"""The parts in report order (``--skip`` takes these names)."""
 
 
 @dataclass
@@ -60,6 +62,9 @@ class Part:
     """Measured numbers (timings, counts, versions)."""
     output: str = ""
     """Tail of the part's output."""
+    log: str = ""
+    """The part's whole output, written beside the report as ``<report>.<part>.log`` (the first GPU run kept
+    only tails and lost the names of two failing tests)."""
 
 
 class Budget:
@@ -90,7 +95,8 @@ def _run(part: Part, argv: List[str], timeout: float, env: Optional[dict] = None
         out, _ = proc.communicate()
         part.status = f"FAILED (incomplete: stopped at its time cap, {timeout:.0f} s)"
     part.seconds = time.monotonic() - t0
-    part.output = _tail(out or "")
+    part.log = out or ""
+    part.output = _tail(part.log)
 
 
 def _pytest_summary(part: Part) -> None:
@@ -133,7 +139,8 @@ def environment() -> Part:
     return part
 
 
-def _median_ms(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
+def median_ms(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
+    """Median wall ms of ``fn`` over ``repeats`` runs after one warm-up, with ``sync()`` after each run."""
     fn()  # warm-up (compilation, allocator)
     sync()
     times = []
@@ -168,28 +175,28 @@ def gpu_kernel_timings(nodes: int, repeats: int) -> Part:
     kernel = cuda.sample_neighbors(on_gpu, seeds, 15, False, key)
     reference = torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key)
     n["sample_same_edges"] = all(torch.equal(a, b) for a, b in zip(kernel, reference))
-    n["sample_kernel_ms"] = _median_ms(lambda: cuda.sample_neighbors(on_gpu, seeds, 15, False, key), repeats, sync)
-    n["sample_torch_ms"] = _median_ms(lambda: torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key),
+    n["sample_kernel_ms"] = median_ms(lambda: cuda.sample_neighbors(on_gpu, seeds, 15, False, key), repeats, sync)
+    n["sample_torch_ms"] = median_ms(lambda: torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key),
                                       repeats, sync)
     pinned = gsplit.Graph(host.indptr.clone(), host.indices.clone()).pin_memory()  # in place, UVA
     if cuda.graph_readable(pinned, dev):
         n["sample_uva_same_edges"] = all(torch.equal(a, b) for a, b in
                                          zip(cuda.sample_neighbors(pinned, seeds, 15, False, key), kernel))
-        n["sample_uva_kernel_ms"] = _median_ms(lambda: cuda.sample_neighbors(pinned, seeds, 15, False, key),
+        n["sample_uva_kernel_ms"] = median_ms(lambda: cuda.sample_neighbors(pinned, seeds, 15, False, key),
                                                repeats, sync)
     src = kernel[0]
     dst = torch.unique(seeds)
     a, b = cuda.relabel(dst, src), torch_ops.relabel(dst, src)
     n["relabel_same"] = torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    n["relabel_kernel_ms"] = _median_ms(lambda: cuda.relabel(dst, src), repeats, sync)
-    n["relabel_torch_ms"] = _median_ms(lambda: torch_ops.relabel(dst, src), repeats, sync)
+    n["relabel_kernel_ms"] = median_ms(lambda: cuda.relabel(dst, src), repeats, sync)
+    n["relabel_torch_ms"] = median_ms(lambda: torch_ops.relabel(dst, src), repeats, sync)
     feats = torch.randn(nodes, 128, generator=gen)
     ids = torch.randint(0, nodes, (200_000,), generator=gen)
     store = FeatureStore(feats, device=dev, cache_size=0)
     n["gather_mode"] = store.mode
     n["gather_same_rows"] = torch.equal(store.gather(ids.to(dev)).cpu(), feats[ids])
-    n["gather_store_ms"] = _median_ms(lambda: store.gather(ids.to(dev)), repeats, sync)
-    n["gather_torch_ms"] = _median_ms(lambda: feats[ids].to(dev), repeats, sync)
+    n["gather_store_ms"] = median_ms(lambda: store.gather(ids.to(dev)), repeats, sync)
+    n["gather_torch_ms"] = median_ms(lambda: feats[ids].to(dev), repeats, sync)
     same = [v for k, v in n.items() if k.endswith("_same") or "_same_" in k]
     part.status = "passed" if all(same) else "FAILED (a kernel's result differs from torch's)"
     part.seconds = time.monotonic() - t0
@@ -256,9 +263,13 @@ def write_report(path: Path, parts: List[Part], gpu: bool, started: float, args)
         if p.output:
             lines += ["", "```", p.output, "```"]
     lines += ["", "## All numbers", "", "```json",
-              json.dumps({p.name: asdict(p) for p in parts}, indent=1, default=str), "```", ""]
+              json.dumps({p.name: {k: v for k, v in asdict(p).items() if k != "log"} for p in parts}, indent=1,
+                         default=str), "```", ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
+    for p in parts:
+        if p.log:
+            path.with_name(f"{path.stem}.{p.name}.log").write_text(p.log)
 
 
 def main(argv=None) -> int:
@@ -269,9 +280,17 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20, help="iterations per system in split-vs-dp")
     p.add_argument("--quick", action="store_true", help="stand-in suite (one file), no slow CPU parts")
     p.add_argument("--require-gpu", action="store_true", help="a machine without a GPU is a failure")
+    p.add_argument("--skip", default="", help="comma-separated parts not to run (e.g. cpu-kernel-timings,sanitizer)")
+    p.add_argument("--suite-workers", type=int, default=0,
+                   help="run the background suite with pytest-xdist on this many workers (0: serially)")
+    p.add_argument("--cap", type=float, default=150.0, help="seconds at most for each of gpu-tests and sanitizer")
     args = p.parse_args(argv)
     started = time.monotonic()
     budget = Budget(args.budget)
+    skip = {name.strip() for name in args.skip.split(",") if name.strip()}
+    unknown = skip - set(PARTS)
+    if unknown:
+        p.error(f"--skip names unknown parts {sorted(unknown)}; parts are {', '.join(PARTS)}")
     py = sys.executable
     parts: List[Part] = [environment()]
     gpu = bool(parts[0].numbers["cuda_available"])
@@ -280,38 +299,54 @@ def main(argv=None) -> int:
     # the rest of the suite in the background from the start: the longest part, and it needs no GPU
     suite = Part("suite")
     suite_argv = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu"]
+    if args.suite_workers:
+        # each worker keeps to a few threads: 16 workers of 16 threads each would only slow each other down
+        suite_argv += ["-n", str(args.suite_workers), "--dist", "loadfile"]
+        suite.numbers["workers"] = args.suite_workers
     if args.quick:
         suite_argv += ["tests/test_graph.py"]
         suite.numbers["note"] = "--quick: tests/test_graph.py stands in for the suite"
     suite_log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     suite.command = " ".join(suite_argv)
     suite_t0 = time.monotonic()
-    suite_proc = subprocess.Popen(suite_argv, cwd=ROOT, stdout=suite_log, stderr=subprocess.STDOUT, text=True,
-                                  start_new_session=True)
+    threads = str(max(1, (os.cpu_count() or 2) // max(1, args.suite_workers or 1)))
+    suite_env = {**os.environ, "OMP_NUM_THREADS": threads} if args.suite_workers else None
+    suite_proc = None
+    if "suite" in skip:
+        suite.status = "skipped: --skip"
+    else:
+        suite_proc = subprocess.Popen(suite_argv, cwd=ROOT, stdout=suite_log, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True, env=suite_env)
 
     gpu_tests = Part("gpu-tests")
-    if gpu:
+    if "gpu-tests" in skip:
+        gpu_tests.status = "skipped: --skip"
+    elif gpu:
         _run(gpu_tests, [py, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"],
-             min(150, budget.left()), env={"GSPLIT_REQUIRE_GPU": "1"})
+             min(args.cap, budget.left()), env={"GSPLIT_REQUIRE_GPU": "1"})
         _pytest_summary(gpu_tests)
     else:
         gpu_tests.status, gpu_tests.command = NO_GPU, "GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu"
     parts.append(gpu_tests)
 
     sanitizer = Part("sanitizer", command="compute-sanitizer --tool memcheck python -m pytest tests/test_kernels.py -m gpu")
-    if not gpu:
+    if "sanitizer" in skip:
+        sanitizer.status = "skipped: --skip"
+    elif not gpu:
         sanitizer.status = NO_GPU
     elif not shutil.which("compute-sanitizer"):
         sanitizer.status = "skipped: compute-sanitizer is not on PATH (it comes with the CUDA toolkit)"
     else:
         _run(sanitizer, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", py, "-m", "pytest",
                          "tests/test_kernels.py", "-m", "gpu", "-x", "-q", "-p", "no:cacheprovider"],
-             min(150, budget.left()))
+             min(args.cap, budget.left()))
         _pytest_summary(sanitizer)
     parts.append(sanitizer)
 
     timings = Part("gpu-kernel-timings")
-    if gpu and parts[0].numbers["cupy_kernels_work"]:
+    if "gpu-kernel-timings" in skip:
+        timings.status = "skipped: --skip"
+    elif gpu and parts[0].numbers["cupy_kernels_work"]:
         try:
             timings = gpu_kernel_timings(2_000_000, 10)
         except Exception as exc:  # noqa: BLE001
@@ -321,8 +356,8 @@ def main(argv=None) -> int:
     parts.append(timings)
 
     cpu_timings = Part("cpu-kernel-timings")
-    if args.quick:
-        cpu_timings.status = "skipped: --quick"
+    if args.quick or "cpu-kernel-timings" in skip:
+        cpu_timings.status = "skipped: --quick" if args.quick else "skipped: --skip"
     else:
         with tempfile.TemporaryDirectory() as out:
             _run(cpu_timings, [py, "experiments/bench_sampler.py", "--quick", "--skip-partition", "--graphs", "uniform",
@@ -335,7 +370,9 @@ def main(argv=None) -> int:
     parts.append(cpu_timings)
 
     big = Part("split-vs-dp")
-    if gpu and budget.left() > 150:
+    if "split-vs-dp" in skip:
+        big.status = "skipped: --skip"
+    elif gpu and budget.left() > 150:
         try:
             big = split_vs_dp(args.big_nodes, args.iters, budget)
         except Exception as exc:  # noqa: BLE001
@@ -345,19 +382,22 @@ def main(argv=None) -> int:
         big.command = f"split vs dp (and split --uva), synthetic {args.big_nodes} vertices, {args.iters} iterations"
     parts.append(big)
 
-    try:
-        suite_proc.wait(timeout=max(1.0, budget.left()))
-        suite.status = "passed" if suite_proc.returncode == 0 else f"FAILED (exit {suite_proc.returncode})"
-    except subprocess.TimeoutExpired:
-        os.killpg(suite_proc.pid, signal.SIGKILL)
-        suite_proc.wait()
-        suite.status = "FAILED (stopped at the end of the budget)"
-    suite.seconds = time.monotonic() - suite_t0
-    suite_log.seek(0)
-    suite.output = _tail(suite_log.read())
+    if suite_proc is not None:
+        try:
+            suite_proc.wait(timeout=max(1.0, budget.left()))
+            suite.status = "passed" if suite_proc.returncode == 0 else f"FAILED (exit {suite_proc.returncode})"
+        except subprocess.TimeoutExpired:
+            os.killpg(suite_proc.pid, signal.SIGKILL)
+            suite_proc.wait()
+            suite.status = "FAILED (stopped at the end of the budget)"
+        suite.seconds = time.monotonic() - suite_t0
+        suite_log.seek(0)
+        suite.log = suite_log.read()
+        suite.output = _tail(suite.log)
+        _pytest_summary(suite)
+        suite.numbers["ran_alongside"] = "every other part (their timings share the host's cores with it)"
+    suite_log.close()
     os.unlink(suite_log.name)
-    _pytest_summary(suite)
-    suite.numbers["ran_alongside"] = "every other part (their timings share the host's cores with it)"
     parts.insert(3, suite)
 
     report = Path(args.report)

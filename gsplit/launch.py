@@ -235,9 +235,17 @@ def resolve_device(name: Union[str, torch.device] = "auto") -> torch.device:
 
 def _resolve_devices(nprocs: int, backend: Optional[str], devices) -> List[torch.device]:
     if devices is None:
-        want_cuda = backend in (None, "nccl") and torch.cuda.is_available() and torch.cuda.device_count() > 0
-        if backend == "nccl" and not want_cuda:
-            raise ValueError("backend='nccl' needs CUDA GPUs but none is available; use backend='gloo' for CPU ranks")
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if backend == "nccl" and gpus < nprocs:
+            raise ValueError(f"backend='nccl' needs one CUDA GPU per rank: nprocs={nprocs} but {gpus} GPU(s) are "
+                             f"visible; lower nprocs, or use backend='gloo' for CPU ranks")
+        want_cuda = backend in (None, "nccl") and gpus >= nprocs
+        if backend is None and 0 < gpus < nprocs:
+            # The first GPU run found the suite failing here: launch(fn, 2) on a one-GPU host used to raise.
+            # CPU ranks still run the job (as on a machine without a GPU); the warning says how to use the GPU.
+            log.warning("launch: %d ranks but %d CUDA GPU(s): running CPU ranks over gloo. Pass nprocs=%d for one "
+                        "rank per GPU, or devices=['cuda:0'] * %d with backend='gloo' for ranks that share a GPU",
+                        nprocs, gpus, gpus, nprocs)
         devices = "cuda" if want_cuda else "cpu"
     if isinstance(devices, (str, torch.device)):
         dev = torch.device(devices)
@@ -689,7 +697,8 @@ def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optio
         nprocs: number of ranks (world size).
         args: extra picklable positional arguments for ``fn`` (CPU tensors travel through shared memory).
         backend: ``"nccl"``, ``"gloo"`` or ``None``: NCCL when the ranks run on GPUs, else gloo.
-        devices: ``None`` (one GPU per rank when CUDA GPUs exist and backend is not gloo, else CPU),
+        devices: ``None`` (one GPU per rank when there are at least ``nprocs`` CUDA GPUs and backend is not
+            gloo, else CPU ranks, with a warning when some but too few GPUs exist),
             ``"cpu"``, ``"cuda"``, or one device per rank. :func:`current_device` returns it in the rank.
         timeout: seconds a collective (and the rendezvous) may wait before the backend gives up; the
             default, 30 min as DDP's, lets long GPU epochs and evaluations pass.

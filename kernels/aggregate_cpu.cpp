@@ -47,15 +47,16 @@ void check_values(const torch::Tensor& t, const char* name, int64_t dim) {
 
 }  // namespace
 
-// Row pointers [num_dst + 1] of the destination-grouped edge list. Also checks every index (the kernels
-// do not): destinations grouped and in [0, num_dst) (a wrong order would silently mix rows), sources in
-// [0, num_src).
-torch::Tensor dst_indptr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t num_src, int64_t num_dst) {
+// Row pointers [num_dst + 1] of the destination-grouped edge list, and a check of every index (the kernels do
+// not check): destinations grouped and in [0, num_dst) (a wrong order would silently mix rows), sources in
+// [0, num_src). Returns (indptr, problem, edge): problem 0 when all is well, else 1 (edge_dst[edge] outside
+// [0, num_dst)), 2 (edge_dst not grouped at edge) or 3 (edge_src[edge] outside [0, num_src)); Python raises
+// the error. Bad data is returned rather than thrown: on the first GPU run's host a C++ exception from this
+// function killed the Python process (a pytest worker) instead of reaching Python as a ValueError.
+std::tuple<torch::Tensor, int64_t, int64_t> dst_indptr(torch::Tensor edge_src, torch::Tensor edge_dst,
+                                                       int64_t num_src, int64_t num_dst) {
   check_index(edge_src, "edge_src");
   check_index(edge_dst, "edge_dst");
-  TORCH_CHECK_VALUE(num_dst >= 0, "num_dst = ", num_dst, " is negative");
-  TORCH_CHECK_VALUE(edge_src.numel() == edge_dst.numel(), "edge_src has ", edge_src.numel(),
-                    " entries but edge_dst ", edge_dst.numel(), "; pass one source and one destination per edge");
   auto src = edge_src.contiguous(), dst = edge_dst.contiguous();
   const int64_t E = dst.numel();
   auto indptr = torch::empty({num_dst + 1}, torch::kInt64);
@@ -66,16 +67,13 @@ torch::Tensor dst_indptr(torch::Tensor edge_src, torch::Tensor edge_dst, int64_t
   int64_t r = 0;  // rows < r are closed: p[0..r] is final
   for (int64_t e = 0; e < E; ++e) {
     const int64_t v = d[e];
-    TORCH_CHECK_VALUE(v >= 0 && v < num_dst, "edge_dst[", e, "] = ", v, " is outside [0, num_dst = ", num_dst,
-                      "); pass the block's num_dst");
-    TORCH_CHECK_VALUE(v >= r, "edge_dst is not grouped by destination: edge_dst[", e, "] = ", v, " follows ",
-                      d[e - 1], "; sort the edges by destination (stable)");
-    TORCH_CHECK_VALUE(s[e] >= 0 && s[e] < num_src, "edge_src[", e, "] = ", s[e], " is outside [0, num_src = ",
-                      num_src, "); pass one input row per source node");
+    if (v < 0 || v >= num_dst) return {indptr, 1, e};
+    if (v < r) return {indptr, 2, e};
+    if (s[e] < 0 || s[e] >= num_src) return {indptr, 3, e};
     for (; r < v; ++r) p[r + 1] = e;
   }
   for (; r < num_dst; ++r) p[r + 1] = E;
-  return indptr;
+  return {indptr, 0, -1};
 }
 
 namespace {

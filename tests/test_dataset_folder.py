@@ -223,7 +223,7 @@ def test_cli_prepare_writes_a_folder_and_a_map_for_it(tmp_path):
     src = tmp_path / "edges.csv"
     rng = np.random.default_rng(1)
     np.savetxt(src, rng.integers(0, 400, size=(3000, 2)), fmt="%d", delimiter=",")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, "-m", "gsplit", "prepare", "--dataset", f"edgelist:{src}",
                           "--dataset-out", str(tmp_path / "ds"), "--chunk-edges", "1000", "--out",
                           str(tmp_path / "map"), "--num-parts", "2", "--batch-size", "32", "--fanouts", "5,5",
@@ -258,7 +258,7 @@ def test_cli_prepare_converts_unpacked_ogb_files(tmp_path):
     from test_datasets import _write_tiny_arxiv
 
     _write_tiny_arxiv(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     run = subprocess.run([sys.executable, "-m", "gsplit", "prepare", "--dataset", "ogbn-arxiv", "-D",
                           f"root={tmp_path}", "--dataset-out", str(tmp_path / "ds"), "--chunk-edges", "30", "--out",
                           str(tmp_path / "map"), "--num-parts", "2", "--batch-size", "8", "--fanouts", "3"],

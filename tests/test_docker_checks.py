@@ -1,6 +1,7 @@
 """What a GPU user installs: the Docker image's own checks on a built wheel, the GPU extras and the CuPy
 probe's advice, and the build cache of the compiled CPU kernels (one folder per torch and Python)."""
 
+import json
 import logging
 import re
 import shlex
@@ -192,3 +193,31 @@ def test_first_gpu_run_script_reports_what_it_skipped_without_a_gpu(tmp_path):
     for part in ("environment", "suite"):  # what runs without a GPU, runs
         assert f"| {part} | passed |" in text, part
     assert "GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu" in text and "compute-sanitizer" in text
+
+
+def test_first_gpu_run_script_keeps_whole_logs_and_checks_skip_names(tmp_path):
+    report = tmp_path / "report.md"
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(Path.home())}
+    argv = ["bash", str(ROOT / "experiments" / "gpu_first_run.sh"), "--quick", "--report", str(report)]
+    done = subprocess.run(argv + ["--skip", "sanitizer,split-vs-dp"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = report.read_text()
+    assert "| sanitizer | skipped: --skip |" in text and "| split-vs-dp | skipped: --skip |" in text
+    assert " passed" in (tmp_path / "report.suite.log").read_text()  # the whole output, not only its tail
+    wrong = subprocess.run(argv + ["--skip", "sanitiser"], env=env, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode == 2 and "unknown parts ['sanitiser']" in wrong.stderr
+
+
+def test_gpu_bench_dry_run_on_the_cpu(tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_bench.py"), "--device", "cpu",
+                           "--nodes", "3000", "--repeats", "1", "--iters", "2", "--parts", "bandwidth,kernels,layers,cache",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    parts = json.loads(out.read_text())["parts"]
+    assert parts["kernels"]["gather"]["store_same"] is True
+    assert [row["seeds"] for row in parts["kernels"]["per_seed_count"]] == [1024, 8192, 65536]
+    assert parts["layers"]["gsplit_sage_ms"] > 0
+    assert [row["fraction"] for row in parts["cache"]["rows"]] == [0.0, 0.5, 1.0]
+    assert parts["cache"]["rows"][2]["hit_rate"] == 1.0

@@ -286,11 +286,12 @@ def test_gpu_relabel_matches_torch(big_case):
     dst = torch.unique(nodes)
     dst = dst[torch.randperm(dst.numel())]
     src = _reference(g, dst, 15, False, 0, 0, 0)[0]
-    got_nodes, got_local = ops.relabel(dst.cuda(), src.cuda())
     want_nodes, want_local = relabel(dst, src)
-    assert torch.equal(got_nodes.cpu(), want_nodes)
-    assert torch.equal(got_local.cpu(), want_local)
-    empty_nodes, empty_local = ops.relabel(dst.cuda(), src[:0].cuda())
+    for run in (gpu.relabel, ops.relabel):  # the kernel, and the default (plain torch on a GPU)
+        got_nodes, got_local = run(dst.cuda(), src.cuda())
+        assert torch.equal(got_nodes.cpu(), want_nodes)
+        assert torch.equal(got_local.cpu(), want_local)
+    empty_nodes, empty_local = gpu.relabel(dst.cuda(), src[:0].cuda())
     assert torch.equal(empty_nodes.cpu(), dst) and empty_local.numel() == 0
 
 

@@ -175,3 +175,20 @@ def test_the_wrong_convention_is_refused_before_any_process_starts():
         spawn(allreduce_worker, args=(), nprocs=2, devices="cpu")
     with pytest.raises(ValueError, match="join=True"):
         spawn(spawn_style_worker, args=(1,), nprocs=2, join=False)
+
+
+def test_default_devices_on_a_host_with_fewer_gpus_than_ranks(monkeypatch, caplog):
+    """The first GPU run: on a one-GPU host ``launch(fn, 2)`` raised, so the suite's CPU tests failed there."""
+    from gsplit.launch import _resolve_devices
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with caplog.at_level("WARNING", logger="gsplit.launch"):
+        assert _resolve_devices(2, None, None) == [torch.device("cpu")] * 2
+    assert "2 ranks but 1 CUDA GPU(s): running CPU ranks over gloo" in caplog.text
+    assert _resolve_devices(1, None, None) == [torch.device("cuda", 0)]
+    assert _resolve_devices(2, "gloo", None) == [torch.device("cpu")] * 2
+    with pytest.raises(ValueError, match="nprocs=2 but 1 GPU"):
+        _resolve_devices(2, "nccl", None)
+    with pytest.raises(ValueError, match="need one GPU each"):
+        _resolve_devices(2, None, "cuda")

@@ -133,14 +133,16 @@ def _child_allocates(nbytes: int, seconds: float) -> None:
 
 def test_host_memory_meter_sees_a_childs_allocation():
     big = 256 << 20
+    own_peak_before = peak_rss_bytes()
     with HostMemoryMeter(interval_s=0.01) as meter:
         base = meter.sample()
         _child_allocates(big, 0.5)
     assert meter.children_peak, "the meter saw no child"
     assert max(p["private"] for p in meter.children_peak.values()) >= 0.9 * big
     assert meter.peak_bytes >= base + 0.9 * big
-    # this process's own high-water mark misses the child's block (what the old report showed)
-    assert peak_rss_bytes() < meter.peak_bytes
+    # this process's own high-water mark misses the child's block (what the old report showed); compared with
+    # its value before, as a long-lived test process may have peaked higher earlier (seen under pytest-xdist)
+    assert peak_rss_bytes() < own_peak_before + 0.5 * big
 
 
 def test_host_memory_meter_counts_inherited_pages_once():

@@ -282,7 +282,7 @@ def test_two_ranks_training_with_prefetch_matches_without_and_the_reference():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_prefetch_on_a_side_stream_yields_the_same_batches():
-    graph, feats, labels = small_problem(3000)
+    graph, feats, labels = test_loader.small_problem(n=3000, num_edges=15000, feat_dim=6, num_classes=4)
     sampler = gsplit.NeighborSampler([10, 5], seed=2)
     kw = dict(batch_size=256, shuffle=True, features=feats, labels=labels, device="cuda", cache_size=500 * 6 * 4)
     want = passes(DataLoader(graph, torch.arange(2500), sampler, **kw))

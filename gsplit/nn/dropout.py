@@ -3,9 +3,9 @@
 ``torch.nn.functional.dropout`` draws masks from each process's random state, so split training with
 dropout would drop different features than single-process training and the two would only agree in
 distribution. Here the mask of vertex ``v`` at layer ``l`` of training step ``t`` is a row of a random
-*mask bank* chosen by a counter-based hash of ``(seed, t, l, v)``; the bank is drawn where ``h`` is (on the
-GPU: no host work, no copy, no sync) from a generator seeded by ``(seed, t, l)``, identical on every rank
-(ranks share a device type; a CUDA run draws other masks than a CPU run). Two vertices share a mask only
+*mask bank* chosen by a counter-based hash of ``(seed, t, l, v)``; the bank is drawn on the host from a
+generator seeded by ``(seed, t, l)`` and copied to ``h``'s device, identical on every rank and every device
+type (a CUDA run drops what a CPU run drops). Two vertices share a mask only
 when their hashes pick the same bank row (probability ``1 / bank_rows``), so masks are independent across
 vertices up to that small chance.
 """
@@ -61,9 +61,14 @@ def dropout_bank(h: torch.Tensor, p: float, seed: int, step: int, layer: int,
         True
     """
     key = counter_rng.stream_key(seed ^ _SALT, step, layer, 0)
-    # The bank comes from a generator on h's device seeded by (seed, step, layer): the same on every rank
-    # (ranks share a device type), no host work or copy on a GPU. Hashing every cell instead (the counter
-    # hash, identical across device types) cost 1.4x the old CPU draw per call and made dp epochs ~18 %
-    # slower on CPU (experiments/vs_dgl.py); masks then differ between CPU and CUDA runs, not between ranks.
-    gen = torch.Generator(device=h.device).manual_seed(key & ((1 << 63) - 1))
-    return (torch.rand((bank_rows,) + tuple(h.shape[1:]), generator=gen, device=h.device) >= p).to(h.dtype)
+    # The bank is drawn on the host from a generator seeded by (seed, step, layer), whatever h's device: every
+    # rank and every device type draw the same masks, so a CUDA run drops exactly what a CPU run drops (the
+    # first GPU run found the split-parity tests failing when the bank was drawn by the GPU's own generator,
+    # whose stream differs from the CPU's). Hashing every cell instead (also device-independent) cost 1.4x
+    # the CPU draw and ~18 % of a dp epoch on CPU (experiments/vs_dgl.py). On a GPU this is ~1 ms of host work
+    # per layer for a 4096 x 256 bank, and its copy from pinned memory does not wait for the GPU.
+    gen = torch.Generator().manual_seed(key & ((1 << 63) - 1))
+    bank = torch.rand((bank_rows,) + tuple(h.shape[1:]), generator=gen) >= p
+    if h.device.type == "cuda":
+        bank = bank.pin_memory()  # so that the copy below neither blocks the host nor waits for the GPU
+    return bank.to(h.device, non_blocking=True).to(h.dtype)

@@ -79,6 +79,22 @@ def _check_edges(edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -
         raise ValueError(f"num_dst = {num_dst} is negative; pass the block's number of destinations")
 
 
+def _dst_indptr(ext, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_src: int, num_dst: int) -> torch.Tensor:
+    """Row pointers of the destination-grouped edges from the compiled kernel, which also checks every index
+    and reports (does not throw) the first bad one; the error is raised here."""
+    indptr, problem, e = ext.dst_indptr(edge_src, edge_dst, int(num_src), int(num_dst))
+    if problem == 1:
+        raise ValueError(f"edge_dst[{e}] = {int(edge_dst[e])} is outside [0, num_dst = {num_dst}); "
+                         f"pass the block's num_dst")
+    if problem == 2:
+        raise ValueError(f"edge_dst is not grouped by destination: edge_dst[{e}] = {int(edge_dst[e])} follows "
+                         f"{int(edge_dst[e - 1])}; sort the edges by destination (stable)")
+    if problem == 3:
+        raise ValueError(f"edge_src[{e}] = {int(edge_src[e])} is outside [0, num_src = {num_src}); "
+                         f"pass one input row per source node")
+    return indptr
+
+
 # ---------------------------------------------------------------------------- plain torch
 def copy_u_sum_torch(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:
     """Plain-torch :func:`copy_u_sum`: gather the sources' rows per edge, scatter-add into destinations.
@@ -238,7 +254,7 @@ def copy_u_sum(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, 
     if ext is None:
         return copy_u_sum_torch(x, edge_src, edge_dst, num_dst)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
-    indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], int(num_dst))
+    indptr = _dst_indptr(ext, edge_src, edge_dst, x.shape[0], int(num_dst))
     return _CopyUSum.apply(x, edge_src, indptr, ext, False)
 
 
@@ -257,7 +273,7 @@ def copy_u_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor,
     if ext is None:
         return copy_u_mean_torch(x, edge_src, edge_dst, num_dst)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
-    indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], int(num_dst))
+    indptr = _dst_indptr(ext, edge_src, edge_dst, x.shape[0], int(num_dst))
     # The kernel divides each row by its edge count (no degree pass, no [num_dst, F] quotient temporary).
     return _CopyUSum.apply(x, edge_src, indptr, ext, True)
 
@@ -285,7 +301,7 @@ def self_and_mean(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tenso
     if ext is None:
         return torch.cat([x[d0:d0 + nd], copy_u_mean_torch(x, edge_src, edge_dst, nd)], dim=1)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
-    indptr = ext.dst_indptr(edge_src, edge_dst, x.shape[0], nd)
+    indptr = _dst_indptr(ext, edge_src, edge_dst, x.shape[0], nd)
     return _SAGEConcat.apply(x, edge_src, indptr, d0, ext)
 
 
@@ -313,5 +329,5 @@ def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src:
     if ext is None:
         return gat_aggregate_torch(z, el, er[: int(num_dst)], edge_src, edge_dst, num_dst, negative_slope)
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
-    indptr = ext.dst_indptr(edge_src, edge_dst, z.shape[0], int(num_dst))
+    indptr = _dst_indptr(ext, edge_src, edge_dst, z.shape[0], int(num_dst))
     return _GATAggregate.apply(z, el, er[: int(num_dst)], edge_src, indptr, float(negative_slope), ext)
