@@ -19,7 +19,10 @@ and hidden size, all on CPU ranks over gloo:
   that the overlap's effect is measured in the same rounds (``split`` follows ``gsplit train``'s default:
   overlapped for SAGE and GCN, not for GAT, where the two rows are then the same configuration);
 * ``split-shm`` (issue 20, item 5): ``split`` with ``GSPLIT_CPU_TRANSPORT=shm``, its all-to-alls through
-  shared memory instead of gloo's loopback sockets (``gsplit.comm.shm``).
+  shared memory instead of gloo's loopback sockets (``gsplit.comm.shm``);
+* ``split-shuffle``: ``split`` with ``--input-features shuffle``: each rank loads the input rows it owns and
+  shuffles them (the paper's way), where ``split`` (``auto``) reads every input row it needs from the shared
+  table on CPU ranks.
 
 Each run is its own process (``python -m gsplit.cli train`` from this checkout, the same as
 ``.venv/bin/gsplit train`` in the main checkout) with ``--epochs 2``; the second epoch is reported (the
@@ -56,14 +59,18 @@ import numpy as np
 from gsplit import datasets
 from gsplit.io import read_run_log
 
-SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm")
+SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle")
 LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
-          "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm"}
+          "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm", "split-shuffle": "split shuffled inputs"}
 """Column names of the main table."""
 """The compared systems, in the order of even rounds."""
 
 ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
 """Systems that train in one process with every core and the global batch of ``ranks`` processes."""
+
+SPLIT_VARIANTS = {"split": [], "split-plain": ["--no-overlap"], "split-shm": [],
+                  "split-shuffle": ["--input-features", "shuffle"]}
+"""``gsplit train --system split`` runs and the arguments each adds (``split-shm`` differs by environment)."""
 
 
 def parse_args(argv=None):
@@ -193,14 +200,13 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         cmd = [args.dgl_python, common.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks",
                processes, "--json", log, *common_args]
     else:
-        gsplit_system = {"gsplit-1proc": "dp", "split-shm": "split", "split-plain": "split"}.get(system, system)
+        gsplit_system = "split" if system in SPLIT_VARIANTS else {"gsplit-1proc": "dp"}.get(system, system)
         cmd = GSPLIT + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", processes,
                         "--system", gsplit_system, "--device", "cpu", "--log", log, "--eval-every", "0",
                         *common_args]
         if gsplit_system == "split":
             cmd += ["--partition", maps[world]["dir"]]
-        if system == "split-plain":
-            cmd += ["--no-overlap"]
+        cmd += SPLIT_VARIANTS.get(system, [])
     env = {**os.environ, "GSPLIT_CPU_TRANSPORT": "shm" if system == "split-shm" else "gloo"}
     load_before = loadavg()
     wall = run(cmd, log.with_suffix(".log"), args.timeout, env=env if not dgl else None)
@@ -320,7 +326,7 @@ def main(argv=None) -> int:
           f"exported for DGL to {common._rel(data_dir)} ({time.perf_counter() - t:.1f}s)", flush=True)
     del ds
     maps = ({w: prepare_map(args, opts, w, scratch) for w in args.ranks}
-            if {"split", "split-shm", "split-plain"} & set(args.systems) else {})
+            if set(SPLIT_VARIANTS) & set(args.systems) else {})
 
     runs = []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -584,7 +584,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       prefetch=args.prefetch, uva=args.uva, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
-                      overlap=args.overlap)
+                      overlap=args.overlap, input_features=args.input_features)
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -1129,6 +1129,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "the rest of the layer computes (forward and backward); same results up to rounding; "
                         "--no-overlap: a blocking shuffle before every layer (default: on for sage and gcn, off "
                         "for gat, as measured on CPU ranks)")
+    p.add_argument("--input-features", choices=("auto", "direct", "shuffle"), default="auto",
+                   help="split: how a rank gets its first layer's input rows: 'shuffle' loads the rows it owns and "
+                        "sends them where they are needed (each row loaded once: GPUs, caches); 'direct' reads every "
+                        "row it needs from the feature table every rank holds (no bottom id exchange, no feature "
+                        "shuffle); auto (default): direct for CPU ranks without a cache, else shuffle")
     p.add_argument("--uva", action="store_true",
                    help="GPUs: keep the graph in host memory, pinned once per host, and sample it from the GPUs "
                         "(UVA) instead of copying it to every GPU; for graphs too large for each GPU")

@@ -38,7 +38,7 @@ from gsplit.partitioning.auto import default_partition
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.prefetch import PREFETCH_DEPTH, Producer
 from gsplit.sampling.batches import BatchSchedule
-from gsplit.sampling.block import MiniBatch
+from gsplit.sampling.block import Block, MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.ops.torch_ops import to_device
 from gsplit.split.split_sampling import local_targets, sp_sample
@@ -211,6 +211,15 @@ class DataLoader(RankLoader):
             plan with which gsplit's models (:func:`gsplit.sp_forward`) compute the rows other ranks need
             first and shuffle them while computing the rest. Same batches and results (up to rounding);
             models wrapped by :class:`gsplit.SplitParallel` ignore the plan. Default ``False``.
+        input_features: how a rank gets its first layer's input rows. ``"shuffle"``: it loads the rows of
+            the input vertices it owns and an all-to-all moves them to the ranks that need them (the
+            paper's split: each row loaded once, from a GPU's cache or over PCIe); ``"direct"``: it reads
+            every row it needs from the feature table, which every rank holds, with no id exchange at the
+            bottom layer and no feature shuffle; ``"auto"``: ``"direct"`` for CPU ranks with no cache (a
+            read of the shared table costs what the shuffle's copy would, without its collective), else
+            ``"shuffle"`` (``gsplit train``'s default). Same blocks and features either way; with
+            ``"direct"`` ``input_nodes`` is ``blocks[0].src_nodes`` (the ranks' sets overlap). Default
+            ``"shuffle"``: every input row loaded by exactly one rank, the split's contract.
 
     DGL's ``DataLoader`` keywords, so that a DGL call site ports unchanged (``device``, ``use_ddp``,
     ``ddp_seed``, ``batch_size``, ``shuffle`` and ``drop_last`` above mean what they mean in DGL):
@@ -236,7 +245,8 @@ class DataLoader(RankLoader):
 
     Yields :class:`~gsplit.MiniBatch` records that unpack as DGL's ``(input_nodes, output_nodes, blocks)``:
     ``input_nodes`` are the vertices whose features
-    this rank loaded (its bottom local frontier; disjoint across ranks), ``output_nodes`` its targets.
+    this rank loaded (its bottom local frontier, disjoint across ranks; with ``input_features="direct"``
+    ``blocks[0].src_nodes``), ``output_nodes`` its targets.
     With a ``DGLGraph`` the blocks are DGL blocks; :class:`gsplit.SplitParallel` finds their shuffle
     plans, so pass them to the model as they come (a copy such as ``block.to(other_device)`` loses it).
 
@@ -261,7 +271,7 @@ class DataLoader(RankLoader):
                  group=None, cache_size: Union[int, str] = 0, cache_weights=None, prefetch: Optional[bool] = None,
                  num_workers: int = 0, use_uva: bool = False, use_prefetch_thread: Optional[bool] = None,
                  prefetch_node_feats: Optional[Sequence[str]] = None, prefetch_labels: Optional[Sequence[str]] = None,
-                 replica_group=None, overlap: bool = False):
+                 replica_group=None, overlap: bool = False, input_features: str = "shuffle"):
         source = graph_input(graph)  # a gsplit Graph, a DGLGraph or a PyG Data
         dgl_graph = graph if source.kind == "dgl" else None
         self.dgl_source = source.dgl_source
@@ -320,6 +330,29 @@ class DataLoader(RankLoader):
         self.last_stats = IterationStats()
         self.overlap = bool(overlap)
         """Whether batches carry overlap plans (see ``overlap`` above)."""
+        self.reads_inputs = self._reads_inputs(input_features)
+        """Whether this rank reads all its input rows from the table (``input_features`` resolved)."""
+
+    def _reads_inputs(self, mode: str) -> bool:
+        if mode not in ("auto", "direct", "shuffle"):
+            raise ValueError(f"input_features={mode!r}; pass 'auto', 'direct' or 'shuffle'")
+        cached = self.feature_store is not None and self.feature_store.cache_bytes > 0
+        if mode == "direct" and cached:
+            raise ValueError("input_features='direct' reads every input row from the feature table, but a cache "
+                             "(cache_size) holds only the rows this rank owns, which 'shuffle' serves; pass "
+                             "cache_size=0 or input_features='shuffle'")
+        if self.comm.world_size == 1:
+            return False  # one rank owns every row: there is nothing to exchange either way
+        if mode == "auto":
+            return self.device.type == "cpu" and self.feature_store is not None and not cached \
+                and self.feature_store.features.device.type == "cpu"
+        return mode == "direct"
+
+    def _input_rows(self, rows: torch.Tensor, block: Block, comm: Communicator) -> torch.Tensor:
+        """``block``'s source rows from the rows loaded for ``input_nodes``: the same rows when this rank read
+        them all itself, else those it owns shuffled to the ranks that need them."""
+        rows = rows.to(self.device, non_blocking=True)
+        return rows if self.reads_inputs else shuffle_rows(rows, block.shuffle_index, comm)
 
     def _feature_store(self, features, cache_size, cache_weights) -> Optional[FeatureStore]:
         if isinstance(features, FeatureStore):
@@ -371,18 +404,18 @@ class DataLoader(RankLoader):
         targets = local_targets(mine, self._host_owner, self.rank)  # on the host: no device sync
         batch = sp_sample(self.graph, mine, self.owner, self.sampler, comm, epoch=epoch, iteration=it,
                           num_global_targets=seeds.numel(), targets=to_device(targets, self.sample_device),
-                          overlap=self.overlap)
+                          overlap=self.overlap, exchange_inputs=not self.reads_inputs)
         if self.device != self.sample_device:
             batch = batch.to(self.device)
         t1 = time.perf_counter()
         counts = None
+        bottom = batch.blocks[0]
         if self.feature_store is not None:
-            local, counts = self.feature_store.gather_with_counts(batch.input_nodes)
-            local = local.to(self.device, non_blocking=True)
-            batch.blocks[0].srcdata[self.feat_key] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
+            rows, counts = self.feature_store.gather_with_counts(batch.input_nodes)
+            bottom.srcdata[self.feat_key] = self._input_rows(rows, bottom, comm)
         for key, table in self.extra_node_feats.items():
-            local = table.index_select(0, batch.input_nodes.to(table.device)).to(self.device, non_blocking=True)
-            batch.blocks[0].srcdata[key] = shuffle_rows(local, batch.blocks[0].shuffle_index, comm)
+            bottom.srcdata[key] = self._input_rows(table.index_select(0, batch.input_nodes.to(table.device)), bottom,
+                                                   comm)
         for key, table in self.label_data.items():
             # host labels are gathered with the host targets and copied once, asynchronously
             ids = targets if table.device.type == "cpu" else batch.output_nodes.to(table.device)

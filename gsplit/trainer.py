@@ -207,6 +207,12 @@ class TrainConfig:
     (``experiments/README.md``, "Overlapped layers"): SAGE and GCN iterations got faster, GAT's slower
     (its split kernels' backward costs more than the waiting it saves)."""
 
+    input_features: str = "auto"
+    """Split only: how a rank gets its first layer's input rows (:class:`gsplit.DataLoader`'s ``input_features``):
+    ``"shuffle"`` (load the rows it owns, then an all-to-all), ``"direct"`` (read every row it needs from the
+    table every rank holds: no bottom id exchange, no feature shuffle) or ``"auto"`` (direct for CPU ranks
+    without a cache, else shuffle)."""
+
     def __post_init__(self):
         if self.system not in SYSTEMS:
             raise ValueError(f"system={self.system!r}; choose one of {sorted(SYSTEMS)}")
@@ -214,6 +220,8 @@ class TrainConfig:
             raise ValueError(f"batch_size, epochs and hidden must be positive, got {self.batch_size}, "
                              f"{self.epochs}, {self.hidden}")
         parse_size(self.cache_size)  # a bad size fails here, before any rank starts
+        if self.input_features not in ("auto", "direct", "shuffle"):
+            raise ValueError(f"input_features={self.input_features!r}; choose 'auto', 'direct' or 'shuffle'")
         if self.overlap is None:  # the measured default (see the field); the log records what ran
             self.overlap = self.model.lower() != "gat"
         if self.checkpoint_every < 0:
@@ -649,8 +657,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
-    if cfg.overlap and cfg.system == "split":
-        split_options["overlap"] = True
+    if cfg.system == "split":
+        split_options["input_features"] = cfg.input_features
+        if cfg.overlap:
+            split_options["overlap"] = True
     graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
@@ -659,6 +669,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
     model = system.prepare_model(cfg, model, train_loader)
     eval_options = {"features": getattr(train_loader, "feature_store", dataset.features), **group_options}
+    if cfg.system == "split":
+        eval_options["input_features"] = cfg.input_features
     comm = train_loader.comm
     # every rank of the job: gradients, the logged loss, accuracy counts and the per-rank counters. Its own
     # Communicator, so that its traffic (the gradient all-reduce) is counted apart from the split group's.

@@ -83,6 +83,23 @@ class ShuffleIndex:
         return ([0 if j == rank else int(c) for j, c in enumerate(self.send_counts)],
                 [0 if j == rank else int(c) for j, c in enumerate(self.recv_counts)])
 
+    @classmethod
+    def read_directly(cls, num_rows: int, rank: int, world_size: int, device=None,
+                      tag: str = "shuffle") -> "ShuffleIndex":
+        """The plan of rows this rank reads itself: all ``num_rows`` are its own, in order, and nothing is sent
+        or received. Split sampling gives it to the bottom block when the input features are read from a table
+        every rank holds (CPU ranks of one host), instead of an id exchange with the rows' owners.
+
+        Example:
+            >>> index = ShuffleIndex.read_directly(3, rank=1, world_size=2)
+            >>> index.send_counts, index.recv_counts, index.counts_to_others(1)
+            ([0, 3], [0, 3], ([0, 0], [0, 0]))
+        """
+        counts = [num_rows if j == rank else 0 for j in range(world_size)]
+        rows = torch.arange(num_rows, device=device)
+        return cls(send_idx=rows, send_counts=counts, recv_pos=rows, recv_counts=list(counts), num_local=num_rows,
+                   num_mixed=num_rows, tag=tag)
+
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor of the plan (e.g. to mark them as used on a CUDA stream)."""
         yield self.send_idx

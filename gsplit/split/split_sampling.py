@@ -120,7 +120,7 @@ def local_targets(seeds: torch.Tensor, owner: torch.Tensor, rank: int) -> torch.
 def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: NeighborSampler,
               comm: Communicator, epoch: int = 0, iteration: int = 0,
               num_global_targets: Optional[int] = None, targets: Optional[torch.Tensor] = None,
-              overlap: bool = False) -> MiniBatch:
+              overlap: bool = False, exchange_inputs: bool = True) -> MiniBatch:
     """Sample this rank's split of the global mini-batch ``seeds``.
 
     Args:
@@ -138,9 +138,16 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
             last its :class:`~gsplit.sampling.block.OverlapSplit` (``block.overlap``), so that gsplit's
             forward computes the rows other ranks need first and overlaps their shuffle with the rest
             (:mod:`gsplit.overlap`). The same edges are sampled.
+        exchange_inputs: ``True``: the bottom layer's sources are requested from their owners, who load
+            their features and shuffle them (the paper's split: no feature row is loaded twice). ``False``:
+            no exchange at the bottom; the rank reads every input row it needs itself, from a feature table
+            every rank holds (CPU ranks of one host: a read of shared memory costs what the shuffle's copy
+            would, without the collective), and ``blocks[0].shuffle_index`` is
+            :meth:`~gsplit.sampling.block.ShuffleIndex.read_directly`'s plan. The same edges are sampled.
 
     Returns a :class:`~gsplit.sampling.MiniBatch`: ``input_nodes`` is the rank's bottom local frontier
-    (the only features it loads), ``output_nodes`` its local targets in the order of ``seeds``, and
+    (the only features it loads), or with ``exchange_inputs=False`` ``blocks[0].src_nodes`` (the ranks'
+    sets then overlap), ``output_nodes`` its local targets in the order of ``seeds``, and
     ``blocks[l].shuffle_index`` feeds layer ``l``.
 
     Example:
@@ -157,6 +164,9 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
     owner = owner.to(device)
 
     def exchange(layer: int, mixed_frontier: torch.Tensor):
+        if layer == 0 and not exchange_inputs:
+            return mixed_frontier, ShuffleIndex.read_directly(mixed_frontier.numel(), comm.rank, comm.world_size,
+                                                              mixed_frontier.device, tag="shuffle/layer0")
         # layer 0's exchange makes the input frontier: features are loaded, not computed, so not reordered
         return exchange_ids(mixed_frontier, owner.index_select(0, mixed_frontier), comm, tag=f"layer{layer}",
                             num_nodes=graph.num_nodes, interior_first=overlap and layer > 0)
