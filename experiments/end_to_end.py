@@ -63,7 +63,8 @@ def main(argv=None) -> int:
             jobs = {(model, system): (TrainConfig(model=model, fanouts=fanouts, batch_size=args.batch_size,
                                                   hidden=args.hidden, epochs=1, system=system.split("-")[0],
                                                   seed=args.seed, eval_every=0, max_iters=iters, device="cpu",
-                                                  overlap=system == "split-overlap"),
+                                                  overlap=system == "split-overlap",
+                                                  input_features="shuffle"),  # the paper's loading
                                       pmap.assignment if system != "dp" else None)
                     for model in models for system in systems}
             logs = common.run_repeated(ds, world, jobs, repeats)

@@ -40,7 +40,8 @@ def run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, 
               f"{info['partition_s']:.1f}s, cross-edges {[round(x, 3) for x in stats.cross_edge_fraction]}",
               flush=True)
     jobs = {m: (TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, epochs=1, system="split",
-                            seed=args.seed, eval_every=0, max_iters=iters, device="cpu"), maps[m][0].assignment)
+                            seed=args.seed, eval_every=0, max_iters=iters, device="cpu",
+                            input_features="shuffle"), maps[m][0].assignment)  # rows loaded per GPU, as the paper
             for m in METHODS}
     logs = common.run_repeated(ds, world, jobs, args.repeats)
     per_epoch = num_iterations(ds.train_idx.numel(), args.batch_size, world)

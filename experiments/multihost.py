@@ -48,7 +48,7 @@ def main(argv=None) -> int:
             print(f"  gsplit map with {parts} parts in {prep['presample_s'] + prep['partition_s']:.1f}s", flush=True)
         jobs = {name: (TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                                    epochs=1, system=system, seed=args.seed, eval_every=0, max_iters=iters,
-                                   device="cpu", ranks_per_host=per_host),
+                                   device="cpu", ranks_per_host=per_host, input_features="shuffle"),
                        None if system == "dp" else maps[per_host or world])
                 for name, system, per_host in LAYOUTS}
         logs = common.run_repeated(ds, world, jobs)

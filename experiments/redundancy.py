@@ -89,7 +89,8 @@ def confirm_with_trainer(ds, world: int, batch_size: int, fanouts, iters: int, s
     """Run both systems through ``gsplit.trainer`` and compare its per-iteration counters with the offline counts."""
     pmap, _, _ = common.make_map(ds, world, "edge", fanouts, batch_size, seed)
     jobs = [(TrainConfig(model="sage", fanouts=list(fanouts), batch_size=batch_size, hidden=32, epochs=1,
-                         system=system, seed=seed, eval_every=0, max_iters=iters, device="cpu"),
+                         system=system, seed=seed, eval_every=0, max_iters=iters, device="cpu",
+                         input_features="shuffle"),  # the paper's rows loaded: each by one GPU
              pmap.assignment if system == "split" else None) for system in ("split", "dp")]
     logs = common.run_jobs(ds, world, jobs)
     sampler = gsplit.NeighborSampler(fanouts, seed=seed)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -132,20 +133,24 @@ def test_counted_exchange_equals_the_plain_one_and_overflows_only_when_needed():
         assert [r["calls"] for r in results] == want_calls, (rank, results)
 
 
-def _train(rank, world_size, ds, owner, model):
+def _train(rank, world_size, ds, owner, model, input_features="auto"):
     cfg = TrainConfig(model=model, fanouts=FANOUTS[:2], batch_size=16, hidden=8, epochs=1, system="split",
-                      seed=5, eval_every=0, final_eval=False, device="cpu", heads=2)
+                      seed=5, eval_every=0, final_eval=False, device="cpu", heads=2, input_features=input_features)
     with CollectiveSpy() as spy:
         log = train_rank(rank, world_size, cfg, ds, owner)
     return {"log": log, "spied": dict(spy.calls)}
 
 
-def test_trainer_logs_the_collectives_of_every_iteration_and_the_balance_per_layer():
+@pytest.mark.parametrize("input_features", ["shuffle", "auto"])
+def test_trainer_logs_the_collectives_of_every_iteration_and_the_balance_per_layer(input_features):
     ds = gsplit.datasets.make_synthetic(num_nodes=400, avg_degree=8, num_communities=4, feature_dim=6,
                                         num_classes=3, seed=1)
     ds = dataclasses.replace(ds, train_idx=ds.train_idx[:160])
     owner = torch.randint(0, WORLD, (ds.num_nodes,), generator=torch.Generator().manual_seed(2))
-    out = launch(_train, WORLD, args=(ds, owner, "sage"), devices="cpu", backend="gloo", timeout=120)
+    out = launch(_train, WORLD, args=(ds, owner, "sage", input_features), devices="cpu", backend="gloo",
+                 timeout=120)
+    # CPU ranks read their inputs directly under "auto": no bottom id exchange, no feature shuffle
+    exchanged = 0 if input_features == "auto" else 1
     epoch = out[0]["log"]["epochs"][0]
     layers = 2
     for rank, r in enumerate(out):
@@ -156,10 +161,10 @@ def test_trainer_logs_the_collectives_of_every_iteration_and_the_balance_per_lay
         # steady state: ids (1 per layer), features 1, shuffles fwd + bwd (layers - 1 each), gradients 1
         # (+ one per layer whose ids outgrew their slots: every layer in iteration 0, which has no slot sizes
         # yet, and, with these tiny batches, now and then later); main: 2 per layer for the ids, always
-        steady = layers + 1 + 2 * (layers - 1) + 1
+        steady = (layers - 1 + exchanged) + exchanged + 2 * (layers - 1) + 1
         overflows = [sum(n for tag, n in it["collectives_by_tag"].items() if tag.endswith("/overflow")) for it in its]
         assert [it["collectives"] for it in its] == [steady + k for k in overflows], its
-        assert overflows[0] == layers and sum(overflows[1:]) <= len(its) // 2, overflows
+        assert overflows[0] == layers - 1 + exchanged and sum(overflows[1:]) <= len(its) // 2, overflows
         assert set(its[1]["collective_s_by_tag"]) == {t for t in its[1]["collectives_by_tag"] if t != "allreduce"}
     balance = epoch["balance"]
     ranks_its = [epoch["ranks"][r]["per_iteration"] for r in range(WORLD)]

@@ -45,7 +45,8 @@ def _both_systems(rank, world_size, ds, owner):
     logs = {}
     for system in ("split", "dp"):
         cfg = TrainConfig(model="sage", fanouts=FANOUTS, batch_size=BATCH, hidden=HIDDEN, epochs=1, system=system,
-                          seed=SEED, eval_every=1, device="cpu")
+                          seed=SEED, eval_every=1, device="cpu",
+                          input_features="shuffle")  # the paper's counters: every input row loaded once
         logs[system] = train_rank(rank, world_size, cfg, ds, owner if system == "split" else None)
     return logs
 
