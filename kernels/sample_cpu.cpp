@@ -458,6 +458,18 @@ std::tuple<at::Tensor, at::Tensor, i64> relabel(const at::Tensor& dst_t, const a
     return {nodes_t, local_t, 0};
 }
 
+// Cell c of n is kept when its 63-bit draw (mix64(key ^ c * kGolden) >> 1, counter_rng.keep_cells) is at least
+// threshold: the dropout mask bank, the same bits as the torch version on any device.
+at::Tensor keep_cells(u64 key, i64 n, i64 threshold) {
+    at::Tensor out = at::empty({n}, at::TensorOptions().dtype(at::kBool));
+    bool* keep = out.data_ptr<bool>();
+    const u64 t = static_cast<u64>(threshold);
+    at::parallel_for(0, n, kIdGrain, [&](i64 lo, i64 hi) {
+        for (i64 c = lo; c < hi; ++c) keep[c] = (mix64(key ^ (static_cast<u64>(c) * kGolden)) >> 1) >= t;
+    });
+    return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "gsplit's CPU sampler and relabel (kernels/sample_cpu.cpp)";
     m.def("sample_neighbors", &sample_neighbors, "one layer of counter-based neighbour sampling",
@@ -465,4 +477,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("key"));
     m.def("relabel", &relabel, "dst ++ sorted new ids of src, and src's local indices",
           py::arg("dst_nodes"), py::arg("src"), py::arg("num_nodes"));
+    m.def("keep_cells", &keep_cells, "cells whose counter-based draw is at least threshold (dropout masks)",
+          py::arg("key"), py::arg("n"), py::arg("threshold"));
 }

@@ -26,7 +26,7 @@ from gsplit.comm.gradients import allreduce_gradients
 from gsplit.launch import launch
 from gsplit.loader import DataLoader
 from gsplit.nn import build_model, split_cross_entropy
-from gsplit.nn.dropout import vertex_dropout
+from gsplit.nn.dropout import _SALT, dropout_bank, vertex_dropout
 from gsplit.ops import aggregate
 from gsplit.ops.sync_counter import HostSyncCounter
 
@@ -287,6 +287,27 @@ def test_dropout_masks_cost_no_syncs():
     assert torch.equal(vertex_dropout(h[10:20], ids[10:20], 0.4, 3, 2, 1), out[10:20])
     big = vertex_dropout(torch.ones(20000, 8), torch.arange(20000), 0.4, 3, 2, 1)
     assert abs((big == 0).float().mean().item() - 0.4) < 0.01
+
+
+def test_dropout_bank_is_the_device_generic_integer_draw():
+    """The CPU bank (the compiled kernel where it builds) is counter_rng.keep_cells, the torch integer ops that
+    make it on a GPU: the same masks on every device type (the first GPU run found a CUDA run's differing)."""
+    from gsplit.sampling import counter_rng
+
+    h = torch.ones(3, 5)
+    key = counter_rng.stream_key(4 ^ _SALT, 7, 2, 1)
+    want = counter_rng.keep_cells(key, 64 * 5, counter_rng.keep_threshold(0.3)).view(64, 5).to(h.dtype)
+    assert torch.equal(dropout_bank(h, 0.3, seed=4, step=7, layer=2, bank_rows=64), want)
+    many = ops.keep_cells(key, 200_000, counter_rng.keep_threshold(0.3))
+    assert torch.equal(many, counter_rng.keep_cells(key, 200_000, counter_rng.keep_threshold(0.3)))
+    assert abs(many.double().mean().item() - 0.7) < 0.005
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dropout_bank_is_the_same_on_cuda():
+    h = torch.ones(3, 256)
+    assert torch.equal(dropout_bank(h.cuda(), 0.4, 4, 7, 2).cpu(), dropout_bank(h, 0.4, 4, 7, 2))
 
 
 def test_degrees_match_bincount_without_syncs():

@@ -3,19 +3,21 @@
 ``torch.nn.functional.dropout`` draws masks from each process's random state, so split training with
 dropout would drop different features than single-process training and the two would only agree in
 distribution. Here the mask of vertex ``v`` at layer ``l`` of training step ``t`` is a row of a random
-*mask bank* chosen by a counter-based hash of ``(seed, t, l, v)``; the bank is drawn on the host from a
-generator seeded by ``(seed, t, l)`` and copied to ``h``'s device, identical on every rank and every device
-type (a CUDA run drops what a CPU run drops). Two vertices share a mask only
+*mask bank* chosen by a counter-based hash of ``(seed, t, l, v)``; every cell of the bank is a counter-based
+draw of ``(seed, t, l, cell)`` made on ``h``'s device, identical on every rank and every device type (a
+CUDA run drops what a CPU run drops). Two vertices share a mask only
 when their hashes pick the same bank row (probability ``1 / bank_rows``), so masks are independent across
 vertices up to that small chance.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
 
+from gsplit import ops
 from gsplit.sampling import counter_rng
 
 _SALT = 0xD40D  # keeps dropout streams apart from the sampler's, which use the same counter hash
@@ -60,15 +62,12 @@ def dropout_bank(h: torch.Tensor, p: float, seed: int, step: int, layer: int,
         ...             vertex_dropout(h, torch.arange(4), 0.5, 0, 1, 0))
         True
     """
-    key = counter_rng.stream_key(seed ^ _SALT, step, layer, 0)
-    # The bank is drawn on the host from a generator seeded by (seed, step, layer), whatever h's device: every
-    # rank and every device type draw the same masks, so a CUDA run drops exactly what a CPU run drops (the
-    # first GPU run found the split-parity tests failing when the bank was drawn by the GPU's own generator,
-    # whose stream differs from the CPU's). Hashing every cell instead (also device-independent) cost 1.4x
-    # the CPU draw and ~18 % of a dp epoch on CPU (experiments/vs_dgl.py). On a GPU this is ~1 ms of host work
-    # per layer for a 4096 x 256 bank, and its copy from pinned memory does not wait for the GPU.
-    gen = torch.Generator().manual_seed(key & ((1 << 63) - 1))
-    bank = torch.rand((bank_rows,) + tuple(h.shape[1:]), generator=gen) >= p
-    if h.device.type == "cuda":
-        bank = bank.pin_memory()  # so that the copy below neither blocks the host nor waits for the GPU
-    return bank.to(h.device, non_blocking=True).to(h.dtype)
+    # Every cell of the bank is a counter-based draw of (seed, step, layer, cell) in integer arithmetic, made where
+    # h is: every rank and every device type get the same masks (a CUDA run drops what a CPU run drops) with no
+    # host work or copy on a GPU. The first GPU run found split parity failing when the bank came from the
+    # GPU's own generator; drawing it on the host instead cost ~5-18 ms of host time per layer (4096 x 256,
+    # torch.rand on one thread); the compiled CPU kernel takes ~1 ms.
+    key = counter_rng.stream_key(seed ^ _SALT, step, layer, 1)  # 1: apart from the row choice's stream (0)
+    cells = bank_rows * math.prod(h.shape[1:])
+    keep = ops.keep_cells(key, cells, counter_rng.keep_threshold(p), h.device)
+    return keep.view((bank_rows,) + tuple(h.shape[1:])).to(h.dtype)

@@ -19,8 +19,9 @@ import torch
 from gsplit.graph import Graph
 from gsplit.ops import aggregate, cpu_ext, cuda, sample_cpu, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
+from gsplit.sampling import counter_rng
 
-__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "unique_ids", "unique_inverse", "sampling_device",
+__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "keep_cells", "unique_ids", "unique_inverse", "sampling_device",
            "copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "aggregate", "cuda", "sample_cpu", "torch_ops"]
 
 sampling_device = cuda.sampling_device
@@ -109,6 +110,24 @@ def relabel(dst_nodes: torch.Tensor, src: torch.Tensor, num_nodes: Optional[int]
 # most this many vertices per id relabelled, else a hash table plus a sort of the new ids (about 50 ns
 # per id). Measured on a 1M-vertex graph: dense 1.5 ms vs hash 3-5 ms for 67k ids, 1.2 vs 0.3 ms for 6k.
 _DENSE_RELABEL_FACTOR = 32
+
+
+def keep_cells(key: int, n: int, threshold: int, device="cpu") -> torch.Tensor:
+    """:func:`gsplit.sampling.counter_rng.keep_cells` on ``device``: the compiled kernel for the CPU when it
+    builds (one pass, no int64 temporaries), else torch's integer ops; the same bits either way.
+
+    Example:
+        >>> from gsplit.sampling import counter_rng
+        >>> key = counter_rng.stream_key(1, 2, 3, 4)
+        >>> torch.equal(keep_cells(key, 1000, 1 << 62), counter_rng.keep_cells(key, 1000, 1 << 62))
+        True
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        ext = sample_cpu.extension()
+        if ext is not None:
+            return ext.keep_cells(int(key) & ((1 << 64) - 1), int(n), int(threshold))
+    return counter_rng.keep_cells(key, n, threshold, device)
 
 
 def unique_ids(ids: torch.Tensor, num_nodes: Optional[int] = None) -> torch.Tensor:

@@ -58,6 +58,24 @@ def vertex_keys(key: int, vertices: torch.Tensor) -> torch.Tensor:
     return mix64(vertices.to(torch.int64) * _signed(GOLDEN) ^ _signed(key))
 
 
+def keep_threshold(p: float) -> int:
+    """The 63-bit draw below which a cell is dropped, so that it is dropped with probability ``p``."""
+    return int(p * float(1 << 63))
+
+
+def keep_cells(key: int, n: int, threshold: int, device=None) -> torch.Tensor:
+    """``bool[n]``: cell ``c`` is kept when its draw ``mix64(key ^ c * GOLDEN) >> 1`` (63 bits) is at least
+    ``threshold``. Integer arithmetic only, so every device type gives the same bits (the compiled CPU
+    version, :func:`gsplit.ops.keep_cells`, too).
+
+    Example:
+        >>> keep = keep_cells(stream_key(0, 0, 0, 0), 10_000, keep_threshold(0.25))
+        >>> 0.72 < keep.double().mean().item() < 0.78
+        True
+    """
+    return _shr(vertex_keys(key, torch.arange(int(n), dtype=torch.int64, device=device)), 1) >= int(threshold)
+
+
 def draw_below(vkeys: torch.Tensor, draw: int, bound: torch.Tensor) -> torch.Tensor:
     """Draw number ``draw`` for each vertex key: an integer uniform in ``[0, bound)`` (``bound >= 1``).
 
