@@ -65,8 +65,9 @@ def dropout_bank(h: torch.Tensor, p: float, seed: int, step: int, layer: int,
     # Every cell of the bank is a counter-based draw of (seed, step, layer, cell) in integer arithmetic, made where
     # h is: every rank and every device type get the same masks (a CUDA run drops what a CPU run drops) with no
     # host work or copy on a GPU. The first GPU run found split parity failing when the bank came from the
-    # GPU's own generator; drawing it on the host instead cost ~5-18 ms of host time per layer (4096 x 256,
-    # torch.rand on one thread); the compiled CPU kernel takes ~1 ms.
+    # GPU's own generator; drawing it on the host instead costs 12 ms of host time per layer (4096 x 256,
+    # torch.rand on one thread, quiet), the compiled CPU kernel 3.4 ms, torch's integer ops on the CPU 57 ms
+    # (the fallback without a compiler).
     key = counter_rng.stream_key(seed ^ _SALT, step, layer, 1)  # 1: apart from the row choice's stream (0)
     cells = bank_rows * math.prod(h.shape[1:])
     keep = ops.keep_cells(key, cells, counter_rng.keep_threshold(p), h.device)
