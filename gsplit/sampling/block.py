@@ -335,7 +335,8 @@ class MiniBatch(NamedTuple):
 
     input_nodes: torch.Tensor
     """int64 global ids whose input features this rank loads: ``blocks[0].src_nodes`` for a whole
-    mini-batch, the rank's bottom *local frontier* for a split (disjoint across ranks)."""
+    mini-batch, the rank's bottom *local frontier* for a split (disjoint across ranks), or, for a split whose
+    ranks read their inputs directly (``DataLoader(input_features="direct")``), ``blocks[0].src_nodes``."""
     output_nodes: torch.Tensor
     """int64 global ids of the targets (a split's: the rank's local targets), ``blocks[-1].dst_nodes``."""
     blocks: List[Block]
