@@ -42,6 +42,7 @@ from typing import Callable, Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = "skipped: no CUDA GPU on this machine"
+SKIPPED = "skipped: --skip"
 PARTS = ("environment", "gpu-tests", "sanitizer", "suite", "gpu-kernel-timings", "cpu-kernel-timings", "split-vs-dp")
 """The parts in report order (``--skip`` takes these names)."""
 
@@ -300,7 +301,6 @@ def main(argv=None) -> int:
     suite = Part("suite")
     suite_argv = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu"]
     if args.suite_workers:
-        # each worker keeps to a few threads: 16 workers of 16 threads each would only slow each other down
         suite_argv += ["-n", str(args.suite_workers), "--dist", "loadfile"]
         suite.numbers["workers"] = args.suite_workers
     if args.quick:
@@ -309,18 +309,19 @@ def main(argv=None) -> int:
     suite_log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     suite.command = " ".join(suite_argv)
     suite_t0 = time.monotonic()
+    # each xdist worker keeps to its share of the threads: 16 workers of 16 threads would slow each other down
     threads = str(max(1, (os.cpu_count() or 2) // max(1, args.suite_workers or 1)))
     suite_env = {**os.environ, "OMP_NUM_THREADS": threads} if args.suite_workers else None
     suite_proc = None
     if "suite" in skip:
-        suite.status = "skipped: --skip"
+        suite.status = SKIPPED
     else:
         suite_proc = subprocess.Popen(suite_argv, cwd=ROOT, stdout=suite_log, stderr=subprocess.STDOUT, text=True,
                                       start_new_session=True, env=suite_env)
 
     gpu_tests = Part("gpu-tests")
     if "gpu-tests" in skip:
-        gpu_tests.status = "skipped: --skip"
+        gpu_tests.status = SKIPPED
     elif gpu:
         _run(gpu_tests, [py, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider"],
              min(args.cap, budget.left()), env={"GSPLIT_REQUIRE_GPU": "1"})
@@ -331,7 +332,7 @@ def main(argv=None) -> int:
 
     sanitizer = Part("sanitizer", command="compute-sanitizer --tool memcheck python -m pytest tests/test_kernels.py -m gpu")
     if "sanitizer" in skip:
-        sanitizer.status = "skipped: --skip"
+        sanitizer.status = SKIPPED
     elif not gpu:
         sanitizer.status = NO_GPU
     elif not shutil.which("compute-sanitizer"):
@@ -345,7 +346,7 @@ def main(argv=None) -> int:
 
     timings = Part("gpu-kernel-timings")
     if "gpu-kernel-timings" in skip:
-        timings.status = "skipped: --skip"
+        timings.status = SKIPPED
     elif gpu and parts[0].numbers["cupy_kernels_work"]:
         try:
             timings = gpu_kernel_timings(2_000_000, 10)
@@ -357,7 +358,7 @@ def main(argv=None) -> int:
 
     cpu_timings = Part("cpu-kernel-timings")
     if args.quick or "cpu-kernel-timings" in skip:
-        cpu_timings.status = "skipped: --quick" if args.quick else "skipped: --skip"
+        cpu_timings.status = "skipped: --quick" if args.quick else SKIPPED
     else:
         with tempfile.TemporaryDirectory() as out:
             _run(cpu_timings, [py, "experiments/bench_sampler.py", "--quick", "--skip-partition", "--graphs", "uniform",
@@ -371,7 +372,7 @@ def main(argv=None) -> int:
 
     big = Part("split-vs-dp")
     if "split-vs-dp" in skip:
-        big.status = "skipped: --skip"
+        big.status = SKIPPED
     elif gpu and budget.left() > 150:
         try:
             big = split_vs_dp(args.big_nodes, args.iters, budget)

@@ -656,11 +656,11 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     model = build_model(cfg.model, dataset.features.shape[1], cfg.hidden, dataset.num_classes,
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch}
-    if cfg.system == "split":
-        split_options["input_features"] = cfg.input_features
-        if cfg.overlap:
-            split_options["overlap"] = True
+    # split parallelism's options: the data-parallel and full-graph loaders ignore them (see their make_loader)
+    split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch,
+                     "input_features": cfg.input_features}
+    if cfg.overlap and cfg.system == "split":
+        split_options["overlap"] = True
     graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
@@ -668,9 +668,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                                       **split_options, **group_options)
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
     model = system.prepare_model(cfg, model, train_loader)
-    eval_options = {"features": getattr(train_loader, "feature_store", dataset.features), **group_options}
-    if cfg.system == "split":
-        eval_options["input_features"] = cfg.input_features
+    eval_options = {"features": getattr(train_loader, "feature_store", dataset.features),
+                    "input_features": cfg.input_features, **group_options}
     comm = train_loader.comm
     # every rank of the job: gradients, the logged loss, accuracy counts and the per-rank counters. Its own
     # Communicator, so that its traffic (the gradient all-reduce) is counted apart from the split group's.

@@ -212,8 +212,8 @@ def test_first_gpu_run_script_keeps_whole_logs_and_checks_skip_names(tmp_path):
 def test_gpu_bench_dry_run_on_the_cpu(tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_bench.py"), "--device", "cpu",
-                           "--nodes", "3000", "--repeats", "1", "--iters", "2", "--parts", "bandwidth,kernels,layers,cache",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--nodes", "3000", "--repeats", "1", "--iters", "2",
+                           "--parts", "bandwidth,kernels,layers,cache", "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     parts = json.loads(out.read_text())["parts"]
     assert parts["kernels"]["gather"]["store_same"] is True

@@ -21,8 +21,9 @@ from gsplit.ops import aggregate, cpu_ext, cuda, sample_cpu, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 from gsplit.sampling import counter_rng
 
-__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "keep_cells", "unique_ids", "unique_inverse", "sampling_device",
-           "copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "aggregate", "cuda", "sample_cpu", "torch_ops"]
+__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "keep_cells", "unique_ids", "unique_inverse",
+           "sampling_device", "copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "aggregate", "cuda",
+           "sample_cpu", "torch_ops"]
 
 sampling_device = cuda.sampling_device
 
