@@ -303,6 +303,18 @@ def test_dropout_bank_is_the_device_generic_integer_draw():
     assert abs(many.double().mean().item() - 0.7) < 0.005
 
 
+def test_dropout_bank_on_a_gpu_waits_for_nothing():
+    """What a GPU runs for the bank (torch's integer ops on device ids), on the CPU stand-in: no host sync."""
+    from gsplit.sampling import counter_rng
+
+    counter = HostSyncCounter(cpu_is_device=True)
+    with counter:
+        keep = counter_rng.keep_cells(counter_rng.stream_key(1, 2, 3, 1), 4096 * 8, counter_rng.keep_threshold(0.5),
+                                      device="cpu")
+    assert counter.total == 0, counter.report()
+    assert keep.dtype == torch.bool and keep.numel() == 4096 * 8
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_dropout_bank_is_the_same_on_cuda():
