@@ -30,6 +30,7 @@ from torch import nn
 __all__ = ["ModelFile", "FORMAT", "versions", "model_file", "save_model", "load_model", "json_safe"]
 
 FORMAT = "gsplit-model"
+"""The ``format`` field of every model file (``model.pt``); :func:`load_model` refuses a file without it."""
 VERSION = 1
 _MODEL_KEYS = ("name", "in_feats", "hidden", "num_classes", "num_layers", "dropout", "heads")
 

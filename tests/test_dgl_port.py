@@ -1,7 +1,7 @@
 """examples/dgl_port.py is DGL's examples/multigpu/node_classification_sage.py with at most 8 changed code lines.
 
 The diff and the count need no DGL (they run in every environment); running the port needs DGL and runs
-where it imports (``./dev test-dgl``). README.md's diff is generated from the two files: run
+where it imports (``./dev test-dgl``). The diff in docs/guides/dgl.md is generated from the two files: run
 ``python tests/test_dgl_port.py`` to rewrite it after changing the port.
 """
 
@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ORIGINAL = ROOT / "tests" / "data" / "dgl_node_classification_sage.py.txt"
 PORT = ROOT / "examples" / "dgl_port.py"
+GUIDE = ROOT / "docs" / "guides" / "dgl.md"  # shows the diff and the count
 MARKER = "# ---- 8< ---- DGL's file follows, unchanged ----\n"
 MAX_CHANGED = 8
 
@@ -57,7 +58,7 @@ def changed_code_lines(a, b):
 
 
 def readme_diff() -> str:
-    """The diff README.md shows: DGL's file -> the port without its header comment, one line of context."""
+    """The diff the DGL guide shows: DGL's file -> the port without its header comment, one line of context."""
     return "".join(difflib.unified_diff(original_lines(), port_lines(without_header=True),
                                         "dgl/examples/multigpu/node_classification_sage.py (v2.1.0)",
                                         "gsplit/examples/dgl_port.py", n=1))
@@ -65,7 +66,7 @@ def readme_diff() -> str:
 
 def test_port_changes_at_most_8_code_lines():
     changed, removed, added = changed_code_lines(original_lines(), port_lines())
-    assert 0 < changed <= MAX_CHANGED, f"{changed} changed code lines (-{removed} +{added}); the README promises <= 8"
+    assert 0 < changed <= MAX_CHANGED, f"{changed} changed code lines (-{removed} +{added}); the DGL guide promises <= 8"
     port = PORT.read_text()
     # what the port keeps: DGL's model class with dgl.nn layers, the DGLGraph and its loaders, DGL's inference
     for kept in ("import dgl.nn as dglnn", "class SAGE(nn.Module):", 'self.layers.append(dglnn.SAGEConv(in_size, hid_size, "mean"))',
@@ -74,12 +75,12 @@ def test_port_changes_at_most_8_code_lines():
 
 
 def test_readme_diff_is_generated_from_the_port():
-    readme = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```diff\n(.*?)```", readme, flags=re.S)
-    assert blocks, "README.md has no ```diff block"
-    assert blocks[0] == readme_diff(), "README's DGL diff is stale: run python tests/test_dgl_port.py to rewrite it"
+    guide = GUIDE.read_text()
+    blocks = re.findall(r"```diff\n(.*?)```", guide, flags=re.S)
+    assert blocks, f"{GUIDE} has no ```diff block"
+    assert blocks[0] == readme_diff(), f"{GUIDE}'s DGL diff is stale: run python tests/test_dgl_port.py to rewrite it"
     changed, removed, added = changed_code_lines(original_lines(), port_lines())
-    assert f"{changed} changed code lines" in readme
+    assert f"{changed} changed code lines" in guide
 
 
 SHIMS = {
@@ -135,23 +136,23 @@ def test_port_runs_on_two_cpu_ranks(tmp_path):
     assert "Testing..." in proc.stdout
 
 
-if __name__ == "__main__":  # rewrite README.md's diff block (and its count) from the two files
-    readme_path = ROOT / "README.md"
+if __name__ == "__main__":  # rewrite the DGL guide's diff block (and its count) from the two files
+    readme_path = GUIDE
     text = readme_path.read_text()
     new = re.sub(r"```diff\n.*?```", lambda m: "```diff\n" + readme_diff() + "```", text, count=1, flags=re.S)
     n = changed_code_lines(original_lines(), port_lines())[0]
     new = re.sub(r"\d+ changed code lines", f"{n} changed code lines", new)
     readme_path.write_text(new)
-    print(f"README.md: diff rewritten ({n} changed code lines)")
+    print(f"{GUIDE}: diff rewritten ({n} changed code lines)")
 
 
 def test_readme_dgl_snippet():
-    """README's "make the map once" block, as written, with the names the port defines around it."""
+    """The DGL guide's "make the map once" block, as written, with the names the port defines around it."""
     dgl = pytest.importorskip("dgl", reason="DGL is not installed here; ./dev test-dgl runs this test")
     import torch
 
     import gsplit
-    from test_readme_snippets import DGL_PORT, block
+    from test_docs_snippets import marked_block
 
     ds = gsplit.datasets.load("synthetic", num_nodes=300, avg_degree=6, feature_dim=8, seed=0)
     g = dgl.graph((ds.graph.indices, ds.graph.edge_dst()), num_nodes=ds.num_nodes)
@@ -159,7 +160,7 @@ def test_readme_dgl_snippet():
     g.ndata["train_mask"] = torch.zeros(ds.num_nodes, dtype=torch.bool).index_fill_(0, ds.train_idx, True)
     namespace = {"dgl": dgl, "gsplit": gsplit, "g": g, "nprocs": 1, "train_idx": ds.train_idx, "device": "cpu",
                  "DataLoader": gsplit.DataLoader}
-    exec(block(DGL_PORT), namespace)
+    exec(marked_block("guides/dgl.md", "tests/test_dgl_port.py::test_readme_dgl_snippet"), namespace)
     _, output_nodes, blocks = next(iter(namespace["train_dataloader"]))
     assert all(b.is_block for b in blocks) and "feat" in blocks[0].srcdata and "label" in blocks[-1].dstdata
     assert namespace["pmap"].num_parts == 1

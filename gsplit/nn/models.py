@@ -130,6 +130,7 @@ class GAT(_Stack):
 
 
 MODELS = {"sage": SAGE, "gcn": GCN, "gat": GAT}
+"""The models by name (``gsplit train --model``): what :func:`build_model` builds."""
 
 
 def build_model(name: str, in_feats: int, hidden: int, num_classes: int, num_layers: int,
