@@ -132,7 +132,7 @@ def test_a_hostname_that_resolves_to_the_lan_does_not_open_the_ranks_to_it(tmp_p
 def test_the_launcher_chooses_the_loopback_interface_for_gloo_and_nccl(monkeypatch):
     import importlib
 
-    launch_mod = importlib.import_module("gsplit.launch")
+    launch_mod = importlib.import_module("gsplit.launch.rendezvous")
 
     env = {}
     launch_mod._bind_to_loopback("127.0.0.1", env)

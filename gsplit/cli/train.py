@@ -179,8 +179,8 @@ def cmd_train(args) -> int:
 
 def _train(args, closing: contextlib.ExitStack) -> int:
     import gsplit
-    from gsplit.comm import hosts as multihost
     from gsplit.feature_store import parse_size
+    from gsplit.launch.torchrun import init_from_env, started_by_torchrun
     from gsplit.trainer import SYSTEMS, TrainConfig, train_rank
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -198,10 +198,10 @@ def _train(args, closing: contextlib.ExitStack) -> int:
         if pdir.exists() and not pdir.is_dir():
             raise CliError(f"--partition {pdir} is a file, not a folder; pass the folder `gsplit prepare --out` wrote "
                            f"(or a new folder to save the map made on the fly)")
-    torchrun = args.launcher == "torchrun" or (args.launcher == "auto" and multihost.started_by_torchrun())
+    torchrun = args.launcher == "torchrun" or (args.launcher == "auto" and started_by_torchrun())
     if torchrun:
         # torchrun started this process as one rank of the job: join it instead of spawning ranks
-        device = multihost.init_from_env(args.device)
+        device = init_from_env(args.device)
         rank, ranks = torch.distributed.get_rank(), torch.distributed.get_world_size()
         args.ranks_per_host = int(os.environ["LOCAL_WORLD_SIZE"])
         if args.num_ranks and args.num_ranks != ranks:
