@@ -382,7 +382,7 @@ def test_under_nccl_the_prefetch_thread_never_issues_collectives_while_training_
 
 # ------------------------------------------------------------------------------------------------ defect 8
 def test_final_evaluation_runs_on_the_graph_the_loaders_use(monkeypatch):
-    from gsplit import trainer
+    from gsplit import systems, trainer
 
     device_graphs, loader_graphs, eval_graphs = [], [], []
 
@@ -390,10 +390,10 @@ def test_final_evaluation_runs_on_the_graph_the_loaders_use(monkeypatch):
         device_graphs.append(gsplit.Graph.from_csc(graph.indptr.clone(), graph.indices.clone()))
         return device_graphs[-1]
 
-    real_make_loader = trainer.SplitSystem.make_loader
+    real_make_loader = systems.SplitSystem.make_loader
     real_inference = trainer.layerwise_inference
     monkeypatch.setattr(trainer, "_rank_graph", rank_graph)
-    monkeypatch.setattr(trainer.SplitSystem, "make_loader", lambda self, cfg, ds, graph, *a, **k: (
+    monkeypatch.setattr(systems.SplitSystem, "make_loader", lambda self, cfg, ds, graph, *a, **k: (
         loader_graphs.append(graph), real_make_loader(self, cfg, ds, graph, *a, **k))[1])
     monkeypatch.setattr(trainer, "layerwise_inference", lambda model, graph, *a, **k: (
         eval_graphs.append(graph), real_inference(model, graph, *a, **k))[1])

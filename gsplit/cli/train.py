@@ -181,7 +181,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     import gsplit
     from gsplit.feature_store import parse_size
     from gsplit.launch.torchrun import init_from_env, started_by_torchrun
-    from gsplit.trainer import SYSTEMS, TrainConfig, train_rank
+    from gsplit.systems import SYSTEMS
+    from gsplit.trainer import TrainConfig, train_rank
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda but CUDA is not available here (no GPU or a CPU-only torch); use --device cpu "
@@ -362,7 +363,8 @@ def _finish_log(args, result: dict, ds, t0: float) -> None:
 def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, t0: float, report) -> int:
     """One rank of a torchrun job: same map everywhere, host groups, train, rank 0 writes the log."""
     from gsplit.comm import hosts as multihost
-    from gsplit.trainer import SYSTEMS, train_rank
+    from gsplit.systems import SYSTEMS
+    from gsplit.trainer import train_rank
 
     if owner is not None:  # a map made or read differently on some host would split wrongly, silently
         digest = hashlib.sha256(owner.to(torch.int64).numpy().tobytes()).hexdigest()
@@ -423,7 +425,7 @@ def add_parser(sub) -> None:
     # the choices come from the library's own lists, so a new method, model or system appears here by itself
     from gsplit.nn.models import MODELS
     from gsplit.partitioning.metis import METHODS
-    from gsplit.trainer import SYSTEMS
+    from gsplit.systems import SYSTEMS
 
     p = sub.add_parser("train", help="train a GNN with split (or data) parallelism")
     _add_dataset_args(p)
