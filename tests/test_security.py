@@ -206,7 +206,7 @@ def test_npz_with_a_pickled_array_cannot_run_code(tmp_path):
 
 def test_map_weights_and_graph_files_cannot_run_code(tmp_path):
     import gsplit
-    from gsplit.partitioning.presample import PresampleWeights
+    from gsplit.partitioning.weights import PresampleWeights
 
     marker = tmp_path / "pwned"
     g = gsplit.Graph.from_edges([0, 1, 2], [1, 2, 0])

@@ -66,7 +66,7 @@ def _map_mismatch(pmap, fanouts: List[int], batch_size: int) -> str:
 def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
     """The pre-sampling vertex weights saved next to a partition map (checked), or None if there are none."""
     from gsplit.io import load_npy
-    from gsplit.partitioning.presample import PresampleWeights
+    from gsplit.partitioning.weights import PresampleWeights
 
     if (pdir / "presample.json").exists():  # the vertex weights alone: the per-edge ones are METIS's
         return PresampleWeights.load_vertex_weights(pdir, graph)

@@ -36,9 +36,10 @@ import torch
 from gsplit.graph import Graph
 from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.partition_map import PartitionMap
-from gsplit.partitioning.presample import PresampleWeights, check_train_idx, presample
+from gsplit.partitioning.presample import presample
 from gsplit.partitioning.refine import refine_cut
 from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex, heaviest_edges
+from gsplit.partitioning.weights import PresampleWeights, check_train_idx
 from gsplit.resources import cpu_seconds, process_status_kb, return_freed_heap
 
 log = logging.getLogger(__name__)

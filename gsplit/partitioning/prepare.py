@@ -15,9 +15,10 @@ from typing import Callable, Optional, Sequence, Union
 from gsplit.io import atomic_write_json
 from gsplit.partitioning.metis import METIS_BOUNDS_WHEN_SHORT, METIS_EDGES_PER_VERTEX, partition
 from gsplit.partitioning.partition_map import PartitionMap
-from gsplit.partitioning.presample import PresampleWeights, presample
+from gsplit.partitioning.presample import presample
 from gsplit.partitioning.stats import split_stats
 from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex
+from gsplit.partitioning.weights import PresampleWeights
 from gsplit.resources import HostMemoryMeter, available_memory, require_memory, return_freed_heap
 from gsplit.resources import cpu_seconds as cpu_now
 from gsplit.sampling.neighbor import NeighborSampler
