@@ -11,7 +11,8 @@ import gsplit.resources as resources
 from gsplit import cli, datasets
 from gsplit.datasets import synthetic
 from gsplit.partitioning import prepare as prepare_mod
-from gsplit.partitioning.prepare import estimated_stage_seconds, prepare_partition, prepare_peak_bytes
+from gsplit.partitioning.budget import prepare_peak_bytes
+from gsplit.partitioning.prepare import estimated_stage_seconds, prepare_partition
 from gsplit.resources import InsufficientMemoryError, require_memory
 
 GIB = 1 << 30

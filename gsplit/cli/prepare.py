@@ -180,7 +180,8 @@ def _prepare_map(args, ds, out: Path) -> int:
 
 def add_parser(sub) -> None:
     """``gsplit prepare``'s options."""
-    from gsplit.partitioning.metis import METHODS
+    from gsplit.partitioning.budget import METIS_BOUNDS_WHEN_SHORT, METIS_EDGES_PER_VERTEX
+    from gsplit.partitioning.strategies import METHODS
 
     p = sub.add_parser("prepare", help="pre-sample, partition and write a partition map")
     _add_dataset_args(p)
@@ -192,8 +193,6 @@ def add_parser(sub) -> None:
     p.add_argument("--dataset-out", help="also write the dataset as a folder of memory-mapped .npy files there "
                         "(an edgelist, or an ogbn-NAME whose raw files are unpacked: converted in chunks) and "
                         "prepare from it; train with --dataset folder:DIR")
-    from gsplit.partitioning.metis import METIS_BOUNDS_WHEN_SHORT, METIS_EDGES_PER_VERTEX
-
     p.add_argument("--metis-edges-per-vertex", default=METIS_EDGES_PER_VERTEX,
                    help="bound METIS's input (and memory) to this many adjacency entries per vertex, each vertex's "
                         "heaviest edges, e.g. 8; 0: every edge; auto: every edge where the memory for it is "

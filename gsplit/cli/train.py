@@ -424,7 +424,7 @@ def add_parser(sub) -> None:
     """``gsplit train``'s options."""
     # the choices come from the library's own lists, so a new method, model or system appears here by itself
     from gsplit.nn.models import MODELS
-    from gsplit.partitioning.metis import METHODS
+    from gsplit.partitioning.strategies import METHODS
     from gsplit.systems import SYSTEMS
 
     p = sub.add_parser("train", help="train a GNN with split (or data) parallelism")
