@@ -418,8 +418,6 @@ def _add_train_extras(p: argparse.ArgumentParser) -> None:
                         "(needs pip install tensorboard)")
 
 
-
-
 def add_parser(sub) -> None:
     """``gsplit train``'s options."""
     # the choices come from the library's own lists, so a new method, model or system appears here by itself

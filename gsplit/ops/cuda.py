@@ -400,5 +400,3 @@ def gather_rows(cache: torch.Tensor, host: torch.Tensor, slots: torch.Tensor, id
         _launch("gather.cu", f"gsplit_gather_rows_{width}", n * words, (
             _ptr(cache), _ptr(host), _ptr(slots), _ptr(ids), np.int64(n), np.int64(words),
             _ptr(out)))
-
-

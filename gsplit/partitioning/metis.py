@@ -446,5 +446,3 @@ def _weight_limits() -> Tuple[int, int]:
 
         bits = int(getattr(_internal, "_idx_type_width", lambda: 32)())
     return (1 << 20, 1 << 50) if bits == 64 else (1 << 10, 1 << 30)
-
-
