@@ -159,7 +159,7 @@ def gpu_kernel_timings(nodes: int, repeats: int) -> Part:
 
     import gsplit
     from gsplit.feature_store import FeatureStore
-    from gsplit.ops import cuda, torch_ops
+    from gsplit.ops import cuda, sample_cuda, torch_ops
     from gsplit.sampling import counter_rng
 
     part = Part("gpu-kernel-timings", command=f"gpu_kernel_timings(nodes={nodes}, repeats={repeats})")
@@ -173,17 +173,17 @@ def gpu_kernel_timings(nodes: int, repeats: int) -> Part:
     seeds = torch.randint(0, nodes, (8192,), generator=gen).to(dev)
     key = counter_rng.stream_key(0, 0, 0, 0)
     n = part.numbers
-    kernel = cuda.sample_neighbors(on_gpu, seeds, 15, False, key)
+    kernel = sample_cuda.sample_neighbors(on_gpu, seeds, 15, False, key)
     reference = torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key)
     n["sample_same_edges"] = all(torch.equal(a, b) for a, b in zip(kernel, reference))
-    n["sample_kernel_ms"] = median_ms(lambda: cuda.sample_neighbors(on_gpu, seeds, 15, False, key), repeats, sync)
+    n["sample_kernel_ms"] = median_ms(lambda: sample_cuda.sample_neighbors(on_gpu, seeds, 15, False, key), repeats, sync)
     n["sample_torch_ms"] = median_ms(lambda: torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key),
                                       repeats, sync)
     pinned = gsplit.Graph(host.indptr.clone(), host.indices.clone()).pin_memory()  # in place, UVA
-    if cuda.graph_readable(pinned, dev):
+    if sample_cuda.graph_readable(pinned, dev):
         n["sample_uva_same_edges"] = all(torch.equal(a, b) for a, b in
-                                         zip(cuda.sample_neighbors(pinned, seeds, 15, False, key), kernel))
-        n["sample_uva_kernel_ms"] = median_ms(lambda: cuda.sample_neighbors(pinned, seeds, 15, False, key),
+                                         zip(sample_cuda.sample_neighbors(pinned, seeds, 15, False, key), kernel))
+        n["sample_uva_kernel_ms"] = median_ms(lambda: sample_cuda.sample_neighbors(pinned, seeds, 15, False, key),
                                                repeats, sync)
     src = kernel[0]
     dst = torch.unique(seeds)

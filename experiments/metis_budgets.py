@@ -21,7 +21,7 @@ import numpy as np
 
 from gsplit import NeighborSampler, datasets
 from gsplit.partitioning import presample
-from gsplit.partitioning.metis import partition
+from gsplit.partitioning.strategies import partition
 from gsplit.resources import HostMemoryMeter
 
 

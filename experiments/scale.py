@@ -326,7 +326,7 @@ def main() -> None:
     args = p.parse_args()
     fanouts = [int(f) for f in args.fanouts.split(",")]
     if args.metis_edges_per_vertex is None:
-        from gsplit.partitioning.metis import METIS_EDGES_PER_VERTEX
+        from gsplit.partitioning.budget import METIS_EDGES_PER_VERTEX
 
         args.metis_edges_per_vertex = METIS_EDGES_PER_VERTEX
     if args.worker:

@@ -119,7 +119,7 @@ def parse_args(argv=None):
 
 def dataset_options(args) -> dict:
     """Keyword arguments of ``datasets.load("synthetic", ...)``, the same ``-D`` options ``gsplit train`` gets."""
-    from gsplit.cli import parse_dataset_options
+    from gsplit.cli.options import parse_dataset_options
 
     return {"num_nodes": args.nodes, "seed": args.seed, **parse_dataset_options(args.dataset_opts)}
 

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from gsplit import ops
-from gsplit.datasets.base import known_finite
 from gsplit.graph import id_range_error
 
 log = logging.getLogger(__name__)
@@ -71,34 +70,6 @@ def parse_size(size: Union[int, str, None]) -> int:
         raise ValueError(f"cache size {size!r} is not a size; write bytes or a number with a unit K, M, G or T, "
                          "e.g. '10G', '512M' or '0'")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
-
-
-_CHECK_BYTES = 64 << 20
-""":func:`first_non_finite_row` reads the features in chunks of about this many bytes (its only temporaries)."""
-
-
-def first_non_finite_row(features: torch.Tensor) -> Optional[int]:
-    """The first row of ``features`` that holds NaN or inf, or ``None`` (also for integer features).
-
-    Reads the rows in chunks of about ``_CHECK_BYTES``: a whole-table ``torch.isfinite`` would allocate a
-    boolean copy of the table (14 GB for Papers100M's features) in every rank.
-
-    Example:
-        >>> first_non_finite_row(torch.tensor([[0.0, 1.0], [2.0, float("nan")]]))
-        1
-        >>> first_non_finite_row(torch.ones(3, 2)) is None
-        True
-    """
-    if not features.dtype.is_floating_point or features.numel() == 0 or known_finite(features):
-        return None  # known_finite: a prepared folder's writer scanned it (gsplit.datasets.mark_finite)
-    rows = features.reshape(features.shape[0], -1) if features.dim() != 2 else features
-    step = max(1, _CHECK_BYTES // max(1, rows.shape[1] * rows.element_size()))
-    for start in range(0, rows.shape[0], step):
-        chunk = rows[start:start + step]
-        finite = torch.isfinite(chunk)
-        if not bool(finite.all()):
-            return start + int((~finite.all(1)).nonzero()[0, 0])
-    return None
 
 
 @dataclass

@@ -39,7 +39,7 @@ from torch import nn
 
 from gsplit.comm.communicator import Communicator, as_communicator, bind_group
 from gsplit.comm.shuffle import shuffle_rows
-from gsplit.feature_store import first_non_finite_row
+from gsplit.finite import first_non_finite_row
 from gsplit.fullgraph_overlap import OverlapPlan, boundary_first, build_overlap_plan, overlapped_forward
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.loader import IterationStats

@@ -29,7 +29,8 @@ from gsplit import ops
 from gsplit.comm.communicator import Communicator, TrafficCounter, bind_group
 from gsplit.comm.hosts import replica_layout
 from gsplit.comm.shuffle import shuffle_rows
-from gsplit.feature_store import CacheCounts, FeatureStore, first_non_finite_row, parse_size
+from gsplit.feature_store import CacheCounts, FeatureStore, parse_size
+from gsplit.finite import first_non_finite_row
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.interop import dgl as dgl_interop  # imports no dgl: DGL inputs and DGL's keywords
 from gsplit.interop.graphs import graph_input  # DGLGraph / PyG Data in, imports neither library

@@ -1,7 +1,7 @@
 """Per-iteration balance (issue 20, item 6): each rank's compute in the training step, hook-free.
 
 A rank's compute is its ``train_s`` minus the seconds inside the step's collectives (layer shuffles,
-gradient all-reduce), so ``trainer.iteration_balance`` can say how much of the waiting the map's edge
+gradient all-reduce), so ``counters.iteration_balance`` can say how much of the waiting the map's edge
 imbalance explains and how much is the ranks' different speed on the same work.
 """
 
@@ -15,8 +15,9 @@ import torch
 
 import gsplit
 from gsplit.comm.communicator import Communicator
+from gsplit.counters import iteration_balance
 from gsplit.launch import launch
-from gsplit.trainer import TrainConfig, iteration_balance, train_rank
+from gsplit.trainer import TrainConfig, train_rank
 
 WORLD = 2
 

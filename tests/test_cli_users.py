@@ -222,7 +222,7 @@ def test_kernels_are_prepared_before_any_timed_work_and_a_failure_is_said_once(t
 
 
 def test_kernels_report_when_they_load(monkeypatch, capsys):
-    from gsplit.cli import _prepare_kernels
+    from gsplit.cli.common import _prepare_kernels
 
     monkeypatch.delenv("GSPLIT_NO_EXTENSIONS", raising=False)
     monkeypatch.delenv("GSPLIT_SKIP_EXTENSIONS", raising=False)

@@ -16,9 +16,8 @@ import torch
 
 import gsplit
 from gsplit.datasets import load_edgelist, load_folder, save_folder
-from gsplit.datasets.base import known_finite
 from gsplit.datasets.chunked import convert_edgelist, convert_ogb
-from gsplit.feature_store import first_non_finite_row
+from gsplit.finite import first_non_finite_row, known_finite
 from gsplit.trainer import TrainConfig, train_rank
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -340,7 +340,8 @@ def test_graph_load_rejects_bad_arrays(tmp_path):
 def test_presample_weights_round_trip_and_checks(tmp_path):
     import numpy as np
     from gsplit.graph import Graph
-    from gsplit.partitioning.presample import PresampleWeights, presample
+    from gsplit.partitioning.presample import presample
+    from gsplit.partitioning.weights import PresampleWeights
     from gsplit.sampling.neighbor import NeighborSampler
     g = Graph.from_edges(torch.randint(0, 30, (200,)), torch.randint(0, 30, (200,)), 30)
     w = presample(g, torch.arange(10), NeighborSampler([3, 2]), batch_size=5, epochs=1)

@@ -307,11 +307,11 @@ def test_cuda_ranks_create_their_nccl_communicator_at_init(monkeypatch):
 
 
 def test_torchrun_ranks_pass_their_gpu_too(monkeypatch):
-    from gsplit.comm import hosts
+    from gsplit.launch import torchrun
 
     calls = []
     monkeypatch.setenv("LOCAL_RANK", "1")
-    for name in hosts.TORCHRUN_VARIABLES:
+    for name in torchrun.TORCHRUN_VARIABLES:
         if name != "LOCAL_RANK":
             monkeypatch.setenv(name, "2" if "SIZE" in name else "0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -319,7 +319,7 @@ def test_torchrun_ranks_pass_their_gpu_too(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     monkeypatch.setattr(dist, "init_process_group", _recorder(calls))
-    assert hosts.init_from_env("auto") == torch.device("cuda", 1)
+    assert torchrun.init_from_env("auto") == torch.device("cuda", 1)
     assert calls == [("nccl", {"device_id": torch.device("cuda", 1)} if DEVICE_ID else {})]
 
 
@@ -382,7 +382,7 @@ def test_under_nccl_the_prefetch_thread_never_issues_collectives_while_training_
 
 # ------------------------------------------------------------------------------------------------ defect 8
 def test_final_evaluation_runs_on_the_graph_the_loaders_use(monkeypatch):
-    from gsplit import trainer
+    from gsplit import systems, trainer
 
     device_graphs, loader_graphs, eval_graphs = [], [], []
 
@@ -390,10 +390,10 @@ def test_final_evaluation_runs_on_the_graph_the_loaders_use(monkeypatch):
         device_graphs.append(gsplit.Graph.from_csc(graph.indptr.clone(), graph.indices.clone()))
         return device_graphs[-1]
 
-    real_make_loader = trainer.SplitSystem.make_loader
+    real_make_loader = systems.SplitSystem.make_loader
     real_inference = trainer.layerwise_inference
     monkeypatch.setattr(trainer, "_rank_graph", rank_graph)
-    monkeypatch.setattr(trainer.SplitSystem, "make_loader", lambda self, cfg, ds, graph, *a, **k: (
+    monkeypatch.setattr(systems.SplitSystem, "make_loader", lambda self, cfg, ds, graph, *a, **k: (
         loader_graphs.append(graph), real_make_loader(self, cfg, ds, graph, *a, **k))[1])
     monkeypatch.setattr(trainer, "layerwise_inference", lambda model, graph, *a, **k: (
         eval_graphs.append(graph), real_inference(model, graph, *a, **k))[1])
@@ -411,16 +411,17 @@ class _Exited(Exception):
 
 
 def _run_rank_setup(monkeypatch, device: str, world_size: int):
-    """Run a launched rank's entry point (gsplit.launch._child_main) in this process, everything that would
+    """Run a launched rank's entry point (gsplit.launch.start._child_main) in this process, everything that would
     start a process group or end the process replaced by recorders; returns what it asked of torch."""
-    launch_mod = sys.modules["gsplit.launch"]  # gsplit.launch, the function, shadows the module
+    from gsplit.launch import start as launch_mod
+    from gsplit.launch import watch
 
     asked = {"threads": [], "init": [], "set_device": []}
     monkeypatch.setattr(launch_mod.os, "environ", {k: v for k, v in launch_mod.os.environ.items()
                                                    if k != "OMP_NUM_THREADS"})
     monkeypatch.setattr(launch_mod.os, "sched_getaffinity", lambda pid: set(range(32)), raising=False)
     monkeypatch.setattr(launch_mod, "_die_with_parent", lambda parent_pid, watch: None)
-    monkeypatch.setattr(launch_mod, "_WATCH", None)
+    monkeypatch.setattr(watch, "_WATCH", None)
     monkeypatch.setattr(dist.Work, "wait", dist.Work.wait)  # the rank wraps Work.wait: undo that afterwards
     monkeypatch.setattr(torch, "set_num_threads", asked["threads"].append)
     monkeypatch.setattr(torch.cuda, "set_device", asked["set_device"].append)

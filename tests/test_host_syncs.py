@@ -154,14 +154,14 @@ def use_kernel_emulation(lib_path: str) -> None:
     import numpy as np
     from kernel_emulation import SerialKernel
 
-    from gsplit.ops import cuda
+    from gsplit.ops import cuda, sample_cuda
 
     lib = ctypes.CDLL(lib_path)
     cuda._function = lambda module, kernel: SerialKernel(lib, kernel)
     cuda._torch_stream = lambda device: contextlib.nullcontext()
     cuda._ptr = lambda t: np.uint64(t.data_ptr() if t.numel() else 0)
     cuda._MAX_BLOCKS = 2
-    ops.sample_neighbors = cuda.sample_neighbors
+    ops.sample_neighbors = sample_cuda.sample_neighbors
     ops.relabel = lambda dst_nodes, src, num_nodes=None: cuda.relabel(dst_nodes, src)
 
 

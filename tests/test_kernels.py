@@ -18,6 +18,7 @@ import torch
 
 from gsplit import ops
 from gsplit.ops import cuda as gpu
+from gsplit.ops import sample_cuda
 from gsplit.graph import Graph
 from gsplit.sampling import NeighborSampler, counter_rng
 from gsplit.ops.torch_ops import relabel
@@ -135,7 +136,7 @@ def test_emulated_kernel_matches_cpu_sampler(emulated, fanout, replace):
     g, nodes = _graph(), _nodes()
     for seed, epoch, iteration, layer in [(0, 0, 0, 0), (7, 3, 11, 2)]:
         key = counter_rng.stream_key(seed, epoch, iteration, layer)
-        got = emulated._sample_kernel(g, nodes, fanout, replace, key)
+        got = sample_cuda._sample_kernel(g, nodes, fanout, replace, key)
         want = _reference(g, nodes, fanout, replace, seed, epoch, iteration, layer)
         for name, a, b in zip(("src", "dst_index", "edge_ids"), got, want):
             assert torch.equal(a, b), f"{name} differs for fanout={fanout} replace={replace} seed={seed}"
@@ -144,17 +145,17 @@ def test_emulated_kernel_matches_cpu_sampler(emulated, fanout, replace):
 def test_emulated_kernel_rejects_out_of_range_ids(emulated):
     g = _graph()
     with pytest.raises(ValueError, match=r"outside \[0, 300\)"):
-        emulated._sample_kernel(g, torch.tensor([1, g.num_nodes, 2]), 5, False, 123)
+        sample_cuda._sample_kernel(g, torch.tensor([1, g.num_nodes, 2]), 5, False, 123)
     with pytest.raises(ValueError, match="outside"):
-        emulated._sample_kernel(g, torch.tensor([-1]), -1, False, 123)
+        sample_cuda._sample_kernel(g, torch.tensor([-1]), -1, False, 123)
 
 
 def test_emulated_kernel_empty_and_edgeless(emulated):
     g = Graph.from_edges([0], [1], num_nodes=4)
     for nodes, replace in [(torch.tensor([2, 3, 0]), False), (torch.tensor([2, 0]), True), (torch.tensor([], dtype=torch.int64), True)]:
-        got = emulated._sample_kernel(g, nodes, 5, replace, 99)
+        got = sample_cuda._sample_kernel(g, nodes, 5, replace, 99)
         assert all(t.numel() == 0 and t.dtype == torch.int64 for t in got)
-    src, dst_index, eids = emulated._sample_kernel(g, torch.tensor([3, 1, 1]), -1, False, 99)
+    src, dst_index, eids = sample_cuda._sample_kernel(g, torch.tensor([3, 1, 1]), -1, False, 99)
     assert src.tolist() == [0, 0] and dst_index.tolist() == [1, 2] and eids.tolist() == [0, 0]
 
 

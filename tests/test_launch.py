@@ -179,11 +179,11 @@ def test_the_wrong_convention_is_refused_before_any_process_starts():
 
 def test_default_devices_on_a_host_with_fewer_gpus_than_ranks(monkeypatch, caplog):
     """The first GPU run: on a one-GPU host ``launch(fn, 2)`` raised, so the suite's CPU tests failed there."""
-    from gsplit.launch import _resolve_devices
+    from gsplit.launch.start import _resolve_devices
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    with caplog.at_level("WARNING", logger="gsplit.launch"):
+    with caplog.at_level("WARNING", logger="gsplit.launch.start"):
         assert _resolve_devices(2, None, None) == [torch.device("cpu")] * 2
     assert "2 ranks but 1 CUDA GPU(s): running CPU ranks over gloo" in caplog.text
     assert _resolve_devices(1, None, None) == [torch.device("cuda", 0)]

@@ -1,7 +1,7 @@
 """Per-layer compute time in the run log (issue 20, item 6): :class:`gsplit.timing.LayerClock`.
 
 Each rank times every layer's forward and backward (waits for peers and shuffles left out) with marks in
-``sp_forward``'s loops (plain and overlapped) and identity autograd nodes; ``trainer.iteration_balance``
+``sp_forward``'s loops (plain and overlapped) and identity autograd nodes; ``counters.iteration_balance``
 turns the ranks' times into max / mean per layer and the layer's gap, from the per-rank records gathered
 once per epoch (no collective of its own). On a GPU the marks are CUDA events read without waiting.
 """
@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import gsplit
+from gsplit.counters import iteration_balance
 from gsplit.launch import launch
 from gsplit.timing import LayerClock, layer_ends, layer_starts
-from gsplit.trainer import TrainConfig, iteration_balance, train_rank
+from gsplit.trainer import TrainConfig, train_rank
 
 from fake_cuda import FakeEvent
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gsplit
-from gsplit import feature_store as feature_store_module
+from gsplit import finite as finite_module
 from gsplit.graph import Graph
 from gsplit.ops import cuda as cuda_kernels
 from gsplit.partitioning.partition_map import PartitionMap, owner_tensor
@@ -67,7 +67,7 @@ def test_feature_check_reads_the_features_in_chunks(monkeypatch):
     ds = gsplit.datasets.load("synthetic", num_nodes=2000, avg_degree=4, feature_dim=16, seed=0)
     features = ds.features.clone()
     chunk_bytes = 100 * 16 * 4  # 100 rows
-    monkeypatch.setattr(feature_store_module, "_CHECK_BYTES", chunk_bytes, raising=False)
+    monkeypatch.setattr(finite_module, "_CHECK_BYTES", chunk_bytes, raising=False)
     seen = []
     real = torch.isfinite
     monkeypatch.setattr(torch, "isfinite", lambda t: (seen.append(t.numel()), real(t))[1])

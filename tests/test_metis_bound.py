@@ -12,7 +12,8 @@ import gsplit
 import gsplit.partitioning.sparsify as sparsify
 from gsplit.cli import main
 from gsplit.graph import Graph
-from gsplit.partitioning.metis import _balance_constraints, symmetrize
+from gsplit.partitioning.metis import symmetrize
+from gsplit.partitioning.strategies import _balance_constraints
 from gsplit.partitioning.sparsify import check_entries_per_vertex, heaviest_edges
 from gsplit.resources import HostMemoryMeter, peak_rss_bytes
 
@@ -200,33 +201,33 @@ def test_bounded_partition_is_refined_over_all_edges():
 
 
 def test_auto_bound_keeps_every_edge_where_memory_allows_and_bounds_it_otherwise(monkeypatch, caplog):
-    import gsplit.partitioning.prepare as prepare
-    from gsplit.partitioning.metis import METIS_BOUND_WHEN_SHORT
+    import gsplit.partitioning.budget as budget
+    from gsplit.partitioning.budget import METIS_BOUND_WHEN_SHORT
 
     n, e = 1000, 15000
-    monkeypatch.setattr(prepare, "available_memory", lambda: prepare.prepare_peak_bytes(n, e))
-    assert prepare.resolve_metis_bound(n, e, "auto") is None           # just fits: full quality
+    monkeypatch.setattr(budget, "available_memory", lambda: budget.prepare_peak_bytes(n, e))
+    assert budget.resolve_metis_bound(n, e, "auto") is None           # just fits: full quality
     # short: the largest budget of 12 / 10 / 8 entries per vertex whose peak fits, the smallest when none does
-    for room, expected in [(prepare.prepare_peak_bytes(n, e) - 1, 12.0), (prepare.prepare_peak_bytes(n, e, 12) - 1, 10.0),
-                           (prepare.prepare_peak_bytes(n, e, 10) - 1, 8.0), (0, METIS_BOUND_WHEN_SHORT)]:
-        monkeypatch.setattr(prepare, "available_memory", lambda room=room: room)
-        assert prepare.resolve_metis_bound(n, e, "auto") == expected, room
-    with caplog.at_level("WARNING", logger="gsplit.partitioning.prepare"):
-        assert prepare.resolve_metis_bound(n, e, "auto") == METIS_BOUND_WHEN_SHORT
+    for room, expected in [(budget.prepare_peak_bytes(n, e) - 1, 12.0), (budget.prepare_peak_bytes(n, e, 12) - 1, 10.0),
+                           (budget.prepare_peak_bytes(n, e, 10) - 1, 8.0), (0, METIS_BOUND_WHEN_SHORT)]:
+        monkeypatch.setattr(budget, "available_memory", lambda room=room: room)
+        assert budget.resolve_metis_bound(n, e, "auto") == expected, room
+    with caplog.at_level("WARNING", logger="gsplit.partitioning.budget"):
+        assert budget.resolve_metis_bound(n, e, "auto") == METIS_BOUND_WHEN_SHORT
     assert "bounding its input" in caplog.text and "--metis-edges-per-vertex 0" in caplog.text
-    assert prepare.resolve_metis_bound(n, e, 0) is None and prepare.resolve_metis_bound(n, e, "6") == 6.0
+    assert budget.resolve_metis_bound(n, e, 0) is None and budget.resolve_metis_bound(n, e, "6") == 6.0
     with pytest.raises(ValueError, match="auto"):
-        prepare.resolve_metis_bound(n, e, "eight")
+        budget.resolve_metis_bound(n, e, "eight")
 
 
 def test_auto_bound_applies_in_partition_when_memory_is_short(monkeypatch):
-    import gsplit.partitioning.prepare as prepare
+    import gsplit.partitioning.budget as budget
 
     g, _ = _weighted_symmetric(n=300, m=6000)
     w = gsplit.presample(g, torch.arange(300), gsplit.NeighborSampler([4, 3]), 32, num_parts=2)
     full = gsplit.partition(g, 2, weights=w)                               # auto, plenty of memory: every edge
     assert "metis_entries_in" not in full.metadata
-    monkeypatch.setattr(prepare, "available_memory", lambda: 0)
+    monkeypatch.setattr(budget, "available_memory", lambda: 0)
     short = gsplit.partition(g, 2, weights=w, metis_edges_per_vertex=None)
     assert "metis_entries_in" not in short.metadata                        # None: never bounded
     bounded = gsplit.partition(g, 2, weights=w)                            # auto, no memory: bounded

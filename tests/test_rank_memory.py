@@ -16,7 +16,7 @@ import gsplit
 import gsplit.cli as cli
 from gsplit.feature_store import FeatureStore
 from gsplit.partitioning import prepare_partition
-from gsplit.partitioning.presample import PresampleWeights
+from gsplit.partitioning.weights import PresampleWeights
 
 
 class _Launched(BaseException):

@@ -11,7 +11,8 @@ import gsplit.resources as resources
 from gsplit import cli, datasets
 from gsplit.datasets import synthetic
 from gsplit.partitioning import prepare as prepare_mod
-from gsplit.partitioning.prepare import estimated_stage_seconds, prepare_partition, prepare_peak_bytes
+from gsplit.partitioning.budget import prepare_peak_bytes
+from gsplit.partitioning.prepare import estimated_stage_seconds, prepare_partition
 from gsplit.resources import InsufficientMemoryError, require_memory
 
 GIB = 1 << 30
@@ -103,13 +104,13 @@ def test_stage_seconds_linear_in_edges():
 
 
 def test_cli_stage_progress_shows_time_left(capsys):
-    progress = cli._StageProgress(num_edges=100_000_000)  # METIS estimate: well over the 2 s threshold
+    progress = cli.prepare._StageProgress(num_edges=100_000_000)  # METIS estimate: well over the 2 s threshold
     progress("partitioning into 4 parts with method gsplit ...")
     assert progress._bar is not None
     assert progress._bar.total == pytest.approx(estimated_stage_seconds("partition", 100_000_000), abs=0.1)
     progress("  partitioning: 1.0s (CPU 1.0s)")  # the stage's end closes its bar
     assert progress._bar is None
-    small = cli._StageProgress(num_edges=1000)  # quick stages get no bar
+    small = cli.prepare._StageProgress(num_edges=1000)  # quick stages get no bar
     small("split statistics on 20 sampled mini-batches ...")
     assert small._bar is None
     out = capsys.readouterr()

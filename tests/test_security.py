@@ -132,7 +132,7 @@ def test_a_hostname_that_resolves_to_the_lan_does_not_open_the_ranks_to_it(tmp_p
 def test_the_launcher_chooses_the_loopback_interface_for_gloo_and_nccl(monkeypatch):
     import importlib
 
-    launch_mod = importlib.import_module("gsplit.launch")
+    launch_mod = importlib.import_module("gsplit.launch.rendezvous")
 
     env = {}
     launch_mod._bind_to_loopback("127.0.0.1", env)
@@ -206,7 +206,7 @@ def test_npz_with_a_pickled_array_cannot_run_code(tmp_path):
 
 def test_map_weights_and_graph_files_cannot_run_code(tmp_path):
     import gsplit
-    from gsplit.partitioning.presample import PresampleWeights
+    from gsplit.partitioning.weights import PresampleWeights
 
     marker = tmp_path / "pwned"
     g = gsplit.Graph.from_edges([0, 1, 2], [1, 2, 0])

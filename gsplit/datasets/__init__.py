@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import inspect
 
-from gsplit.datasets.base import Dataset, check_finite, planetoid_split, random_split
+from gsplit.datasets.base import Dataset, planetoid_split, random_split
 from gsplit.datasets.files import load_edgelist, load_npz, read_edgelist
 from gsplit.datasets.folder import is_folder, load_folder, save_folder
 from gsplit.datasets.chunked import ConversionReport, convert_edgelist, convert_ogb
 from gsplit.datasets.ogb import SUPPORTED as OGB_DATASETS
 from gsplit.datasets.ogb import default_root, load_ogb
 from gsplit.datasets.synthetic import make_synthetic, synthetic_graph
+from gsplit.finite import check_finite
 
 NAMES = ("synthetic", "npz:PATH", "edgelist:PATH", "folder:PATH") + OGB_DATASETS
 """The accepted forms of ``load``'s ``name``."""

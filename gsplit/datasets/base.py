@@ -9,12 +9,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from gsplit.finite import check_finite, known_finite
 from gsplit.graph import Graph
 
 log = logging.getLogger(__name__)
-
-# Rows per chunk when scanning features for NaN/inf: bounds the temporary bool mask on huge tables.
-_FINITE_CHECK_ROWS = 1 << 16
 
 
 @dataclass
@@ -129,10 +127,8 @@ class Dataset:
         :func:`gsplit.launch` starts) maps the same files and shares their page cache, instead of receiving
         a copy of the tensors in shared memory. Any other dataset pickles its tensors as usual."""
         source = self.__dict__.get("_folder_source")
-        if source is not None and source.matches(self):
-            from gsplit.datasets.folder import reopen
-
-            return reopen, (source.path, source.mmap, self.name, self.meta)
+        if source is not None and source.matches(self):  # a gsplit.datasets.folder.FolderSource
+            return source.reduce(self)
         return super().__reduce_ex__(protocol)
 
     def __getstate__(self):
@@ -173,50 +169,6 @@ def _check_tensor(t, what: str, dtype: torch.dtype, dim: int) -> None:
         raise TypeError(f"{what} must have dtype {dtype}, got {t.dtype}; convert it with .to({dtype})")
     if t.dim() != dim:
         raise ValueError(f"{what} must be {dim}-dimensional, got shape {tuple(t.shape)}")
-
-
-_KNOWN_FINITE = "_gsplit_known_finite"
-
-
-def mark_finite(features: torch.Tensor) -> torch.Tensor:
-    """Record on the tensor object that ``features`` was checked to hold no NaN/inf; returns it.
-
-    :func:`load_folder` marks the features of a folder whose writer checked them (``meta.json``'s
-    ``checks``), so that :class:`Dataset` and the loaders (:func:`gsplit.feature_store.first_non_finite_row`)
-    skip their full pass over a memory-mapped table, which would read the whole file before the first
-    epoch. The mark is an attribute of this tensor object: a tensor derived from it is checked again.
-    Writing NaN into a marked tensor in place is not noticed.
-
-    Example:
-        >>> known_finite(mark_finite(torch.zeros(2, 2)))
-        True
-    """
-    setattr(features, _KNOWN_FINITE, True)
-    return features
-
-
-def known_finite(features: torch.Tensor) -> bool:
-    """True when :func:`mark_finite` marked this tensor object."""
-    return bool(getattr(features, _KNOWN_FINITE, False))
-
-
-def check_finite(features: torch.Tensor, what: str = "features") -> None:
-    """Raise ``ValueError`` naming the first row of ``features`` that holds NaN or inf.
-
-    Scans in row chunks so that the temporary mask stays small even for very large tables.
-
-    Example:
-        >>> check_finite(torch.zeros(3, 2))
-    """
-    n = features.shape[0]
-    for start in range(0, n, _FINITE_CHECK_ROWS):
-        chunk = features[start:start + _FINITE_CHECK_ROWS]
-        bad_rows = ~torch.isfinite(chunk).all(dim=1)
-        if bool(bad_rows.any()):
-            row = start + int(torch.nonzero(bad_rows)[0])
-            total = int(bad_rows.sum())
-            raise ValueError(f"{what} row {row} contains NaN or inf ({total} bad rows in rows "
-                             f"{start}..{start + chunk.shape[0] - 1}); clean the input or drop those vertices")
 
 
 def class_labels(y: torch.Tensor, what: str, num_classes: Optional[int] = None) -> Tuple[torch.Tensor, int]:

@@ -117,7 +117,7 @@ def convert_edgelist(
         >>> rep = convert_edgelist("edges.csv", "prepared/edges")    # doctest: +SKIP
         >>> ds = gsplit.datasets.load_folder(rep.folder)              # doctest: +SKIP
     """
-    from gsplit.feature_store import first_non_finite_row
+    from gsplit.finite import first_non_finite_row
 
     if chunk_edges < 1:
         raise ValueError(f"chunk_edges must be a positive number of edges, got {chunk_edges}")
@@ -199,7 +199,7 @@ def convert_ogb(
         >>> convert_ogb("/data/ogb/ogbn_papers100M", "prepared/papers100M")    # doctest: +SKIP
     """
     from gsplit.datasets.ogb import _labels_to_int64
-    from gsplit.feature_store import first_non_finite_row
+    from gsplit.finite import first_non_finite_row
 
     if chunk_edges < 1:
         raise ValueError(f"chunk_edges must be a positive number of edges, got {chunk_edges}")

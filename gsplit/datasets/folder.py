@@ -39,7 +39,8 @@ from typing import Any, Dict, Optional, Tuple, Union
 import numpy as np
 import torch
 
-from gsplit.datasets.base import Dataset, known_finite, mark_finite
+from gsplit.datasets.base import Dataset
+from gsplit.finite import first_non_finite_row, known_finite, mark_finite
 from gsplit.graph import Graph
 from gsplit.io import load_npy, read_meta, write_array_dir
 
@@ -76,6 +77,11 @@ class FolderSource:
         """True when ``ds`` still holds the very objects it was loaded with."""
         return all(a is b for a, b in zip(self.tensors, _identity(ds)))
 
+    def reduce(self, ds: Dataset) -> Tuple[Any, ...]:
+        """``ds`` pickled as this folder (:meth:`Dataset.__reduce_ex__`): :func:`reopen` maps it again where it is
+        unpickled."""
+        return reopen, (self.path, self.mmap, ds.name, ds.meta)
+
 
 def _identity(ds: Dataset) -> Tuple[Any, ...]:
     return (ds.graph, ds.features, ds.labels, ds.train_idx, ds.val_idx, ds.test_idx, ds.node_ids, ds.communities)
@@ -95,8 +101,6 @@ def save_folder(dataset: Dataset, path: PathLike) -> Path:
         >>> load_folder(d).num_edges == ds.num_edges
         True
     """
-    from gsplit.feature_store import first_non_finite_row
-
     out = Path(path)
     dataset.graph.validate()
     bad = None if known_finite(dataset.features) else first_non_finite_row(dataset.features)

@@ -2,7 +2,7 @@
 "aggregate" (:mod:`gsplit.ops.aggregate`: sum / mean / GAT attention over a block's edges).
 
 This package decides, per call, which implementation runs: the CUDA kernels of ``kernels/*.cu`` through
-CuPy (:mod:`gsplit.ops.cuda`) when the inputs are on a GPU and CuPy works (sampling and the feature gather;
+CuPy (:mod:`gsplit.ops.cuda`; the sampler :mod:`gsplit.ops.sample_cuda`) when the inputs are on a GPU and CuPy works (sampling and the feature gather;
 relabelling runs plain torch there, measured as fast or faster on an H100); for CPU inputs the C++
 sampler and relabel of ``kernels/sample_cpu.cpp`` (:mod:`gsplit.ops.sample_cpu`) when that extension
 builds; else plain torch (:mod:`gsplit.ops.torch_ops`, CPU or CUDA). Every implementation returns exactly the same result, so
@@ -17,15 +17,15 @@ from typing import Optional, Tuple
 import torch
 
 from gsplit.graph import Graph
-from gsplit.ops import aggregate, cpu_ext, cuda, sample_cpu, torch_ops
+from gsplit.ops import aggregate, cpu_ext, cuda, sample_cpu, sample_cuda, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 from gsplit.sampling import counter_rng
 
 __all__ = ["prepare_kernels", "sample_neighbors", "relabel", "keep_cells", "unique_ids", "unique_inverse",
            "sampling_device", "copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "aggregate", "cuda",
-           "sample_cpu", "torch_ops"]
+           "sample_cpu", "sample_cuda", "torch_ops"]
 
-sampling_device = cuda.sampling_device
+sampling_device = sample_cuda.sampling_device
 
 
 def prepare_kernels() -> "cpu_ext.BuildReport":
@@ -68,8 +68,8 @@ def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bo
     if not 0 <= int(key) < 1 << 64:
         raise ValueError(f"key = {key} is not an unsigned 64-bit integer; use counter_rng.stream_key(...)")
     nodes = nodes.to(torch.int64)
-    if nodes.is_cuda and cuda.cupy_available() and cuda.graph_readable(graph, nodes.device):
-        return cuda.sample_neighbors(graph, nodes, fanout, bool(replace), int(key))
+    if nodes.is_cuda and cuda.cupy_available() and sample_cuda.graph_readable(graph, nodes.device):
+        return sample_cuda.sample_neighbors(graph, nodes, fanout, bool(replace), int(key))
     out = _sample_where_graph_is(graph, nodes.to(graph.device), fanout, bool(replace), int(key))
     if nodes.device == graph.device:
         return out

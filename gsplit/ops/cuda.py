@@ -1,4 +1,7 @@
-"""The CUDA kernels in ``kernels/`` (sampling, relabelling, the feature gather), run through CuPy.
+"""The CUDA kernels in ``kernels/``, run through CuPy: whether they work here, loading and launching them,
+page-locked host memory they read, relabelling and the feature gather. The sampler on a graph is
+:mod:`gsplit.ops.sample_cuda` (this module knows no :class:`~gsplit.graph.Graph`, so that the graph's
+``pin_memory`` may use it).
 
 The kernels pick exactly the edges the torch sampler picks (same counter-based arithmetic, see
 :mod:`gsplit.sampling.counter_rng`), so a rank may sample on its GPU and still reproduce the
@@ -22,8 +25,6 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-
-from gsplit.graph import Graph, id_range_error
 
 log = logging.getLogger(__name__)
 
@@ -230,74 +231,6 @@ def _ptr(t: torch.Tensor) -> np.uint64:
     return np.uint64(ptr)
 
 
-def graph_readable(graph: Graph, device: torch.device) -> bool:
-    """Whether the kernels can read ``graph`` from ``device``: it is on that GPU, or pinned on the host."""
-    arrays = (graph.indptr, graph.indices)
-    if all(a.device == device for a in arrays):
-        return all(a.is_contiguous() for a in arrays)
-    return all(a.device.type == "cpu" and a.is_pinned() and a.is_contiguous() for a in arrays)
-
-
-# ---------------------------------------------------------------------------------------- sampling
-def sample_neighbors(
-    graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int
-) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Pick in-edges of ``nodes`` with the CUDA kernel; same edges as the torch sampler.
-
-    Args:
-        graph: CSC graph, on ``nodes``' GPU or in pinned host memory (``Graph.pin_memory()``), which
-            the kernel reads through unified virtual addressing without copying the graph.
-        nodes: int64 destination vertices (any order, repeats allowed), normally a CUDA tensor.
-        fanout: neighbours per vertex, or -1 for all in-neighbours.
-        replace: sample with replacement.
-        key: 64-bit stream key, ``counter_rng.stream_key(seed, epoch, iteration, layer)``.
-
-    Returns:
-        ``(src, dst_index, edge_ids)`` int64 on ``nodes``' device, grouped by destination in
-        ``nodes`` order, each destination's edges in CSC order.
-
-    Needs CuPy, CUDA ``nodes`` and a graph that :func:`graph_readable` from their device;
-    :func:`gsplit.ops.sample_neighbors` checks that and otherwise runs the torch sampler.
-
-    Example:
-        >>> src, dst_index, eids = sample_neighbors(g.to("cuda"), torch.tensor([0, 2], device="cuda"), 1, False,
-        ...                                         counter_rng.stream_key(0, 0, 0, 0))  # doctest: +SKIP
-    """
-    return _sample_kernel(graph, nodes.to(torch.int64).contiguous(), int(fanout), bool(replace), int(key))
-
-
-def _sample_kernel(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int):
-    device = nodes.device
-    n = nodes.numel()
-    if n == 0:
-        empty = torch.empty(0, dtype=torch.int64, device=device)
-        return empty, empty.clone(), empty.clone()
-    start, deg, counts = (torch.empty(n, dtype=torch.int64, device=device) for _ in range(3))
-    bad = torch.zeros(1, dtype=torch.int64, device=device)
-    with _torch_stream(device):
-        _launch("sample.cu", "gsplit_sample_count", n, (
-            _ptr(graph.indptr), np.int64(graph.num_nodes), _ptr(nodes), np.int64(n),
-            np.int64(fanout), np.int32(replace), _ptr(start), _ptr(deg), _ptr(counts), _ptr(bad)))
-    ends = torch.cumsum(counts, 0)
-    total, num_bad = torch.stack([ends[-1], bad[0]]).tolist()  # the one host sync: output size
-    if num_bad:
-        lo, hi = int(nodes.min()), int(nodes.max())
-        raise id_range_error("nodes", lo if lo < 0 else hi, graph.num_nodes)
-    src, dst_index, edge_ids = (torch.empty(total, dtype=torch.int64, device=device) for _ in range(3))
-    if total:
-        with _torch_stream(device):
-            if fanout == -1:
-                _launch("sample.cu", "gsplit_sample_all", n * 32, (
-                    _ptr(graph.indices), _ptr(start), _ptr(ends), np.int64(n),
-                    _ptr(src), _ptr(dst_index), _ptr(edge_ids)))
-            else:
-                _launch("sample.cu", "gsplit_sample_fill", n, (
-                    _ptr(graph.indices), _ptr(nodes), _ptr(start), _ptr(deg), _ptr(ends), np.int64(n),
-                    np.int64(fanout), np.int32(replace), np.uint64(key),
-                    _ptr(src), _ptr(dst_index), _ptr(edge_ids)))
-    return src, dst_index, edge_ids
-
-
 # ---------------------------------------------------------------------------------------- relabel
 def relabel(dst_nodes: torch.Tensor, src: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gsplit.ops.torch_ops.relabel` with a GPU hash table: ``src_nodes = dst_nodes ++ sorted(new ids)``.
@@ -467,22 +400,3 @@ def gather_rows(cache: torch.Tensor, host: torch.Tensor, slots: torch.Tensor, id
         _launch("gather.cu", f"gsplit_gather_rows_{width}", n * words, (
             _ptr(cache), _ptr(host), _ptr(slots), _ptr(ids), np.int64(n), np.int64(words),
             _ptr(out)))
-
-
-def sampling_device(graph: Graph, device: torch.device) -> torch.device:
-    """Where a loader delivering to ``device`` should sample ``graph``: on the GPU when the graph is there or
-    pinned in host memory and the CuPy kernels work (they read it through UVA), else where the graph is.
-
-    Example:
-        >>> g = Graph.from_edges([0, 1], [1, 0])
-        >>> sampling_device(g, torch.device("cuda", 0))   # a host graph that is not pinned: sampled there
-        device(type='cpu')
-    """
-    device = torch.device(device)
-    if device.type != "cuda":
-        return graph.device
-    if graph.device == device:
-        return device
-    if graph.device.type == "cpu" and graph.indptr.is_pinned() and cupy_available():
-        return device
-    return graph.device

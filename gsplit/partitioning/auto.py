@@ -16,7 +16,7 @@ import torch
 
 from gsplit.comm.communicator import Communicator
 from gsplit.graph import Graph
-from gsplit.partitioning.metis import partition
+from gsplit.partitioning.strategies import partition
 from gsplit.partitioning.partition_map import PartitionMap
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from gsplit.graph import Graph
-from gsplit.partitioning.presample import PresampleWeights, check_train_idx
+from gsplit.partitioning.weights import PresampleWeights, check_train_idx
 
 log = logging.getLogger(__name__)
 

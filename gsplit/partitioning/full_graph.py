@@ -20,6 +20,7 @@ import torch
 from gsplit.graph import Graph
 from gsplit.partitioning import metis
 from gsplit.partitioning.partition_map import PartitionMap
+from gsplit.partitioning.strategies import check_part_args
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def partition_full_graph(graph: Graph, num_parts: int, *, balance: str = "two", 
         >>> pm.method, pm.part_sizes().tolist(), pm.metadata["metis_edgecut"]
         ('full-graph', [3, 3], 0)
     """
-    num_parts = metis.check_part_args(num_parts, graph.num_nodes, ufactor)
+    num_parts = check_part_args(num_parts, graph.num_nodes, ufactor)
     n = graph.num_nodes
     t0 = time.perf_counter()
     vw = full_graph_vertex_weights(graph, balance)

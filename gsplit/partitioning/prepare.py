@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 from gsplit.io import atomic_write_json
-from gsplit.partitioning.metis import METIS_BOUNDS_WHEN_SHORT, METIS_EDGES_PER_VERTEX, partition
+from gsplit.partitioning.budget import METIS_EDGES_PER_VERTEX, prepare_peak_bytes, resolve_metis_bound
 from gsplit.partitioning.partition_map import PartitionMap
-from gsplit.partitioning.presample import PresampleWeights, presample
+from gsplit.partitioning.presample import presample
 from gsplit.partitioning.stats import split_stats
-from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex
-from gsplit.resources import HostMemoryMeter, available_memory, require_memory, return_freed_heap
+from gsplit.partitioning.strategies import partition
+from gsplit.partitioning.weights import PresampleWeights
+from gsplit.resources import HostMemoryMeter, require_memory, return_freed_heap
 from gsplit.resources import cpu_seconds as cpu_now
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -28,62 +29,10 @@ PRESAMPLING_METHODS = ("gsplit", "node")
 """Partition methods whose vertex (and edge) weights come from pre-sampling."""
 
 
-PREPARE_BYTES_PER_EDGE = 48
-"""Peak host memory ``prepare_partition`` adds to the loaded dataset, per stored (directed) edge, besides
-METIS: the pre-sampling weights (float32) and, while METIS's input is built, the summed weights, the
-reverse-edge ids and the per-entry ranks of the bound (~40 B per edge, built in chunks, freed before
-METIS starts)."""
-PREPARE_BYTES_PER_METIS_ENTRY = 144
-"""Per adjacency entry that METIS is given (at most ``metis_edges_per_vertex`` per vertex): its int64
-input (id and weight, 16 B) and METIS's own memory in its forked process, which keeps every coarsening
-level (measured 115-121 B per entry at 1M vertices, 4 balance constraints, rounded up)."""
-PREPARE_BYTES_PER_VERTEX = 160
-"""Likewise per vertex: weights, degrees, part ids, the balance constraints as int64 and METIS's
-per-vertex arrays."""
 PREPARE_NS_PER_EDGE = {"weights": 450, "partition": 2500, "stats": 500}
 """Wall nanoseconds per stored edge of each stage (4 parts, fanouts 15,10,5, batch 1024) on the
 2-core development machine, from ``experiments/results/scale.json``: only for the estimates of the time
 left that the CLI shows, never for decisions."""
-
-
-def prepare_peak_bytes(num_nodes: int, num_edges: int, metis_edges_per_vertex: Optional[float] = None) -> int:
-    """Estimated peak host memory that :func:`prepare_partition` needs on top of the loaded dataset, with
-    METIS's input bounded to ``metis_edges_per_vertex`` entries per vertex (None: every edge).
-
-    Example:
-        >>> round(prepare_peak_bytes(1_000_000, 15_000_000) / 2**30, 2), round(prepare_peak_bytes(1_000_000, 15_000_000, 8) / 2**30, 2)
-        (2.83, 1.89)
-    """
-    entries = int(num_edges) if not metis_edges_per_vertex else min(int(num_edges),
-                                                                    int(metis_edges_per_vertex * num_nodes))
-    return (PREPARE_BYTES_PER_EDGE * int(num_edges) + PREPARE_BYTES_PER_METIS_ENTRY * entries
-            + PREPARE_BYTES_PER_VERTEX * int(num_nodes))
-
-
-def resolve_metis_bound(num_nodes: int, num_edges: int,
-                        metis_edges_per_vertex: Union[float, str, None] = METIS_EDGES_PER_VERTEX) -> Optional[float]:
-    """The budget of METIS's input to use: ``"auto"`` keeps every edge (None) where the memory that needs
-    (:func:`prepare_peak_bytes`) is available, else bounds it to the largest of
-    :data:`~gsplit.partitioning.metis.METIS_BOUNDS_WHEN_SHORT` entries per vertex whose peak fits (the
-    smallest when none does) and logs a warning (a bound can cost cut quality); a number is validated and kept.
-
-    Example:
-        >>> resolve_metis_bound(1000, 15000), resolve_metis_bound(1000, 15000, 6), resolve_metis_bound(1000, 15000, 0)
-        (None, 6.0, None)
-    """
-    budget = check_entries_per_vertex(metis_edges_per_vertex)
-    if budget != AUTO:
-        return budget
-    needed, available = prepare_peak_bytes(num_nodes, num_edges), available_memory()
-    if needed <= available:
-        return None
-    fits = [k for k in METIS_BOUNDS_WHEN_SHORT if prepare_peak_bytes(num_nodes, num_edges, k) <= available]
-    bound = fits[0] if fits else METIS_BOUNDS_WHEN_SHORT[-1]
-    log.warning("METIS on every edge of %s vertices / %s edges would need about %.1f GiB but %.1f GiB is available; "
-                "bounding its input to the %g heaviest edges per vertex (the cut can be worse: pass "
-                "metis_edges_per_vertex=0 / --metis-edges-per-vertex 0 on a larger host for full quality)",
-                f"{num_nodes:,}", f"{num_edges:,}", needed / 2**30, available / 2**30, bound)
-    return bound
 
 
 def estimated_stage_seconds(stage: str, num_edges: int) -> float:

@@ -50,12 +50,12 @@ class SparsifyInfo:
 
 
 AUTO = "auto"
-"""The budget that :func:`gsplit.partitioning.prepare.resolve_metis_bound` picks from the memory available."""
+"""The budget that :func:`gsplit.partitioning.budget.resolve_metis_bound` picks from the memory available."""
 
 
 def check_entries_per_vertex(value: Union[float, str, None]) -> Union[float, str, None]:
     """Validate a budget of METIS adjacency entries per vertex: None or 0 mean no bound, ``"auto"`` a bound
-    only where every edge would not fit in memory (:func:`gsplit.partitioning.prepare.resolve_metis_bound`).
+    only where every edge would not fit in memory (:func:`gsplit.partitioning.budget.resolve_metis_bound`).
 
     Example:
         >>> check_entries_per_vertex(8), check_entries_per_vertex(0), check_entries_per_vertex("auto")

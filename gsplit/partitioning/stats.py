@@ -11,7 +11,7 @@ import torch
 from gsplit.graph import Graph
 from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.partition_map import PartitionMap
-from gsplit.partitioning.presample import check_train_idx
+from gsplit.partitioning.weights import check_train_idx
 from gsplit.sampling.batches import global_batches
 
 log = logging.getLogger(__name__)

@@ -20,20 +20,16 @@ world size after the rank, ``fn(rank, world_size, *args)``; :func:`spawn` takes 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import inspect
-import ipaddress
 import logging
 import os
 import pickle
 import signal
-import socket
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from multiprocessing.connection import wait as mp_wait
 from typing import Any, Callable, List, Optional, Sequence, Union
 
@@ -43,11 +39,13 @@ import torch.multiprocessing as tmp
 
 from gsplit import resources
 from gsplit.comm import waits
+from gsplit.launch.failures import (LaunchError, LaunchInterrupted, RankFailure, _death_message,
+                                    _is_communication_error, _pick_root_cause)
+from gsplit.launch.rank import _ENV_DEVICE, init_process_group, limit_threads
+from gsplit.launch.rendezvous import _bind_to_loopback, _listen_socket
+from gsplit.launch.watch import _POLL_S, _SLOTS, _die_with_parent, _stop_on_signals, _watch_rank, _Watchdog
 
 log = logging.getLogger(__name__)
-
-__all__ = ["launch", "spawn", "LaunchError", "LaunchInterrupted", "RankFailure", "current_device", "report_progress",
-           "resolve_device", "world_size"]
 
 # After the first failure, how long to keep listening for the other ranks' reports before killing them
 # (lets a simultaneous, earlier root cause win over its follow-up communication errors).
@@ -56,181 +54,6 @@ _DRAIN_S = 0.5
 _KILL_GRACE_S = 3.0
 # How long ranks that delivered their results get to exit (destroy_process_group etc.) before SIGTERM.
 _EXIT_GRACE_S = 30.0
-
-_ENV_DEVICE = "GSPLIT_DEVICE"
-# How often a rank's watchdog thread checks that the launching process is still there.
-_WATCHDOG_INTERVAL_S = 0.5
-# How often the launcher checks the ranks' heartbeats and progress.
-_POLL_S = 0.5
-# Per-rank slots of the shared watch array: heartbeat time, last progress time, progress count, and
-# whether the rank waited for its peers at the last heartbeat (see _waits_for_peers).
-_HEARTBEAT, _PROGRESS_T, _PROGRESS_N, _IN_COLLECTIVE = range(4)
-_SLOTS = 4
-_DIST_DIR = os.path.join("torch", "distributed") + os.sep
-
-# Signals that stop a launch cleanly (what `kill`, `timeout`, Slurm and a closing terminal send); SIGINT
-# needs no handler: it reaches every rank of the foreground process group and Python raises KeyboardInterrupt.
-_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    """How one rank failed."""
-
-    rank: int
-    """The rank that failed."""
-    exitcode: Optional[int]
-    """The process exit code (negative: killed by that signal); ``None`` if it was still running."""
-    exc_type: Optional[str]
-    """Name of the exception ``fn`` (or the rank's setup) raised; ``None`` if the process died without one."""
-    message: str
-    """One-line description: the exception text, or how the process died."""
-    traceback: str
-    """The child's formatted traceback; empty if the process died without a Python exception."""
-    when: float
-    """``time.time()`` of the failure (raised in the child, or death noticed by the parent)."""
-    communication: bool
-    """True for errors of the collective backend, usually a consequence of another rank's failure."""
-
-    def describe(self) -> str:
-        head = f"rank {self.rank} " + (f"raised {self.exc_type}: {self.message}" if self.exc_type else self.message)
-        return head + (f"\n--- traceback of rank {self.rank} ---\n{self.traceback.rstrip()}" if self.traceback else "")
-
-
-class LaunchError(RuntimeError):
-    """A rank started by :func:`launch` failed. ``rank``/``failures`` say which and how."""
-
-    def __init__(self, message: str, rank: int, failures: Sequence[RankFailure]):
-        super().__init__(message)
-        self.rank = rank
-        """The rank whose failure is taken as the root cause."""
-        self.failures = list(failures)
-        """Every failure observed, root cause first."""
-
-    def __reduce__(self):
-        return (LaunchError, (str(self), self.rank, self.failures))
-
-    @property
-    def exitcode(self) -> Optional[int]:
-        return self.failures[0].exitcode
-
-    @property
-    def child_traceback(self) -> str:
-        return self.failures[0].traceback
-
-
-class LaunchInterrupted(SystemExit):
-    """The launching process received SIGTERM or SIGHUP during :func:`launch`; every rank was stopped.
-
-    A ``SystemExit`` with code ``128 + signum`` (the shell's convention for "killed by a signal"), so a
-    script that does not catch it exits quietly with 143 for SIGTERM and 129 for SIGHUP, and
-    ``except Exception`` blocks do not swallow it.
-    """
-
-    def __init__(self, signum: int):
-        super().__init__(128 + int(signum))
-        self.signum = int(signum)
-        """The signal received."""
-
-    def __reduce__(self):
-        return (LaunchInterrupted, (self.signum,))
-
-    def __str__(self) -> str:
-        return f"stopped by {signal.Signals(self.signum).name}; all ranks were stopped"
-
-
-@dataclass
-class _RankWatch:
-    """What a launched rank writes for the launcher's watchdog: its slots of the shared array."""
-
-    slots: Any
-    """The launch's shared ``double`` array (``multiprocessing`` RawArray), ``_SLOTS`` entries per rank."""
-    rank: int
-    """This process's rank."""
-
-    def set(self, slot: int, value: float) -> None:
-        self.slots[self.rank * _SLOTS + slot] = value
-
-    def get(self, slot: int) -> float:
-        return self.slots[self.rank * _SLOTS + slot]
-
-
-# Set once in each rank's process by _child_main (None elsewhere): report_progress() is called from
-# deep inside training loops that should not have to carry the launcher's shared memory around.
-_WATCH: Optional[_RankWatch] = None
-
-
-def report_progress(iteration: Optional[int] = None) -> None:
-    """Tell the launcher that this rank made progress; call it once per training iteration.
-
-    The launcher's progress watchdog (``launch(progress_timeout=...)``) stops a job whose ranks stopped
-    making progress and names the rank whose last report is oldest (the one that hung, while the others
-    wait for it in a collective). ``iteration`` is the number to show in that message (default: the
-    count of reports so far). Costs two stores to shared memory; a no-op outside a launched rank, so
-    library code can call it unconditionally.
-
-    Example:
-        >>> report_progress()  # in the launching process itself: nothing to report to
-    """
-    watch = _WATCH
-    if watch is None:
-        return
-    watch.set(_PROGRESS_N, watch.get(_PROGRESS_N) + 1 if iteration is None else float(iteration))
-    watch.set(_PROGRESS_T, time.monotonic())
-
-
-def world_size(group=None) -> int:
-    """Number of ranks in the job (or in ``group``): ``torch.distributed.get_world_size()``, 1 without a process group.
-
-    Ranks started by :func:`spawn` get ``fn(rank, *args)`` like ``torch.multiprocessing.spawn``; this
-    is where they read how many there are.
-
-    Example:
-        >>> world_size()  # the launching process itself has no process group
-        1
-    """
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(group)
-    return 1
-
-
-def current_device() -> torch.device:
-    """The device :func:`launch` assigned to the calling rank; in a rank torchrun started (``LOCAL_RANK``
-    set), GPU ``LOCAL_RANK`` when CUDA is available; else ``cpu``.
-
-    Example:
-        >>> current_device()  # in the launching process itself
-        device(type='cpu')
-    """
-    if _ENV_DEVICE in os.environ:
-        return torch.device(os.environ[_ENV_DEVICE])
-    if "LOCAL_RANK" in os.environ and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    return torch.device("cpu")
-
-
-def resolve_device(name: Union[str, torch.device] = "auto") -> torch.device:
-    """The device a rank computes on, from a user's choice (the one rule; the trainer and CLI use it).
-
-    ``"auto"``: in a rank started by :func:`launch`, the device it assigned (:func:`current_device`);
-    elsewhere the first GPU when there is one, else the CPU. ``"cuda"``: this rank's GPU (an error
-    without CUDA). Anything else is taken as a torch device name.
-
-    Example:
-        >>> resolve_device("cpu")
-        device(type='cpu')
-    """
-    name = str(name)
-    if name == "auto":
-        if _ENV_DEVICE in os.environ or "LOCAL_RANK" in os.environ:  # gsplit.launch or torchrun
-            return current_device()
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("device='cuda' but CUDA is not available; use device='cpu' or 'auto'")
-        dev = current_device()
-        return dev if dev.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
-    return torch.device(name)
 
 
 def _resolve_devices(nprocs: int, backend: Optional[str], devices) -> List[torch.device]:
@@ -264,68 +87,6 @@ def _resolve_devices(nprocs: int, backend: Optional[str], devices) -> List[torch
     return out
 
 
-def _is_communication_error(exc: BaseException) -> bool:
-    if isinstance(exc, getattr(dist, "DistError", ())):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and any(
-        s in text for s in ("Connection closed by peer", "Connection reset by peer", "NCCL", "ProcessGroupGloo",
-                            "Socket Timeout", "Timed out", "gloo"))
-
-
-def _in_collective(thread_id: int) -> bool:
-    """Whether thread ``thread_id`` currently runs Python code of ``torch.distributed`` (e.g. a store wait
-    while groups are created): the fallback for blocking calls that go through no ``Work.wait()``."""
-    frame = sys._current_frames().get(thread_id)
-    return frame is not None and _DIST_DIR in frame.f_code.co_filename
-
-
-def _waits_for_peers(thread_id: int) -> bool:
-    """Whether this rank, with its training thread ``thread_id`` where it is, waits for other ranks.
-
-    The blocking points say so themselves (:mod:`gsplit.comm.waits`): a collective or ``Work.wait()``
-    in that thread or in the thread it waits on (the prefetch queue), or a collective still in flight
-    (NCCL returns at once; the host then blocks in ``.tolist()``, ``.cpu()``, ``synchronize``).
-    """
-    return waits.waits_for_peers(thread_id) or _in_collective(thread_id)
-
-
-def _die_with_parent(parent_pid: int, watch: Optional[_RankWatch]) -> None:
-    """Make sure this rank ends when the launching process does, however that one ends.
-
-    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill this process when its parent dies,
-    also by SIGKILL, which no handler in the parent can catch. Elsewhere (and as a second line on Linux)
-    a daemon thread polls the parent pid: once the process is re-parented, the launcher is gone.
-    """
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            pr_set_pdeathsig = 1
-            if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
-                log.debug("prctl(PR_SET_PDEATHSIG) failed with errno %d", ctypes.get_errno())
-        except (OSError, AttributeError) as e:  # no libc symbol: the watchdog thread below still works
-            log.debug("prctl unavailable (%s); relying on the watchdog thread", e)
-    # The parent may have died before prctl took effect: then nobody would ever send the signal.
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-    main_id = threading.main_thread().ident
-
-    def watch_parent() -> None:
-        # Also the rank's heartbeat: a live thread proves the process runs and gets the GIL, and it notes
-        # whether the main thread waits in a collective (tells a rank that hangs from ranks waiting for it).
-        while os.getppid() == parent_pid:
-            if watch is not None:
-                watch.set(_IN_COLLECTIVE, float(_waits_for_peers(main_id)))
-                watch.set(_HEARTBEAT, time.monotonic())
-            time.sleep(_WATCHDOG_INTERVAL_S)
-        sys.stderr.write(f"gsplit rank (pid {os.getpid()}): the launching process {parent_pid} is gone; exiting\n")
-        sys.stderr.flush()
-        os._exit(1)
-
-    threading.Thread(target=watch_parent, name="gsplit-watchdog", daemon=True).start()
-
-
 def _thread_lock_for_tqdm() -> None:
     """Give tqdm a thread lock in a rank. Its default lock holds a multiprocessing semaphore, which a rank
     leaving with os._exit (below) never unlinks, so the resource tracker warned of leaked semaphores at
@@ -341,10 +102,9 @@ def _thread_lock_for_tqdm() -> None:
 def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: str, backend: str,
                 master_addr: str, port: int, timeout: float, conn, parent_pid: int, slots) -> None:
     """Entry point of a rank's process: set up, run ``fn``, send back ``("ok", result)`` or an error."""
-    global _WATCH
-    _WATCH = _RankWatch(slots, rank)
+    watch = _watch_rank(slots, rank)
     waits.mark_work_waits()  # user code's Work.wait() (async_op=True) shows as waiting for peers too
-    _die_with_parent(parent_pid, _WATCH)
+    _die_with_parent(parent_pid, watch)
     _thread_lock_for_tqdm()
     try:
         os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port), "RANK": str(rank),
@@ -397,63 +157,6 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     os._exit(0)
 
 
-def limit_threads(ranks_on_host: int) -> Optional[int]:
-    """Give this rank its share of the host's cores for torch's CPU threads, unless ``OMP_NUM_THREADS`` is set.
-
-    Every rank of a host runs CPU work, GPU ranks too (host-side sampling and gathers, the CPU parts of
-    evaluation, the prefetch thread); torch's default of all cores per rank oversubscribes the host
-    ``ranks_on_host`` times. Returns the thread count set, ``None`` when the user's setting stands.
-
-    Example:
-        >>> limit_threads(1) is None or torch.get_num_threads() >= 1
-        True
-    """
-    if "OMP_NUM_THREADS" in os.environ:
-        return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // max(1, int(ranks_on_host)))
-    torch.set_num_threads(threads)
-    return threads
-
-
-def init_process_group(backend: Optional[str], device: torch.device, **options) -> None:
-    """``torch.distributed.init_process_group`` for a rank computing on ``device``.
-
-    A CUDA rank passes its GPU as ``device_id`` where torch supports it (2.3+): the NCCL communicator is
-    then created here, by every rank at once, instead of lazily inside the first collective while the
-    first mini-batch is in flight (and later groups split from it). torch 2.2 has no ``device_id``.
-
-    Example:
-        >>> init_process_group("nccl", torch.device("cuda", 1), store=store, rank=1, world_size=8)  # doctest: +SKIP
-    """
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is not None and _accepts_device_id():
-        options["device_id"] = device
-    dist.init_process_group(backend, **options)
-
-
-def _accepts_device_id() -> bool:
-    try:
-        return "device_id" in inspect.signature(dist.init_process_group).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _death_message(exitcode: Optional[int]) -> str:
-    if exitcode is None:
-        return "closed its result pipe without reporting a result"
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"died from {name} (exit code {exitcode}) without a Python exception"
-    # Also what a rank shows when it fails before fn runs, e.g. spawn cannot import fn's module or the
-    # launching script (a script must guard launch() with `if __name__ == "__main__":`).
-    return (f"exited with code {exitcode} without a Python exception or a result (if it failed while starting, "
-            f"its stderr above says why)")
-
-
 def _stop(procs, grace: float) -> None:
     """Terminate every live process, then kill those still alive after ``grace`` seconds."""
     alive = [p for p in procs if p.is_alive()]
@@ -487,43 +190,6 @@ def _join_finished(procs) -> None:
             log.warning("rank %d delivered its result but exited with code %s", r, p.exitcode)
 
 
-def _pick_root_cause(failures: List[RankFailure]) -> List[RankFailure]:
-    # Backend errors are usually echoes of another rank's death; prefer the first failure that is not one.
-    return sorted(failures, key=lambda f: (f.communication, f.when))
-
-
-@contextlib.contextmanager
-def _stop_on_signals():
-    """Turn SIGTERM/SIGHUP into :class:`LaunchInterrupted` while ranks run, so ``launch``'s cleanup stops them.
-
-    Only the main thread can install handlers; elsewhere the signals keep their default action (the
-    process dies and the ranks follow it through their parent-death watch). A second signal during the
-    cleanup is ignored so the cleanup itself is not cut short.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: List[int] = []
-
-    def handler(signum, frame):
-        if not received:
-            received.append(signum)
-            raise LaunchInterrupted(signum)
-        log.warning("received %s again while stopping the ranks; still stopping", signal.Signals(signum).name)
-
-    previous = {}
-    for s in _STOP_SIGNALS:
-        try:
-            previous[s] = signal.signal(s, handler)
-        except (ValueError, OSError):  # e.g. an embedded interpreter that forbids it
-            pass
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
 @contextlib.contextmanager
 def _child_environment(cpu_ranks: bool):
     """Environment the spawned ranks start with (read by OpenMP when they import torch).
@@ -551,121 +217,6 @@ def _check_number(name: str, value, minimum: float, allow_zero: bool) -> float:
         what = "positive" + (" (0 disables it)" if allow_zero else "")
         raise ValueError(f"{name} must be {what} and finite, got {value!r}")
     return v
-
-
-class _Watchdog:
-    """The launcher's view of the ranks' heartbeats and progress reports (the shared watch array)."""
-
-    def __init__(self, slots, nprocs: int, heartbeat_timeout: float, progress_timeout: float):
-        self.slots, self.nprocs = slots, nprocs
-        self.heartbeat_timeout, self.progress_timeout = heartbeat_timeout, progress_timeout
-        self.start = time.monotonic()
-
-    def get(self, rank: int, slot: int) -> float:
-        return self.slots[rank * _SLOTS + slot]
-
-    def progress(self, rank: int):
-        """``(reports, seconds since the last one, waiting in a collective)``; the launch start counts as a report."""
-        n, t = self.get(rank, _PROGRESS_N), self.get(rank, _PROGRESS_T)
-        return int(n), time.monotonic() - (t or self.start), bool(self.get(rank, _IN_COLLECTIVE))
-
-    def suspect(self, ranks: Sequence[int]) -> int:
-        """The rank most likely to hold the others up: not in a collective, fewest reports, oldest report."""
-        def key(r):
-            n, age, waiting = self.progress(r)
-            return (waiting, n, -age)
-        return min(ranks, key=key)
-
-    def describe_progress(self, rank: int) -> str:
-        n, age, _ = self.progress(rank)
-        return f"last at iteration {n}" if n else "none reported yet"
-
-    def check(self, running: Sequence[int]) -> Optional[RankFailure]:
-        """A failure for a frozen rank or a job that stopped making progress, else None."""
-        now = time.monotonic()
-        if self.heartbeat_timeout:
-            for r in running:
-                beat = self.get(r, _HEARTBEAT)
-                if beat and now - beat > self.heartbeat_timeout:  # 0: still starting up
-                    return RankFailure(r, None, None, f"stopped responding: no heartbeat for {now - beat:.0f} s "
-                                       f"(the process is frozen: stopped, swapping, or in native code that holds "
-                                       f"the GIL)", "", time.time(), False)
-        armed = any(self.get(r, _PROGRESS_N) for r in range(self.nprocs))  # fn reports progress at all
-        if not (self.progress_timeout and armed and running):
-            return None
-        r = self.suspect(running)
-        n, age, waiting = self.progress(r)
-        waiting_others = [o for o in running if o != r and self.progress(o)[2]]
-        # A hang is one rank outside any collective while others wait in one for it. All ranks computing
-        # (a long evaluation) or all in collectives (left to the backend's timeout) is not called a hang.
-        if age <= self.progress_timeout or waiting or not waiting_others:
-            return None
-        text = (f"made no progress for {age:.0f} s ({self.describe_progress(r)}; progress_timeout "
-                f"{self.progress_timeout:g} s); rank{'s' if len(waiting_others) > 1 else ''} "
-                f"{', '.join(map(str, waiting_others))} {'are' if len(waiting_others) > 1 else 'is'} waiting "
-                f"in a collective (" + ", ".join(f"rank {o} {self.describe_progress(o)}" for o in waiting_others) + ")")
-        return RankFailure(r, None, None, text, "", time.time(), False)
-
-    def blame_hang(self, failures: List[RankFailure], running: Sequence[int]) -> Optional[RankFailure]:
-        """When ranks only timed out in collectives, the still-running rank they waited for is the root cause."""
-        if not failures or not running or not all(f.communication for f in failures):
-            return None
-        r = self.suspect(running)
-        n, age, waiting = self.progress(r)
-        failed = ", ".join(str(f.rank) for f in failures)
-        return RankFailure(r, None, None,
-                           f"hung: rank{'s' if len(failures) > 1 else ''} {failed} failed in a collective "
-                           f"waiting for it while it was still running ({'in a collective too' if waiting else 'not in a collective'}"
-                           f"; progress {self.describe_progress(r)}, {age:.0f} s ago)", "", time.time(), False)
-
-
-def _loopback_interface() -> str:
-    """The name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except (OSError, AttributeError):
-        names = []
-    return next((n for n in names if n in ("lo", "lo0")), next((n for n in names if n.startswith("lo")), "lo"))
-
-
-def _is_loopback_address(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(addr) if addr == "localhost" else addr).is_loopback
-    except (ValueError, OSError):
-        return False
-
-
-def _bind_to_loopback(master_addr: str, env) -> None:
-    """Make gloo's and NCCL's listening sockets of a single-host job use the loopback interface.
-
-    Without this, gloo binds the address the host name resolves to (a LAN address on most servers),
-    so the ranks' sockets were reachable from the network although the rendezvous store is local. A
-    rendezvous on a loopback ``master_addr`` means every rank is on this host; with another address
-    (several hosts) the user's ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` choose the interface.
-    """
-    if not _is_loopback_address(master_addr):
-        return
-    lo = _loopback_interface()
-    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        if env.get(var) not in (None, "", lo):
-            log.warning("%s=%s ignored: the ranks of a single-host job listen on the loopback interface %s only",
-                        var, env[var], lo)
-        env[var] = lo
-
-
-def _listen_socket(addr: str, port: int) -> socket.socket:
-    """A listening TCP socket bound to ``addr`` only (torch's TCPStore would bind every interface)."""
-    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    if os.name == "posix":  # as servers do (and TCPStore does): connections in TIME_WAIT must not block a rebind
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((addr, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 def launch(fn: Callable[..., Any], nprocs: int, args: tuple = (), backend: Optional[str] = None,
