@@ -1179,6 +1179,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling_args(p)
     p.add_argument("--batches", type=int, default=20)
     p.set_defaults(func=cmd_bench)
+    from gsplit.estimate import cli as estimate_cli  # the command's options and run live with it
+    p = sub.add_parser("estimate", help=estimate_cli.DESCRIPTION)
+    estimate_cli.add_arguments(p)
+    p.set_defaults(func=estimate_cli.main)
     _add_reuse_commands(sub)
     _document_defaults(parser)
     return parser
