@@ -2,13 +2,15 @@
 
 Three parts, runnable separately (``--parts``; each writes its JSON, the next reads it):
 
-1. ``calibrate`` (one process, one torch thread, as a rank of 2 or 4 on this 2-core host has): partition
+1. ``calibrate`` (``refit``: only the fits again, from its stored timings) (one process, one torch thread, as a rank of 2 or 4 on this 2-core host has): partition
    maps (gsplit method, expected weights) for every world size; every rank's share of real mini-batches for
    world sizes 1, 2 and 4 replayed in this process (``gsplit.estimate.calibrate.time_shares``: split sampling
    with the exchange answered from the plan, the input gather, each layer forward and backward); one rank of
-   the real trainer per model (what a step costs beyond its layers); gloo all-to-all and all-reduce
-   micro-benchmarks at 2 and 4 ranks. Fits the CPU device profile (``cores`` = this host's cores: ranks
-   beyond them share cores) and the ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
+   the real trainer per model (what a step costs beyond its layers, and the loader's gather), and the same
+   one-rank run in as many independent processes as the host has cores, at once (how much slower a rank
+   computes while every core is busy: ``contention``); gloo all-to-all and all-reduce micro-benchmarks at 2 and
+   4 ranks. Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and the
+   ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
 2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
    2 and 4 ranks x SAGE/GAT x the graphs x split/dp, ``--iters`` iterations each (``--no-overlap``; CPU
    defaults otherwise: direct input rows), per iteration the slowest rank's sample + load + train.
@@ -37,7 +39,8 @@ import torch
 
 import gsplit
 from gsplit.estimate import ModelShape, count_work, predict
-from gsplit.estimate.calibrate import fit_device, time_shares, time_steps, transport_profile
+from gsplit.estimate.calibrate import (corun_effects, corun_steps, fit_device, fit_link, last_level_cache_bytes, time_shares,
+                                       time_steps, transport_profile)
 from gsplit.estimate.links import LinkProfile
 from gsplit.estimate.model import DeviceProfile
 from gsplit.trainer import TrainConfig
@@ -57,6 +60,9 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=0, help="iterations per measured run (default 8; quick 4)")
     p.add_argument("--shares-iters", type=int, default=0, help="mini-batches per world size in calibration (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="timings per share (median)")
+    p.add_argument("--measured", default="estimate_measured",
+                   help="name of the measured runs' JSON in --out (a second measure pass under another name shows "
+                        "the runs' own spread; report reads this one)")
     args = p.parse_args(argv)
     args.nodes = [int(x) for x in (args.nodes or ("20000" if args.quick else "100000,1000000")).split(",")]
     args.worlds = [int(x) for x in (args.worlds or ("2" if args.quick else "2,4")).split(",")]
@@ -100,6 +106,7 @@ def run_config(model: str, system: str, iters: int, seed: int) -> TrainConfig:
 # ------------------------------------------------------------------------------------------- calibrate
 def calibrate(args) -> dict:
     torch.set_num_threads(1)  # a rank's share of this host at 2 and 4 ranks (gsplit.launch.limit_threads)
+    cores = common.machine_info()["cores"]
     sampler = gsplit.NeighborSampler(FANOUTS, seed=args.seed)
     shares = {m: [] for m in args.models}
     steps = {m: [] for m in args.models}
@@ -114,18 +121,43 @@ def calibrate(args) -> dict:
             for rec in time_shares(ds, shapes[model], sampler, BATCH, owners, iterations=args.shares_iters,
                                    repeats=args.repeats, seed=args.seed, input_features="direct", progress=say):
                 shares[model].append({"nodes": nodes, **rec})
-            got = time_steps(ds, run_config(model, "split", 5, args.seed), progress=say)
-            steps[model].append({"nodes": nodes, **got})
-    step_medians = {m: {"step_s": statistics.median(s["step_s"] for s in v)} for m, v in steps.items()}
-    device, load, quality = fit_device("cpu-1thread", shares, shapes, step_medians, cores=common.machine_info()["cores"],
+            cfg = run_config(model, "split", 6, args.seed)
+            got = time_steps(ds, cfg, progress=say)
+            # the same one-rank run in `cores` independent processes at once: how much slower a rank computes
+            # while every core is busy (no process group, nothing exchanged)
+            together = corun_steps(ds, cfg, copies=cores)
+            slowdown = statistics.median(r["iteration_s"] for r in together) / got["iteration_s"]
+            say(f"  {cores} one-rank runs at once: {slowdown:.2f}x the time alone")
+            steps[model].append({"nodes": nodes, **got, "num_classes": ds.num_classes, "corun": together,
+                                 "corun_slowdown": slowdown})
+    _, raw = transport_profile(args.worlds, TRANSPORT_SIZES, host_bw=1.0, progress=say)
+    say(f"calibration: {time.perf_counter() - t0:.0f}s")
+    cal = {"shares": shares, "steps": steps, "transport": raw, "cores": cores, "cache_bytes": last_level_cache_bytes()}
+    cal.update(fit(cal))
+    return cal
+
+
+def fit(cal: dict) -> dict:
+    """The CPU device and link profiles fitted to the calibration's raw timings (and nothing else)."""
+    # the synthetic graphs' shape (64-d features, 8 classes), as the one-rank runs recorded it
+    shapes = {m: ModelShape(m, v[0]["feat_dim"], HIDDEN, v[0].get("num_classes", 8), len(FANOUTS))
+              for m, v in cal["steps"].items()}
+    step_medians = {m: {"step_s": statistics.median(s["step_s"] for s in v)} for m, v in cal["steps"].items()}
+    load_runs = [s for v in cal["steps"].values() for s in v]
+    cores = int(cal.get("cores") or cal["machine"]["cores"])
+    device, load, quality = fit_device("cpu-1thread", cal["shares"], shapes, step_medians, cores=cores,
+                                       load_runs=load_runs, cache_bytes=cal.get("cache_bytes", last_level_cache_bytes()),
                                        source="experiments/estimate_validation.py --parts calibrate (one process, "
                                               "one torch thread, this host)")
-    say(f"  fits (relative error, median / max %): " + ", ".join(
+    effects = [corun_effects(s, s["corun"]) for s in load_runs]
+    device.contention = {k: statistics.median(e["contention"][k] for e in effects) for k in ("sample", "load", "compute")}
+    device.noise = statistics.median(e["noise"] for e in effects)
+    say(f"  with {cores} cores busy: " + ", ".join(f"{k} {v:.2f}x" for k, v in device.contention.items()) +
+        f" (medians of the workloads); speed noise {device.noise:.1%} per step of work")
+    say("  fits (relative error, median / max %): " + ", ".join(
         f"{k} {v['median_pct']:.0f}/{v['max_pct']:.0f}" for k, v in quality.items()))
-    link, raw = transport_profile(args.worlds, TRANSPORT_SIZES, host_bw=load["host_bw"], progress=say)
-    say(f"calibration: {time.perf_counter() - t0:.0f}s")
-    return {"shares": shares, "steps": steps, "fit_quality": quality, "transport": raw,
-            "device": device.to_dict(), "link": link.to_dict()}
+    link = fit_link(cal["transport"], host_bw=load["host_bw"])
+    return {"fit_quality": quality, "device": device.to_dict(), "link": link.to_dict()}
 
 
 # ------------------------------------------------------------------------------------------- measure
@@ -215,17 +247,23 @@ def main(argv=None) -> int:
     suffix = "_quick" if args.quick else ""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cal_path, meas_path = out / f"estimate_calibration{suffix}.json", out / f"estimate_measured{suffix}.json"
+    cal_path, meas_path = out / f"estimate_calibration{suffix}.json", out / f"{args.measured}{suffix}.json"
     settings = {"nodes": args.nodes, "worlds": args.worlds, "models": args.models, "iters": args.iters,
                 "fanouts": FANOUTS, "batch_size": BATCH, "hidden": HIDDEN, "seed": args.seed}
     if "calibrate" in args.parts:
         common.save_json(cal_path.with_suffix(""), {"settings": settings, **calibrate(args)})
+    if "refit" in args.parts:  # the fits again from the stored raw timings (no new measurement)
+        cal = json.loads(cal_path.read_text())
+        cal.update(fit(cal))
+        cal_path.write_text(json.dumps(cal, indent=1, default=float))
+        print(f"refitted {cal_path}")
     if "measure" in args.parts:
         common.save_json(meas_path.with_suffix(""), {"settings": settings, **measure(args)})
     if "report" in args.parts:
         cal, meas = json.loads(cal_path.read_text()), json.loads(meas_path.read_text())
         result = report(args, cal, meas)
-        common.save_json(common.output_stem(args, "estimate_validation"),
+        name = "estimate_validation" + args.measured[len("estimate_measured"):]  # e.g. _repeat for a second pass
+        common.save_json(common.output_stem(args, name),
                          {"settings": settings, "calibration_file": cal_path.name, "measured_file": meas_path.name,
                           "calibration_machine": cal["machine"], "measured_machine": meas["machine"], **result})
     return 0

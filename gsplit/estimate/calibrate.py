@@ -35,6 +35,25 @@ from gsplit.split.split_sampling import local_targets, sp_sample
 log = logging.getLogger(__name__)
 
 
+def last_level_cache_bytes() -> Optional[int]:
+    """This host's largest CPU cache (the L3 on most machines) from sysfs, or ``None`` when it cannot be read."""
+    import glob
+
+    best = None
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            text = open(path).read().strip().upper()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            size = int(text.rstrip("KMG")) * scale
+        except ValueError:
+            continue
+        best = size if best is None else max(best, size)
+    return best
+
+
 class PlanCommunicator:
     """Stands in for rank ``rank``'s :class:`~gsplit.comm.Communicator` inside :func:`gsplit.sp_sample`.
 
@@ -196,13 +215,70 @@ def time_steps(dataset, cfg, progress: Optional[Callable[[str], None]] = None) -
     if not its:
         raise ValueError("time_steps needs at least 2 iterations (the first is warm-up); raise cfg.max_iters")
     step = [it["train_s"] - sum(it["layer_fwd_s"]) - sum(it["layer_bwd_s"]) for it in its]
-    out = {"step_s": statistics.median(step), "iterations": len(its)}
+    out = {"step_s": statistics.median(step), "iterations": len(its),
+           "input_rows": statistics.median(it["input_rows"] for it in its),
+           "feat_dim": int(dataset.features.shape[1]),
+           "iteration_s": statistics.median(it["sample_s"] + it["load_s"] + it["train_s"] for it in its)}
     for key in ("sample_s", "load_s", "train_s"):
         out[key] = statistics.median(it[key] for it in its)
+    out["per_iteration"] = [{"sample_s": it["sample_s"], "load_s": it["load_s"], "train_s": it["train_s"],
+                             "fwd_s": list(it["layer_fwd_s"]), "bwd_s": list(it["layer_bwd_s"])} for it in its]
     if progress is not None:
         progress(f"  step ({cfg.model}): {out['step_s'] * 1e3:.1f} ms beyond the layers; iteration sample "
                  f"{out['sample_s'] * 1e3:.1f} / load {out['load_s'] * 1e3:.1f} / train {out['train_s'] * 1e3:.1f} ms")
     return out
+
+
+def _corun_worker(dataset, cfg, start, queue) -> None:
+    torch.set_num_threads(1)
+    start.wait()
+    queue.put(time_steps(dataset, cfg))
+
+
+def corun_steps(dataset, cfg, copies: int = 2) -> List[dict]:
+    """:func:`time_steps` in ``copies`` independent one-rank processes at once (one torch thread each, no process
+    group, nothing exchanged): what each rank's work costs while ``copies`` cores are busy with the same kind of
+    work. The ratio to :func:`time_steps` alone is the machine's contention (``DeviceProfile.contention``)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue, start = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_corun_worker, args=(dataset, cfg, start, queue), daemon=True) for _ in range(copies)]
+    for proc in procs:
+        proc.start()
+    start.set()
+    results = [queue.get(timeout=1800) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=60)
+    return results
+
+
+def corun_effects(alone: dict, together: Sequence[dict]) -> dict:
+    """From :func:`time_steps` alone and :func:`corun_steps`: per kind of work (``sample``, ``load``, ``compute``)
+    the slowdown with every core busy, and ``noise``, the relative standard deviation of one step of work (a
+    sampling pass, the load, one layer's forward or backward) estimated from how far two processes doing the
+    same work on the same mini-batches drift apart (for two normal draws E|a - b| = 2 sigma / sqrt(pi)).
+
+    Example:
+        >>> it = lambda x: {"sample_s": x, "load_s": x, "train_s": 3 * x, "fwd_s": [x], "bwd_s": [x]}
+        >>> alone = {"sample_s": 1.0, "load_s": 1.0, "train_s": 3.0}
+        >>> e = corun_effects(alone, [{"sample_s": 1.2, "load_s": 1.5, "train_s": 3.3, "per_iteration": [it(1.0)]},
+        ...                           {"sample_s": 1.2, "load_s": 1.5, "train_s": 3.3, "per_iteration": [it(1.0)]}])
+        >>> e["contention"], e["noise"]
+        ({'sample': 1.2, 'load': 1.5, 'compute': 1.1}, 0.0)
+    """
+    import math
+
+    contention = {kind: statistics.median(r[key] for r in together) / alone[key]
+                  for kind, key in (("sample", "sample_s"), ("load", "load_s"), ("compute", "train_s"))}
+    contention = {k: round(v, 4) for k, v in contention.items()}
+    rel = []
+    for a, b in zip(together[0]["per_iteration"], together[1]["per_iteration"]):
+        pairs = [(a["sample_s"], b["sample_s"]), (a["load_s"], b["load_s"])]
+        pairs += list(zip(a["fwd_s"], b["fwd_s"])) + list(zip(a["bwd_s"], b["bwd_s"]))
+        rel += [abs(x - y) / ((x + y) / 2) for x, y in pairs if x + y > 0]
+    noise = statistics.mean(rel) * math.sqrt(math.pi) / 2 if rel else 0.0
+    return {"contention": contention, "noise": noise}
 
 
 # ---------------------------------------------------------------------------------------------- fitting
@@ -232,11 +308,13 @@ def fit_errors(x: Sequence[Sequence[float]], y: Sequence[float], coef: Sequence[
 
 
 def fit_device(name: str, shares: Dict[str, List[dict]], shapes: Dict[str, ModelShape], steps: Dict[str, dict],
-               host_bw: Optional[float] = None, cores: Optional[int] = None, source: str = "") -> tuple:
+               host_bw: Optional[float] = None, cores: Optional[int] = None, source: str = "",
+               load_runs: Sequence[dict] = (), cache_bytes: Optional[int] = None) -> tuple:
     """Fit a :class:`DeviceProfile` from :func:`time_shares` records (by model) and :func:`time_steps` results.
 
     Returns ``(profile, load, quality)``: ``load`` is ``{"host_bw", "load_call_s"}`` (the gather's bandwidth
-    and fixed cost, from the load timings unless ``host_bw`` is given), ``quality`` the fits' relative errors.
+    and fixed cost: from ``load_runs``, :func:`time_steps` results of the real loader, when given, else from the
+    shares' gather timings; ``host_bw`` overrides the bandwidth), ``quality`` the fits' relative errors.
     """
     quality = {}
     all_recs = [r for recs in shares.values() for r in recs]
@@ -246,8 +324,12 @@ def fit_device(name: str, shares: Dict[str, List[dict]], shapes: Dict[str, Model
     sample = nnls_relative(xs, ys)
     quality["sample"] = fit_errors(xs, ys, sample)
     # loading: bytes and one call
-    xl = [[r["input_rows"] * next(iter(shapes.values())).feat_dim * FLOAT_BYTES, 1.0] for r in all_recs]
-    yl = [r["load_s"] for r in all_recs]
+    if load_runs:  # the trainer's own loader: fresh output buffers and cold caches, as in training
+        xl = [[r["input_rows"] * r["feat_dim"] * FLOAT_BYTES, 1.0] for r in load_runs]
+        yl = [r["load_s"] for r in load_runs]
+    else:
+        xl = [[r["input_rows"] * next(iter(shapes.values())).feat_dim * FLOAT_BYTES, 1.0] for r in all_recs]
+        yl = [r["load_s"] for r in all_recs]
     per_byte, call = nnls_relative(xl, yl)
     quality["load"] = fit_errors(xl, yl, [per_byte, call])
     bw = host_bw if host_bw is not None else (1.0 / per_byte if per_byte > 0 else float("inf"))
@@ -261,8 +343,8 @@ def fit_device(name: str, shares: Dict[str, List[dict]], shapes: Dict[str, Model
                 continue
             for li in range(len(r["edges"])):
                 work = (shape.model, dims[li], r["edges"][li], r["dst"][li], r["src"][li])
-                xf.append(layer_features(*work))
-                xb.append(layer_features(*work, backward=True, input_grad=li > 0))
+                xf.append(layer_features(*work, cache_bytes=cache_bytes))
+                xb.append(layer_features(*work, backward=True, input_grad=li > 0, cache_bytes=cache_bytes))
                 yf.append(r["fwd_s"][li])
                 yb.append(r["bwd_s"][li])
         if not xf:
@@ -277,7 +359,7 @@ def fit_device(name: str, shares: Dict[str, List[dict]], shapes: Dict[str, Model
     if steps:
         quality["step"] = fit_errors(xs_step, ys_step, step)
     profile = DeviceProfile(name=name, sample=sample, load_call_s=call, layers=layers, step=step, cores=cores,
-                            source=source)
+                            source=source, cache_bytes=cache_bytes)
     return profile, {"host_bw": bw, "load_call_s": call}, quality
 
 
@@ -309,6 +391,23 @@ def _transport_rank(rank: int, world: int, sizes: Sequence[int], repeats: int, i
     return out if rank == 0 else None
 
 
+def fit_link(raw: Dict[int, dict], host_bw: float) -> LinkProfile:
+    """The ``cpu-gloo`` :class:`LinkProfile` fitted to :func:`transport_profile`'s ``raw`` timings
+    (``raw[world][collective][bytes]`` seconds; JSON's string keys are accepted)."""
+    a2a, ar = {}, {}
+    for w, got in raw.items():
+        w = int(w)
+        for key, table in (("all_to_all", a2a), ("all_reduce", ar)):
+            factor = 1.0 if key == "all_to_all" else 2.0 * (w - 1) / w
+            sizes = sorted(int(b) for b in got[key])
+            x = [[b * factor, 1.0] for b in sizes]
+            y = [got[key].get(b, got[key].get(str(b))) for b in sizes]
+            per_byte, latency = nnls_relative(x, y)
+            table[w] = Collective(latency_s=latency, bus_bw=1.0 / per_byte if per_byte > 0 else float("inf"))
+    return LinkProfile(name="cpu-gloo", all_to_all=a2a, all_reduce=ar, host_bw=host_bw,
+                       source="gloo micro-benchmark on this host (gsplit.estimate.calibrate.transport_profile)")
+
+
 def transport_profile(worlds: Sequence[int], sizes: Sequence[int], host_bw: float, repeats: int = 5, iters: int = 10,
                       progress: Optional[Callable[[str], None]] = None) -> tuple:
     """Time gloo's all-to-all and all-reduce between ``w`` CPU ranks of this host for every ``w`` in ``worlds``
@@ -318,21 +417,12 @@ def transport_profile(worlds: Sequence[int], sizes: Sequence[int], host_bw: floa
     """
     from gsplit.launch import launch
 
-    raw, a2a, ar = {}, {}, {}
+    raw = {}
     for w in worlds:
-        got = launch(_transport_rank, w, args=(list(sizes), repeats, iters), devices="cpu", backend="gloo",
-                     timeout=600)[0]
-        raw[w] = got
-        for key, table in (("all_to_all", a2a), ("all_reduce", ar)):
-            factor = 1.0 if key == "all_to_all" else 2.0 * (w - 1) / w
-            x = [[s * factor, 1.0] for s in sizes]
-            y = [got[key][s] for s in sizes]
-            per_byte, latency = nnls_relative(x, y)
-            table[w] = Collective(latency_s=latency, bus_bw=1.0 / per_byte if per_byte > 0 else float("inf"))
+        raw[w] = launch(_transport_rank, w, args=(list(sizes), repeats, iters), devices="cpu", backend="gloo",
+                        timeout=600)[0]
         if progress is not None:
-            progress(f"  transport, {w} ranks: all-to-all {a2a[w].latency_s * 1e3:.2f} ms + bytes / "
-                     f"{a2a[w].bus_bw / 1e9:.2f} GB/s; all-reduce {ar[w].latency_s * 1e3:.2f} ms + bytes / "
-                     f"{ar[w].bus_bw / 1e9:.2f} GB/s")
-    link = LinkProfile(name="cpu-gloo", all_to_all=a2a, all_reduce=ar, host_bw=host_bw,
-                       source="gloo micro-benchmark on this host (gsplit.estimate.calibrate.transport_profile)")
-    return link, raw
+            c, r = fit_link({w: raw[w]}, host_bw).all_to_all[w], fit_link({w: raw[w]}, host_bw).all_reduce[w]
+            progress(f"  transport, {w} ranks: all-to-all {c.latency_s * 1e3:.2f} ms + bytes / {c.bus_bw / 1e9:.2f} GB/s; "
+                     f"all-reduce {r.latency_s * 1e3:.2f} ms + bytes / {r.bus_bw / 1e9:.2f} GB/s")
+    return fit_link(raw, host_bw), raw

@@ -13,7 +13,8 @@ ASSUMPTIONS (all of them, in one place):
 1. Work is exact (counted from the same mini-batches a run samples); time is linear in it. Sampling a
    layer costs ``a * edges + b * mixed-frontier rows + c * ids exchanged + d``; loading costs input rows x
    feature bytes over the link's ``host_bw`` plus a fixed cost; a layer's forward and its backward each
-   cost ``k_e * edge-elements + k_m * multiply-adds + k_r * row-elements + k_c`` (:func:`layer_features`),
+   cost ``k_e * edge-elements + k_m * multiply-adds + k_r * row-elements + k_c + k_x * edge-elements whose
+   source rows are beyond the last-level cache`` (:func:`layer_features`; the cache term on CPUs only),
    with one set of coefficients per model family and direction; the step (loss, optimiser, Python) costs
    ``p * parameters + q``. Coefficients come from one-device timings (:mod:`gsplit.estimate.calibrate`).
 2. One rank computes one thing at a time (no prefetch thread, no overlapped layers: the model predicts
@@ -27,7 +28,12 @@ ASSUMPTIONS (all of them, in one place):
    size) at ``DeviceProfile.host_wait_s`` each; data parallelism loads through UVA as DGL does (gsplit's
    own data-parallel loader gathers on the host, slower). No feature cache.
 5. CPU ranks: ``cores`` cores shared fairly by the ranks that are computing (processor sharing); a rank
-   waiting in a gloo collective uses no core; memory-bandwidth contention between ranks is not modelled.
+   waiting in a gloo collective uses no core; while every core is busy a rank's sampling, loading and
+   compute run ``contention[kind]`` times slower than alone (shared caches and memory bandwidth), and each
+   step of work varies by ``noise`` (relative standard deviation, independent between ranks), so at each
+   barrier the slowest rank is late by ``expected_max(ranks)`` of the interval's standard deviation. Both
+   are measured by running the one-rank workload in as many independent processes as there are cores at
+   once: the slowdown against running alone, and how far two processes doing identical work drift apart.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from gsplit.estimate.work import IterationWork
 
 FLOAT_BYTES = 4
 ID_BYTES = 8
-LAYER_FEATURES = ("edge_elements", "multiply_adds", "row_elements", "calls")
+LAYER_FEATURES = ("edge_elements", "multiply_adds", "row_elements", "calls", "edge_elements_beyond_cache")
 """The terms of a layer's cost, in the order of :class:`LayerCosts`' coefficients."""
 SAMPLE_FEATURES = ("edges", "src_rows", "ids", "calls")
 """The terms of a sampling layer's cost, in the order of ``DeviceProfile.sample``."""
@@ -98,29 +104,36 @@ class ModelShape:
 
 
 def layer_features(model: str, dims: Tuple[int, int, int], edges: float, dst: float, src: float,
-                   backward: bool = False, input_grad: bool = True) -> List[float]:
-    """The work of one layer in the units its cost is linear in: ``[edge-elements, multiply-adds, row-elements, 1]``.
+                   backward: bool = False, input_grad: bool = True, cache_bytes: Optional[float] = None) -> List[float]:
+    """The work of one layer in the units its cost is linear in: ``[edge-elements, multiply-adds, row-elements, 1,
+    edge-elements beyond the cache]``.
 
     SAGE (mean) and GCN aggregate at the narrower of their two widths (they multiply first when that narrows
     the rows, as :class:`gsplit.nn.SAGEConv` does); GAT projects every source to all heads and aggregates at the
     output width. Row-elements are the element-wise work: dropout of the inputs, activation and dropout of the
-    outputs. ``backward``: the work of the layer's backward, which multiplies twice per forward multiply-add
+    outputs. The last term counts the edge-elements whose source row is likely not in the last-level cache
+    (``cache_bytes``; the share of the gathered rows' bytes beyond it), 0 without a cache size (GPUs here).
+    ``backward``: the work of the layer's backward, which multiplies twice per forward multiply-add
     (the gradients of the weights and of the input) unless the input needs no gradient (``input_grad=False``:
     the input layer, whose input is the features); then SAGE and GCN also skip the aggregation's backward
     (unless they multiplied first) and no input rows get a gradient.
 
     Example:
         >>> layer_features("sage", (64, 128, 1), edges=10, dst=2, src=5)
-        [640, 32768, 576, 1.0]
+        [640, 32768, 576, 1.0, 0.0]
         >>> layer_features("sage", (64, 128, 1), edges=10, dst=2, src=5, backward=True, input_grad=False)
-        [0, 32768, 256, 1.0]
+        [0, 32768, 256, 1.0, 0.0]
+        >>> layer_features("sage", (64, 128, 1), edges=10, dst=2, src=5, cache_bytes=640)[4]   # half beyond the cache
+        320.0
     """
     i, o, _ = dims
     lin_first = i > o
+    width = o if (model == "gat" or lin_first) else i  # the width of the gathered source rows
+    beyond = 0.0 if not cache_bytes else max(0.0, 1.0 - cache_bytes / max(1.0, src * width * FLOAT_BYTES))
     if model == "gat":
         edge, macs, rows = edges * o, src * i * o, src * (i + o) + dst * o
         # the projection z = W h needs a gradient whatever the input: only the input rows' part goes
-        grad_rows = rows if input_grad else src * o + dst * o
+        grad_edge, grad_rows = edge, (rows if input_grad else src * o + dst * o)
     else:
         agg = o if lin_first else i
         if model == "sage":
@@ -128,12 +141,12 @@ def layer_features(model: str, dims: Tuple[int, int, int], edges: float, dst: fl
         else:  # gcn
             macs = (src if lin_first else dst) * i * o
         edge, rows = edges * agg, src * i + dst * o
-        if not input_grad and not lin_first:  # nothing below the weights needs a gradient: no scatter back
-            edge = 0
+        # without an input gradient nothing below the weights needs one: no scatter back (unless W came first)
+        grad_edge = edge if (input_grad or lin_first) else 0
         grad_rows = rows if input_grad else (src * o if lin_first else 0) + dst * o
     if not backward:
-        return [edge, macs, rows, 1.0]
-    return [edge, macs * (2 if input_grad else 1), grad_rows, 1.0]
+        return [edge, macs, rows, 1.0, edge * beyond]
+    return [grad_edge, macs * (2 if input_grad else 1), grad_rows, 1.0, grad_edge * beyond]
 
 
 def _dot(coef: Sequence[float], x: Sequence[float]) -> float:
@@ -169,8 +182,17 @@ class DeviceProfile:
     """GPU: seconds per host wait that split adds (two per exchanged layer); CPU: 0."""
     cores: Optional[int] = None
     """CPU: cores that the ranks share (processor sharing). ``None``: every rank has its own device."""
+    contention: Dict[str, float] = field(default_factory=dict)
+    """CPU: how much slower a rank's work of each kind (``sample``, ``load``, ``compute`` for the rest) runs while
+    every core is busy (shared caches and memory bandwidth), linearly less with fewer busy cores. Empty: none."""
+    noise: float = 0.0
+    """CPU: relative standard deviation of a rank's time for one step of work (a layer, a sampling layer, the
+    load), independent between ranks: at each barrier the slowest of ``n`` ranks is late by about
+    ``expected_max(n)`` standard deviations of the interval (shared cores, the operating system). GPUs: 0."""
     memory_bytes: Optional[int] = None
     """Memory of one device (for ``gsplit estimate``'s fit check); ``None``: unknown."""
+    cache_bytes: Optional[int] = None
+    """Last-level cache a rank's gathers hit (CPU: the L3); ``None``: no cache term."""
     source: str = ""
     """Where the coefficients come from (command, date, card)."""
     notes: Dict[str, str] = field(default_factory=dict)
@@ -192,7 +214,7 @@ class DeviceProfile:
 
 
 # ------------------------------------------------------------------------------------------- the iteration
-TERMS = ("sample", "host waits", "load", "forward", "backward", "step", "cores shared", "waiting",
+TERMS = ("sample", "host waits", "load", "forward", "backward", "step", "cores shared", "waiting", "uneven speed",
          "id exchange", "feature shuffle", "layer shuffles", "all-reduce")
 """The terms an iteration's time is split into (they add up to it)."""
 
@@ -204,24 +226,60 @@ class IterationTime:
     total_s: float
     """Seconds: the slowest rank's path through every interval plus the collectives."""
     terms: Dict[str, float]
-    """Seconds by :data:`TERMS`: compute kinds at the mean rank's pace, ``cores shared`` (processor sharing on
-    CPU ranks beyond the cores), ``waiting`` (at barriers, for the slowest rank), and the collectives."""
+    """Seconds by :data:`TERMS`: compute kinds at the mean rank's pace alone, ``cores shared`` (processor sharing
+    on CPU ranks beyond the cores, and the contention of busy cores), ``waiting`` (at barriers, for the rank with
+    the most work), ``uneven speed`` (at barriers, for the rank that happened to be slowest: ``noise``), and the
+    collectives."""
 
 
-def _shared_finish(works: List[float], cores: Optional[int]) -> List[float]:
-    """Finish times of tasks started together, each alone on a core, or sharing ``cores`` fairly."""
+def _busy_factor(full: float, busy: int, cores: int) -> float:
+    """A slowdown of ``full`` with every core busy, scaled linearly down to 1.0 with one busy core."""
+    return 1.0 + (full - 1.0) * (min(busy, cores) - 1) / max(1, cores - 1)
+
+
+def _shared_finish(works: List[float], cores: Optional[int], slows: Optional[Sequence[float]] = None) -> List[float]:
+    """Finish times of tasks started together: each alone on its device, or (``cores``) sharing the cores fairly,
+    task ``i`` computing ``slows[i]`` times slower while every core is busy (linearly less with fewer busy).
+
+    Example:
+        >>> _shared_finish([1.0, 1.0, 1.0, 1.0], cores=2), _shared_finish([1.0, 3.0], cores=2, slows=[1.5, 1.5])
+        ([2.0, 2.0, 2.0, 2.0], [1.5, 3.5])
+    """
     n = len(works)
-    if cores is None or n <= cores:
+    if cores is None:
         return list(works)
+    slows = list(slows) if slows is not None else [1.0] * n
+    remaining = list(works)
     finish = [0.0] * n
-    t, done, active = 0.0, 0.0, n
-    for idx in sorted(range(n), key=works.__getitem__):
-        rate = min(1.0, cores / active)
-        t += (works[idx] - done) / rate
-        done = works[idx]
-        finish[idx] = t
-        active -= 1
+    active = {i for i in range(n) if remaining[i] > 0}
+    t = 0.0
+    while active:
+        share = min(1.0, cores / len(active))
+        rates = {i: share / _busy_factor(slows[i], len(active), cores) for i in active}
+        dt = min(remaining[i] / rates[i] for i in active)
+        t += dt
+        for i in list(active):
+            remaining[i] -= rates[i] * dt
+            if remaining[i] <= 1e-12 * max(1.0, works[i]):
+                finish[i] = t
+                active.discard(i)
     return finish
+
+
+_EXPECTED_MAX = (0.0, 0.0, 0.5642, 0.8463, 1.0294, 1.1630, 1.2672, 1.3522, 1.4236)
+"""Expected largest of ``n`` independent standard normal draws, ``n`` = 0..8."""
+
+
+def expected_max(n: int) -> float:
+    """E[max of ``n`` iid N(0, 1)] (tabulated to 8, then the ``sqrt(2 ln n)`` asymptote).
+
+    Example:
+        >>> expected_max(2), expected_max(1)
+        (0.5642, 0.0)
+    """
+    import math
+
+    return _EXPECTED_MAX[n] if n < len(_EXPECTED_MAX) else math.sqrt(2.0 * math.log(n))
 
 
 def _events(work: IterationWork, shape: ModelShape, device: DeviceProfile, link: LinkProfile):
@@ -248,7 +306,8 @@ def _events(work: IterationWork, shape: ModelShape, device: DeviceProfile, link:
             p, max(max(bottom.recv_rows), max(bottom.send_rows)) * row_bytes)
     def features(li: int, r: int, backward: bool) -> List[float]:
         layer = work.layers[li]
-        return layer_features(shape.model, dims[li], layer.edges[r], layer.dst[r], layer.src[r], backward, li > 0)
+        return layer_features(shape.model, dims[li], layer.edges[r], layer.dst[r], layer.src[r], backward, li > 0,
+                              device.cache_bytes)
 
     for li, layer in enumerate(work.layers):
         if split and li > 0 and multi:
@@ -281,27 +340,39 @@ def simulate_iteration(work: IterationWork, shape: ModelShape, device: DevicePro
     """
     terms = {k: 0.0 for k in TERMS}
     pending: Dict[str, List[float]] = {}
+    steps_sq = [0.0]  # sum over the interval's steps of (the mean rank's seconds)^2: the noise's variance / sigma^2
+    p = work.world_size
+
+    def slow(kind: str) -> float:
+        c = device.contention
+        return c.get(kind, c.get("compute", 1.0)) if c else 1.0
 
     def close_interval() -> float:
         if not pending:
             return 0.0
-        per_rank = [sum(v[r] for v in pending.values()) for r in range(work.world_size)]
-        mean = sum(per_rank) / len(per_rank)
-        duration = max(_shared_finish(per_rank, device.cores))
-        balanced = max(_shared_finish([mean] * len(per_rank), device.cores))
+        per_rank = [sum(v[r] for v in pending.values()) for r in range(p)]
+        slows = [sum(v[r] * slow(k) for k, v in pending.items()) / per_rank[r] if per_rank[r] > 0 else 1.0
+                 for r in range(p)]
+        mean = sum(per_rank) / p
+        duration = max(_shared_finish(per_rank, device.cores, slows))
+        balanced = max(_shared_finish([mean] * p, device.cores, [sum(slows) / p] * p))
+        noise = expected_max(p) * device.noise * steps_sq[0] ** 0.5 * (balanced / mean if mean > 0 else 1.0)
         for kind, v in pending.items():
-            terms[kind] += sum(v) / len(v)
+            terms[kind] += sum(v) / p
         terms["cores shared"] += balanced - mean
         terms["waiting"] += duration - balanced
+        terms["uneven speed"] += noise
         pending.clear()
-        return duration
+        steps_sq[0] = 0.0
+        return duration + noise
 
     total = 0.0
     for what, kind, value in _events(work, shape, device, link):
         if what == "compute":
-            acc = pending.setdefault(kind, [0.0] * work.world_size)
+            acc = pending.setdefault(kind, [0.0] * p)
             for r, s in enumerate(value):
                 acc[r] += s
+            steps_sq[0] += (sum(value) / p) ** 2
         else:
             total += close_interval() + value
             terms[kind] += value
