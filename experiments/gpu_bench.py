@@ -21,6 +21,11 @@ Parts (each stops early when ``--budget`` seconds are spent; what did not run sa
 5. ``shared``: split and data parallel with 2 and 4 ranks sharing the one GPU over gloo (host staging):
    sample / load / forward-backward ms per iteration. NCCL needs one GPU per rank, so it is not exercised
    here beyond world size 1. The map is ``random`` (no METIS in the time a lease allows).
+6. ``shares`` (issue 34): every rank's share of real mini-batches of the split plans for 1, 2, 4 and 8 ranks
+   (``edge`` METIS maps), built in this one process and timed on the GPU -- split sampling, the UVA gather,
+   each layer's forward and backward, SAGE and GAT (``gsplit.estimate.calibrate.time_shares``) -- and one
+   rank of the trainer per model; fits a device profile for ``gsplit estimate --device-profile`` (written
+   beside ``--out`` as ``*_profile.json``). Not in the default ``--parts``: name it.
 """
 
 from __future__ import annotations
@@ -215,6 +220,37 @@ def shared(ds, dev: torch.device, worlds, iters: int, budget: Budget) -> dict:
     return {"map": "random", "rows": rows}
 
 
+def shares(ds, dev: torch.device, iters: int, budget: Budget, out: str) -> dict:
+    """Issue 34: each rank's share of the 1/2/4/8-rank split plans timed on this device; a fitted device profile."""
+    import statistics
+
+    from gsplit.estimate import ModelShape
+    from gsplit.estimate.calibrate import fit_device, time_shares, time_steps
+    from gsplit.trainer import TrainConfig
+
+    sampler = gsplit.NeighborSampler([15, 10, 5], seed=0)
+    owners = {1: None, **{w: gsplit.partition(ds.graph, w, method="edge").assignment for w in (2, 4, 8)}}
+    records, steps, shapes = {}, {}, {}
+    for model in ("sage", "gat"):
+        if budget.left() < 40:
+            break
+        shapes[model] = ModelShape(model, ds.feature_dim, 256, ds.num_classes, 3)
+        records[model] = time_shares(ds, shapes[model], sampler, 1024, owners, iterations=1, device=str(dev),
+                                     repeats=5, input_features="shuffle")
+        cfg = TrainConfig(model=model, system="split", hidden=256, epochs=1, max_iters=max(iters, 3), eval_every=0,
+                          final_eval=False, device=str(dev), overlap=False)
+        steps[model] = time_steps(ds, cfg)
+    profile, load, quality = fit_device(f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}",
+                                        records, shapes, steps, source=f"experiments/gpu_bench.py --parts shares on {dev}")
+    path = Path(out).with_name(Path(out).stem + "_profile.json")
+    path.write_text(json.dumps({"device": profile.to_dict(), "load": load, "fit_quality": quality, "steps": steps,
+                                "records": records}, indent=1))
+    return {"profile_file": str(path), "load": load,
+            "fit_median_error_pct": {k: round(v["median_pct"], 1) for k, v in quality.items()},
+            "step_ms": {m: round(v["step_s"] * 1e3, 2) for m, v in steps.items()},
+            "sample_ms_median": statistics.median(r["sample_s"] for rs in records.values() for r in rs) * 1e3}
+
+
 def table(title: str, rows, keys) -> None:
     print(f"\n{title}")
     print(" | ".join(keys))
@@ -260,13 +296,16 @@ def main(argv=None) -> int:
                 got = kernels(args.nodes, dev, sync, args.repeats)
             elif part == "layers":
                 got = layers(args.nodes, dev, sync, args.repeats)
-            elif part in ("cache", "shared"):
+            elif part in ("cache", "shared", "shares"):
                 if ds is None:
                     ds = gsplit.datasets.load("synthetic", num_nodes=args.train_nodes or args.nodes, seed=0)
-                got = cache(ds, dev, args.iters, budget) if part == "cache" else \
-                    shared(ds, dev, [int(w) for w in args.worlds.split(",")], args.iters, budget)
+                if part == "shares":
+                    got = shares(ds, dev, args.iters, budget, args.out)
+                else:
+                    got = cache(ds, dev, args.iters, budget) if part == "cache" else \
+                        shared(ds, dev, [int(w) for w in args.worlds.split(",")], args.iters, budget)
             else:
-                raise SystemExit(f"unknown part {part!r}; parts are bandwidth, kernels, layers, cache, shared")
+                raise SystemExit(f"unknown part {part!r}; parts are bandwidth, kernels, layers, cache, shared, shares")
         except Exception as exc:  # noqa: BLE001 - one failed part must not hide the others' numbers
             got = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
         got_seconds = time.monotonic() - t0

@@ -1,4 +1,4 @@
-"""``gsplit prepare | train | stats | bench | eval | predict | plot``: the command line.
+"""``gsplit prepare | train | stats | bench | estimate | eval | predict | plot``: the command line.
 
 One module per command (:mod:`gsplit.cli.prepare`, :mod:`~gsplit.cli.train`, ...), each with the options
 it reads (its ``add_parser``) and what it runs; the options several commands share are
@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import torch
 
-from gsplit.cli import bench, evaluate, plot, predict, prepare, stats, train
+from gsplit.cli import bench, estimate, evaluate, plot, predict, prepare, stats, train
 from gsplit.cli.options import CliError, _document_defaults, _Parser, _values_that_look_like_options, check_numbers
 from gsplit.launch import LaunchInterrupted
 
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=_version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for command in (prepare, train, stats, bench, evaluate, predict, plot):  # as gsplit --help lists them
+    for command in (prepare, train, stats, bench, estimate, evaluate, predict, plot):  # as gsplit --help lists them
         command.add_parser(sub)
     _document_defaults(parser)
     return parser

@@ -1,0 +1,273 @@
+"""Issue 34: validate the cost model of ``gsplit.estimate`` where ranks really run -- CPU ranks over gloo.
+
+Three parts, runnable separately (``--parts``; each writes its JSON, the next reads it):
+
+1. ``calibrate`` (``refit``: only the fits again, from its stored timings) (one process, one torch thread, as a rank of 2 or 4 on this 2-core host has): partition
+   maps (gsplit method, expected weights) for every world size; every rank's share of real mini-batches for
+   world sizes 1, 2 and 4 replayed in this process (``gsplit.estimate.calibrate.time_shares``: split sampling
+   with the exchange answered from the plan, the input gather, each layer forward and backward); one rank of
+   the real trainer per model (what a step costs beyond its layers, and the loader's gather), and the same
+   one-rank run in as many independent processes as the host has cores, at once (how much slower a rank
+   computes while every core is busy: ``contention``); gloo all-to-all and all-reduce micro-benchmarks at 2 and
+   4 ranks. Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and the
+   ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
+2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
+   2 and 4 ranks x SAGE/GAT x the graphs x split/dp, ``--iters`` iterations each (``--no-overlap``; CPU
+   defaults otherwise: direct input rows), per iteration the slowest rank's sample + load + train.
+3. ``report``: the work of exactly those iterations counted in one process (``gsplit.estimate.count_work``),
+   predicted with the calibrated profile, against the measured medians (first iteration excluded in both);
+   the split/dp ratios; the table and the JSON.
+
+    python experiments/estimate_validation.py                       # everything (~25 min on 2 quiet cores)
+    python experiments/estimate_validation.py --parts calibrate      # then --parts measure, then --parts report
+    python experiments/estimate_validation.py --quick                # 20k vertices, 2 ranks, SAGE (~3 min)
+
+Writes ``OUT/estimate_calibration[_quick].json`` (raw timings, fits, and ``device``/``link`` profiles that
+``gsplit estimate --device-profile`` reads), ``OUT/estimate_measured[_quick].json`` and
+``OUT/estimate_validation[_quick].json`` (the table).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+import torch
+
+import gsplit
+from gsplit.estimate import ModelShape, count_work, predict
+from gsplit.estimate.calibrate import (corun_effects, corun_steps, fit_device, fit_link, last_level_cache_bytes, time_shares,
+                                       time_steps, transport_profile)
+from gsplit.estimate.links import LinkProfile
+from gsplit.estimate.model import DeviceProfile
+from gsplit.trainer import TrainConfig
+
+FANOUTS = [15, 10, 5]
+BATCH = 1024
+HIDDEN = 128
+TRANSPORT_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+
+
+def parse_args(argv=None):
+    p = common.make_parser(__doc__.splitlines()[0])
+    p.add_argument("--parts", default="calibrate,measure,report")
+    p.add_argument("--nodes", default="", help="graph sizes, comma-separated (default 100000,1000000; quick 20000)")
+    p.add_argument("--worlds", default="", help="rank counts (default 2,4; quick 2)")
+    p.add_argument("--models", default="", help="default sage,gat; quick sage")
+    p.add_argument("--iters", type=int, default=0, help="iterations per measured run (default 8; quick 4)")
+    p.add_argument("--shares-iters", type=int, default=0, help="mini-batches per world size in calibration (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="timings per share (median)")
+    p.add_argument("--measured", default="estimate_measured",
+                   help="name of the measured runs' JSON in --out (a second measure pass under another name shows "
+                        "the runs' own spread; report reads this one)")
+    args = p.parse_args(argv)
+    args.nodes = [int(x) for x in (args.nodes or ("20000" if args.quick else "100000,1000000")).split(",")]
+    args.worlds = [int(x) for x in (args.worlds or ("2" if args.quick else "2,4")).split(",")]
+    args.models = (args.models or ("sage" if args.quick else "sage,gat")).split(",")
+    args.iters = args.iters or (4 if args.quick else 8)
+    args.shares_iters = args.shares_iters or (1 if args.quick else 2)
+    args.parts = args.parts.split(",")
+    return args
+
+
+def say(message: str) -> None:
+    print(message, flush=True)
+
+
+def dataset(nodes: int, seed: int):
+    return gsplit.datasets.load("synthetic", num_nodes=nodes, seed=seed)
+
+
+def shape_of(ds, model: str) -> ModelShape:
+    return ModelShape(model, ds.feature_dim, HIDDEN, ds.num_classes, len(FANOUTS))
+
+
+def owner_map(ds, nodes: int, world: int, seed: int) -> torch.Tensor:
+    """The gsplit map for ``world`` ranks, made once and kept in results/scratch (calibration and runs share it)."""
+    scratch = common.RESULTS / "scratch"
+    scratch.mkdir(parents=True, exist_ok=True)
+    path = scratch / f"estimate_map_{nodes}_{world}_{seed}.pt"
+    if path.exists():
+        return torch.load(path)
+    pmap, info, _ = common.make_map(ds, world, "gsplit", FANOUTS, BATCH, seed)
+    say(f"  map for {world} ranks: {info['presample_s'] + info['partition_s']:.1f}s")
+    torch.save(pmap.assignment, path)
+    return pmap.assignment
+
+
+def run_config(model: str, system: str, iters: int, seed: int) -> TrainConfig:
+    return TrainConfig(model=model, system=system, fanouts=FANOUTS, batch_size=BATCH, hidden=HIDDEN, epochs=1,
+                       max_iters=iters, eval_every=0, final_eval=False, overlap=False, seed=seed, log_iterations=True)
+
+
+# ------------------------------------------------------------------------------------------- calibrate
+def calibrate(args) -> dict:
+    torch.set_num_threads(1)  # a rank's share of this host at 2 and 4 ranks (gsplit.launch.limit_threads)
+    cores = common.machine_info()["cores"]
+    sampler = gsplit.NeighborSampler(FANOUTS, seed=args.seed)
+    shares = {m: [] for m in args.models}
+    steps = {m: [] for m in args.models}
+    shapes = {}
+    t0 = time.perf_counter()
+    for nodes in args.nodes:
+        ds = dataset(nodes, args.seed)
+        say(f"synthetic-{nodes // 1000}k: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges")
+        owners = {1: None, **{w: owner_map(ds, nodes, w, args.seed) for w in args.worlds}}
+        for model in args.models:
+            shapes[model] = shape_of(ds, model)
+            for rec in time_shares(ds, shapes[model], sampler, BATCH, owners, iterations=args.shares_iters,
+                                   repeats=args.repeats, seed=args.seed, input_features="direct", progress=say):
+                shares[model].append({"nodes": nodes, **rec})
+            cfg = run_config(model, "split", 6, args.seed)
+            got = time_steps(ds, cfg, progress=say)
+            # the same one-rank run in `cores` independent processes at once: how much slower a rank computes
+            # while every core is busy (no process group, nothing exchanged)
+            together = corun_steps(ds, cfg, copies=cores)
+            slowdown = statistics.median(r["iteration_s"] for r in together) / got["iteration_s"]
+            say(f"  {cores} one-rank runs at once: {slowdown:.2f}x the time alone")
+            steps[model].append({"nodes": nodes, **got, "num_classes": ds.num_classes, "corun": together,
+                                 "corun_slowdown": slowdown})
+    _, raw = transport_profile(args.worlds, TRANSPORT_SIZES, host_bw=1.0, progress=say)
+    say(f"calibration: {time.perf_counter() - t0:.0f}s")
+    cal = {"shares": shares, "steps": steps, "transport": raw, "cores": cores, "cache_bytes": last_level_cache_bytes()}
+    cal.update(fit(cal))
+    return cal
+
+
+def fit(cal: dict) -> dict:
+    """The CPU device and link profiles fitted to the calibration's raw timings (and nothing else)."""
+    # the synthetic graphs' shape (64-d features, 8 classes), as the one-rank runs recorded it
+    shapes = {m: ModelShape(m, v[0]["feat_dim"], HIDDEN, v[0].get("num_classes", 8), len(FANOUTS))
+              for m, v in cal["steps"].items()}
+    step_medians = {m: {"step_s": statistics.median(s["step_s"] for s in v)} for m, v in cal["steps"].items()}
+    load_runs = [s for v in cal["steps"].values() for s in v]
+    cores = int(cal.get("cores") or cal["machine"]["cores"])
+    device, load, quality = fit_device("cpu-1thread", cal["shares"], shapes, step_medians, cores=cores,
+                                       load_runs=load_runs, cache_bytes=cal.get("cache_bytes", last_level_cache_bytes()),
+                                       source="experiments/estimate_validation.py --parts calibrate (one process, "
+                                              "one torch thread, this host)")
+    effects = [corun_effects(s, s["corun"]) for s in load_runs]
+    device.contention = {k: statistics.median(e["contention"][k] for e in effects) for k in ("sample", "load", "compute")}
+    device.noise = statistics.median(e["noise"] for e in effects)
+    say(f"  with {cores} cores busy: " + ", ".join(f"{k} {v:.2f}x" for k, v in device.contention.items()) +
+        f" (medians of the workloads); speed noise {device.noise:.1%} per step of work")
+    say("  fits (relative error, median / max %): " + ", ".join(
+        f"{k} {v['median_pct']:.0f}/{v['max_pct']:.0f}" for k, v in quality.items()))
+    link = fit_link(cal["transport"], host_bw=load["host_bw"])
+    return {"fit_quality": quality, "device": device.to_dict(), "link": link.to_dict()}
+
+
+# ------------------------------------------------------------------------------------------- measure
+def measure(args) -> dict:
+    runs = []
+    for nodes in args.nodes:
+        ds = dataset(nodes, args.seed)
+        say(f"synthetic-{nodes // 1000}k: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges")
+        for world in args.worlds:
+            owner = owner_map(ds, nodes, world, args.seed)
+            keys = [(m, s) for m in args.models for s in ("split", "dp")]
+            jobs = {k: (run_config(k[0], k[1], args.iters, args.seed), owner if k[1] == "split" else None) for k in keys}
+            logs = common.run_repeated(ds, world, jobs)
+            for (model, system), log in logs.items():
+                times = common.iteration_times(log, skip_first=1)
+                per_it = [max(sum(r) for r in row) for row in times["per_iteration"]]
+                runs.append({"nodes": nodes, "world": world, "model": model, "system": system,
+                             "iteration_s": times["total_s"], "per_iteration_s": per_it,
+                             "sample_s": times["sample_s"], "load_s": times["load_s"], "train_s": times["train_s"],
+                             "edges": log[0]["epochs"][0]["edges"] if isinstance(log, list) else log["epochs"][0]["edges"],
+                             "input_rows": (log[0] if isinstance(log, list) else log)["epochs"][0]["input_rows"]})
+                say(f"  {model} {system} {world} ranks: {times['total_s'] * 1e3:.0f} ms per iteration "
+                    f"(sample {times['sample_s'] * 1e3:.0f}, load {times['load_s'] * 1e3:.0f}, "
+                    f"train {times['train_s'] * 1e3:.0f})")
+    return {"runs": runs}
+
+
+# ------------------------------------------------------------------------------------------- report
+def report(args, cal: dict, meas: dict) -> dict:
+    device = DeviceProfile.from_dict(cal["device"])
+    link = LinkProfile.from_dict(cal["link"])
+    sampler = gsplit.NeighborSampler(FANOUTS, seed=args.seed)
+    rows, records = [], []
+    by_key = {(r["nodes"], r["world"], r["model"], r["system"]): r for r in meas["runs"]}
+    for nodes in args.nodes:
+        ds = dataset(nodes, args.seed)
+        iters_per_epoch = None
+        for world in args.worlds:
+            owner = owner_map(ds, nodes, world, args.seed)
+            work = count_work(ds.graph, ds.train_idx, sampler, BATCH, world, owner, iterations=args.iters,
+                              seed=args.seed, input_features="direct")
+            iters_per_epoch = -(-ds.train_idx.numel() // (BATCH * world))
+            for model in args.models:
+                shape = shape_of(ds, model)
+                pred = {s: predict(work[s][1:], shape, device, link) for s in ("split", "dp")}
+                got = {s: by_key.get((nodes, world, model, s)) for s in ("split", "dp")}
+                for s in ("split", "dp"):
+                    if got[s] is None:
+                        continue
+                    err = pred[s].iteration_s / got[s]["iteration_s"] - 1
+                    rec = {"nodes": nodes, "world": world, "model": model, "system": s,
+                           "measured_s": got[s]["iteration_s"], "predicted_s": pred[s].iteration_s, "error": err,
+                           "epoch_iterations": iters_per_epoch, "terms": pred[s].terms,
+                           "predicted_per_iteration_s": pred[s].per_iteration_s,
+                           "measured_per_iteration_s": got[s]["per_iteration_s"]}
+                    records.append(rec)
+                if got["split"] and got["dp"]:
+                    m_ratio = got["split"]["iteration_s"] / got["dp"]["iteration_s"]
+                    p_ratio = pred["split"].iteration_s / pred["dp"].iteration_s
+                    decisive = abs(m_ratio - 1) > 0.10
+                    right = (m_ratio > 1) == (p_ratio > 1) if decisive else None
+                    for s in ("split", "dp"):
+                        rows.append([f"synthetic-{nodes // 1000}k", model, world, s,
+                                     got[s]["iteration_s"] * 1e3, pred[s].iteration_s * 1e3,
+                                     got[s]["iteration_s"] * iters_per_epoch, pred[s].iteration_s * iters_per_epoch,
+                                     f"{(pred[s].iteration_s / got[s]['iteration_s'] - 1) * 100:+.1f}",
+                                     f"{m_ratio:.2f}" if s == "split" else "", f"{p_ratio:.2f}" if s == "split" else "",
+                                     ("yes" if right else "NO") if (s == "split" and decisive) else
+                                     ("(within 10 %)" if s == "split" else ""),
+                                     ", ".join(f"{k} {v:.0%}" for k, v in pred[s].dominant(3))])
+    headers = ["graph", "model", "ranks", "system", "measured ms/it", "predicted ms/it", "measured epoch s",
+               "predicted epoch s", "error %", "split/dp measured", "split/dp predicted", "ratio side right",
+               "largest predicted terms"]
+    table = common.format_table(headers, rows, floatfmt=".1f")
+    errors = [abs(r["error"]) for r in records]
+    summary = {"records": len(records), "within_20pct": sum(e <= 0.20 for e in errors),
+               "max_abs_error": max(errors) if errors else None,
+               "median_abs_error": statistics.median(errors) if errors else None}
+    print(table)
+    print(f"\n{summary['within_20pct']} of {summary['records']} predictions within 20 %; median |error| "
+          f"{(summary['median_abs_error'] or 0) * 100:.1f} %, largest {(summary['max_abs_error'] or 0) * 100:.1f} %")
+    return {"table": table, "headers": headers, "rows": rows, "records": records, "summary": summary}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    suffix = "_quick" if args.quick else ""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cal_path, meas_path = out / f"estimate_calibration{suffix}.json", out / f"{args.measured}{suffix}.json"
+    settings = {"nodes": args.nodes, "worlds": args.worlds, "models": args.models, "iters": args.iters,
+                "fanouts": FANOUTS, "batch_size": BATCH, "hidden": HIDDEN, "seed": args.seed}
+    if "calibrate" in args.parts:
+        common.save_json(cal_path.with_suffix(""), {"settings": settings, **calibrate(args)})
+    if "refit" in args.parts:  # the fits again from the stored raw timings (no new measurement)
+        cal = json.loads(cal_path.read_text())
+        cal.update(fit(cal))
+        cal_path.write_text(json.dumps(cal, indent=1, default=float))
+        print(f"refitted {cal_path}")
+    if "measure" in args.parts:
+        common.save_json(meas_path.with_suffix(""), {"settings": settings, **measure(args)})
+    if "report" in args.parts:
+        cal, meas = json.loads(cal_path.read_text()), json.loads(meas_path.read_text())
+        result = report(args, cal, meas)
+        name = "estimate_validation" + args.measured[len("estimate_measured"):]  # e.g. _repeat for a second pass
+        common.save_json(common.output_stem(args, name),
+                         {"settings": settings, "calibration_file": cal_path.name, "measured_file": meas_path.name,
+                          "calibration_machine": cal["machine"], "measured_machine": meas["machine"], **result})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""``gsplit estimate``: predicted epoch time and memory per GPU of split and data parallelism on a GPU host.
+
+The command's arguments (:func:`add_arguments`) and its run (:func:`main`); :func:`add_parser` registers it
+with the dispatcher (:mod:`gsplit.cli`). The model itself is :mod:`gsplit.estimate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from gsplit.estimate.links import LINKS, default_device_for, get_link
+from gsplit.estimate.model import ModelShape
+from gsplit.estimate.profiles import DEVICES, get_device
+from gsplit.estimate.setting import SHAPES, GraphShape, estimate_setting, shaped_graph
+
+DESCRIPTION = "predict the epoch time and memory per GPU of split and data parallelism on a GPU host"
+
+EPILOG = """\
+What the numbers rest on: every rank's work (edges, rows, ids and rows exchanged per layer) is counted
+exactly, in this process, from the mini-batches a run with the same seed samples on the graph (or on a
+synthetic graph of the given shape, at up to --sample-nodes vertices). Seconds come from per-unit costs
+measured on ONE GPU (an H100, 2026-11-26: experiments/results/gpu_h100/; the V100 is that profile scaled by
+datasheet ratios) and from a table of published link figures (NVLink, PCIe, nccl-tests; sources in
+gsplit/estimate/links.py); the model and all its assumptions are in gsplit/estimate/model.py. No multi-GPU
+host has been measured: the GPU predictions are unvalidated. The same model, calibrated on CPU ranks of one
+host over gloo, predicted measured iterations of 2 and 4 ranks {validation} (docs/guides/estimate.md).
+Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iteration excluded).
+"""
+
+VALIDATION_SUMMARY = "within -15 %..+33 % (median |error| 6 %, 15 of 16 within 20 %)"
+"""How far off the CPU validation found the model (experiments/results/estimate_validation.json)."""
+
+
+def _fanouts(text: str):
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v == 0 or v < -1 for v in values):
+        raise ValueError(f"--fanouts {text!r}: pass positive neighbour counts (or -1 for all), comma-separated, "
+                         "e.g. 15,10,5")
+    return values
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``gsplit estimate``."""
+    p.description = DESCRIPTION
+    p.epilog = EPILOG.format(validation=VALIDATION_SUMMARY)
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--gpus", type=int, required=True, help="GPUs of the host (one rank each)")
+    p.add_argument("--link", choices=sorted(LINKS), default="nvlink4",
+                   help="how the GPUs are joined: nvlink4 (H100 SXM), nvlink2 (V100 SXM2), pcie4, pcie5")
+    p.add_argument("--device-profile", default=None,
+                   help=f"per-unit costs: {', '.join(DEVICES)} (default: the link's GPU, V100 for nvlink2, else "
+                        "H100) or a profile JSON (experiments/estimate_validation.py, gpu_bench.py --parts shares)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--dataset", default=None,
+                      help="a dataset gsplit loads (npz:PATH, folder:PATH, edgelist:PATH, synthetic): its real graph")
+    what.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                      help="a published graph by its size: synthetic stand-in with its degree and training share")
+    what.add_argument("--nodes", type=int, default=None,
+                      help="a graph given by its size: vertices (with --avg-degree, --feature-dim, --classes, "
+                           "--train-fraction)")
+    p.add_argument("--avg-degree", type=float, default=15.0, help="with --nodes: in-edges per vertex")
+    p.add_argument("--feature-dim", type=int, default=128, help="with --nodes: feature width")
+    p.add_argument("--classes", type=int, default=16, help="with --nodes: classes")
+    p.add_argument("--train-fraction", type=float, default=0.1, help="with --nodes: share of training vertices")
+    p.add_argument("--model", choices=("sage", "gat", "gcn"), default="sage")
+    p.add_argument("--fanouts", default="15,10,5", help="neighbours per layer from the input up")
+    p.add_argument("--batch-size", type=int, default=1024, help="targets per GPU per iteration")
+    p.add_argument("--hidden", type=int, default=256, help="hidden width (GAT: all heads)")
+    p.add_argument("--heads", type=int, default=4, help="GAT's heads")
+    p.add_argument("--partition", default=None, help="a partition folder (gsplit prepare --num-parts GPUS) for --dataset")
+    p.add_argument("--iterations", type=int, default=2, help="mini-batches whose work is counted")
+    p.add_argument("--sample-nodes", type=int, default=100_000,
+                   help="largest synthetic stand-in for --shape / --nodes (work is counted on it)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the estimate here")
+
+
+def _check(args) -> None:
+    for name in ("gpus", "batch_size", "iterations", "sample_nodes", "hidden", "heads", "feature_dim", "classes"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.nodes is not None and args.nodes < 2:
+        raise ValueError(f"--nodes must be at least 2, got {args.nodes}")
+    if not 0 < args.train_fraction <= 1:
+        raise ValueError(f"--train-fraction must be in (0, 1], got {args.train_fraction}")
+    if not args.avg_degree > 0:
+        raise ValueError(f"--avg-degree must be positive, got {args.avg_degree}")
+    if args.partition and not args.dataset:
+        raise ValueError("--partition needs --dataset: a map belongs to one graph (a synthetic stand-in has none)")
+    if args.model == "gat" and args.hidden % args.heads:
+        raise ValueError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+
+
+def _graph(args):
+    """``(graph, train_idx, feat_dim, classes, full_train, graph_bytes, description)``."""
+    if args.dataset:
+        from gsplit import datasets
+
+        ds = datasets.load(args.dataset)
+        return (ds.graph, ds.train_idx, ds.feature_dim, ds.num_classes, None, None,
+                f"{ds.name}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges")
+    shape = SHAPES[args.shape] if args.shape else GraphShape(
+        "graph", args.nodes if args.nodes else 1_000_000,
+        round((args.nodes or 1_000_000) * args.avg_degree), args.feature_dim, args.classes,
+        max(1, round((args.nodes or 1_000_000) * args.train_fraction)))
+    graph, train = shaped_graph(shape, args.sample_nodes, args.seed, min_train=args.iterations * args.gpus * args.batch_size)
+    scaled = graph.num_nodes < shape.num_nodes
+    desc = (f"{shape.name}: {shape.num_nodes:,} vertices, {shape.num_edges:,} edges, {shape.train:,} training; work "
+            f"counted on a synthetic stand-in of {graph.num_nodes:,} vertices" + (
+                " (smaller: neighbourhoods overlap more than on the full graph, which favours split)" if scaled else ""))
+    return (graph, train, shape.feat_dim, shape.num_classes, shape.train, 8 * (shape.num_nodes + 1 + shape.num_edges),
+            desc)
+
+
+def _gib(b: int) -> str:
+    return f"{b / 2**30:.2f}"
+
+
+def main(args) -> int:
+    """Run ``gsplit estimate``: print both systems' predicted epoch time and memory per GPU, and which to choose."""
+    t0 = time.perf_counter()
+    _check(args)
+    fanouts = _fanouts(args.fanouts)
+    device = get_device(args.device_profile or default_device_for(args.link))
+    link = get_link(args.link)
+    graph, train, feat_dim, classes, full_train, gbytes, desc = _graph(args)
+    shape = ModelShape(args.model, feat_dim, args.hidden, classes, len(fanouts), args.heads)
+    owner = None
+    if args.partition:
+        from gsplit.partitioning.partition_map import PartitionMap
+
+        pmap = PartitionMap.load(args.partition)
+        if pmap.num_parts != args.gpus:
+            raise ValueError(f"--partition {args.partition} has {pmap.num_parts} parts but --gpus is {args.gpus}; "
+                             f"use a map made with gsplit prepare --num-parts {args.gpus}")
+        pmap.check_graph(graph)
+        owner = pmap.assignment
+    print(desc, flush=True)
+    est = estimate_setting(graph, train, shape, fanouts, args.batch_size, args.gpus, device, link, owner=owner,
+                           iterations=args.iterations, seed=args.seed, full_train=full_train, graph_bytes=gbytes)
+    print(f"{args.gpus} x {device.name} over {link.name}, {args.model.upper()} hidden {args.hidden}, fanouts "
+          f"{args.fanouts}, {args.batch_size} targets per GPU: {est.iterations_per_epoch:,} iterations per epoch")
+    header = f"{'system':>7} {'ms/iteration':>13} {'epoch s':>9} {'GiB/GPU':>8} {'(graph)':>8}  largest terms"
+    print(header)
+    for system in ("split", "dp"):
+        pred, mem = est.predictions[system], est.memory[system]
+        terms = ", ".join(f"{k} {v:.0%}" for k, v in pred.dominant(3))
+        print(f"{system:>7} {pred.iteration_s * 1e3:>13.2f} {est.epoch_s(system):>9.2f} {_gib(mem.total):>8} "
+              f"{_gib(mem.graph):>8}  {terms}")
+    choice = est.choice()
+    ratio = est.epoch_s("dp") / est.epoch_s("split")
+    print(f"choose: {choice} (dp / split = {ratio:.2f}; 'either' within 5 %)")
+    if device.memory_bytes:
+        for system in ("split", "dp"):
+            if est.memory[system].total > device.memory_bytes:
+                print(f"note: {system} needs {_gib(est.memory[system].total)} GiB per GPU, more than the "
+                      f"{_gib(device.memory_bytes)} GiB of a {device.name}; --uva keeps the graph in host memory")
+    print(f"(model: {VALIDATION_SUMMARY} on CPU ranks; GPU costs from one {device.name} profile, "
+          f"multi-GPU unvalidated; {time.perf_counter() - t0:.1f}s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"description": desc, **est.to_dict()}, indent=1, default=float))
+    return 0
+
+
+def add_parser(sub) -> None:
+    """``gsplit estimate``'s options."""
+    p = sub.add_parser("estimate", help=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=main)

@@ -1,0 +1,250 @@
+"""The cost model of ``gsplit.estimate``: counted work equals what runs do, the model's pieces behave, the CLI works.
+
+* The work counted in one process (:func:`gsplit.estimate.count_work`) equals, iteration by iteration and rank
+  by rank, what a real 2-rank run of each system logs: edges and vertices per layer, input rows, and for split
+  the ids and rows every exchange and shuffle sends (input rows both read directly and shuffled).
+* Replaying a rank's split sampling in one process (:class:`~gsplit.estimate.calibrate.PlanCommunicator`)
+  gives that rank's real blocks.
+* The model: its terms add up to the iteration, a faster link never predicts a slower iteration, barrier waits
+  follow imbalance, ranks beyond the cores share them, the fits recover known coefficients.
+* ``gsplit estimate`` answers in seconds with both systems and a choice; bad input is one error line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+import torch
+
+import gsplit
+from gsplit.cli import main as cli_main
+from gsplit.estimate import (IterationWork, LayerWork, ModelShape, count_work, get_device, get_link, predict,
+                             simulate_iteration)
+from gsplit.estimate.calibrate import fit_device, nnls_relative, time_shares
+from gsplit.estimate.links import Collective, LinkProfile
+from gsplit.estimate.model import DeviceProfile, LayerCosts, layer_features
+from gsplit.launch import launch
+from gsplit.trainer import TrainConfig, train_rank
+
+WORLD = 2
+BATCH = 16
+FANOUTS = [4, 3]
+SEED = 3
+ITERS = 4
+
+
+def small_dataset():
+    ds = gsplit.datasets.make_synthetic(num_nodes=500, avg_degree=8, num_communities=4, feature_dim=6, num_classes=3,
+                                        seed=1)
+    return dataclasses.replace(ds, train_idx=ds.train_idx[:ITERS * BATCH * WORLD])
+
+
+def _three_runs(rank, world_size, ds, owner):
+    logs = {}
+    for name, system, inputs in (("split-direct", "split", "direct"), ("split-shuffle", "split", "shuffle"),
+                                 ("dp", "dp", "auto")):
+        cfg = TrainConfig(model="sage", fanouts=FANOUTS, batch_size=BATCH, hidden=8, epochs=1, system=system,
+                          seed=SEED, eval_every=0, final_eval=False, device="cpu", input_features=inputs,
+                          overlap=False)
+        logs[name] = train_rank(rank, world_size, cfg, ds, owner if system == "split" else None)
+    return logs
+
+
+@pytest.fixture(scope="module")
+def two_rank_run():
+    ds = small_dataset()
+    owner = torch.randint(0, WORLD, (ds.num_nodes,), generator=torch.Generator().manual_seed(2))
+    logs = launch(_three_runs, WORLD, args=(ds, owner), devices="cpu", backend="gloo", timeout=120)[0]
+    return ds, owner, logs
+
+
+@pytest.mark.slow  # one 2-rank launch (three runs): ~10 s
+@pytest.mark.parametrize("name", ["split-direct", "split-shuffle", "dp"])
+def test_counted_work_equals_what_a_two_rank_run_logs(two_rank_run, name):
+    ds, owner, logs = two_rank_run
+    system, inputs = (name.split("-") + ["shuffle"])[:2]
+    counted = count_work(ds.graph, ds.train_idx, gsplit.NeighborSampler(FANOUTS, seed=SEED), BATCH, WORLD, owner,
+                         iterations=ITERS, seed=SEED, systems=(system,), input_features=inputs)[system]
+    ranks = logs[name]["epochs"][0]["ranks"]
+    assert len(counted) == ITERS == len(ranks[0]["per_iteration"])
+    checked = 0
+    for it, work in enumerate(counted):
+        for r in range(WORLD):
+            rec = ranks[r]["per_iteration"][it]
+            assert rec["edges"] == [layer.edges[r] for layer in work.layers], (it, r)
+            assert rec["dst_vertices"] == [layer.dst[r] for layer in work.layers], (it, r)
+            assert rec["input_rows"] == work.input_rows[r], (it, r)
+            rows = rec["traffic_rows"]
+            for li, layer in enumerate(work.layers):
+                if system == "dp" or not layer.exchanged:
+                    assert not any(tag.startswith((f"ids/layer{li}", f"shuffle/layer{li}/")) for tag in rows), rows
+                    continue
+                # ids go to the owners of the rank's remote rows; rows come back; gradients return (not layer 0)
+                assert rows.get(f"ids/layer{li}", 0) == layer.recv_rows[r], (it, r, li)
+                assert rows.get(f"shuffle/layer{li}/fwd", 0) == layer.send_rows[r], (it, r, li)
+                if li > 0:
+                    assert rows.get(f"shuffle/layer{li}/bwd", 0) == layer.recv_rows[r], (it, r, li)
+                checked += 1
+    assert checked > 0 or system == "dp"
+
+
+def test_replayed_split_sampling_gives_each_ranks_real_blocks():
+    ds = small_dataset()
+    owner = gsplit.partition(ds.graph, 3, method="random").assignment
+    shape = ModelShape("sage", ds.feature_dim, 8, ds.num_classes, len(FANOUTS))
+    sampler = gsplit.NeighborSampler(FANOUTS, seed=SEED)
+    recs = time_shares(ds, shape, sampler, BATCH, {3: owner}, iterations=2, repeats=1, seed=SEED,
+                       input_features="shuffle", time_layers=False)
+    counted = count_work(ds.graph, ds.train_idx, sampler, BATCH, 3, owner, iterations=2, seed=SEED,
+                         systems=("split",))["split"]
+    for rec in recs:
+        work = counted[rec["iteration"]]
+        r = rec["rank"]
+        assert rec["edges"] == [layer.edges[r] for layer in work.layers]
+        assert rec["src"] == [layer.src[r] for layer in work.layers]
+        assert rec["input_rows"] == work.input_rows[r]
+
+
+# ------------------------------------------------------------------------------------------- the model
+def _layer(edges, dst, src, recv, send):
+    return LayerWork(edges=edges, dst=dst, src=src, recv_rows=recv, send_rows=send, exchanged=True)
+
+
+def _split_work(edges=(40_000, 40_000)):
+    e = list(edges)
+    return IterationWork("split", 2, [_layer(e, [4000, 4000], [9000, 9000], [2000, 2000], [2000, 2000]),
+                                      _layer([x // 10 for x in e], [500, 500], [4000, 4000], [800, 800], [800, 800])],
+                         input_rows=[4000, 4000], targets=[500, 500])
+
+
+SHAPE = ModelShape("sage", 64, 128, 8, 2)
+
+
+def test_terms_add_up_and_a_faster_link_never_predicts_a_slower_iteration():
+    device = get_device("h100")
+    work = _split_work()
+    times = []
+    for bw in (1e9, 10e9, 100e9, 1000e9):
+        link = LinkProfile("test", {2: Collective(10e-6, bw)}, {2: Collective(10e-6, bw)}, host_bw=bw)
+        t = simulate_iteration(work, SHAPE, device, link)
+        assert sum(t.terms.values()) == pytest.approx(t.total_s, rel=1e-12)
+        times.append(t.total_s)
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]
+    # the published links, slowest to fastest
+    ordered = [simulate_iteration(work, SHAPE, device, get_link(name)).total_s for name in ("pcie4", "pcie5", "nvlink4")]
+    assert ordered == sorted(ordered, reverse=True)
+
+
+def test_imbalance_shows_as_waiting_and_more_ranks_than_cores_share_them():
+    link = get_link("nvlink4")
+    device = get_device("h100")
+    balanced = simulate_iteration(_split_work(), SHAPE, device, link)
+    skewed = simulate_iteration(_split_work((60_000, 20_000)), SHAPE, device, link)
+    assert balanced.terms["waiting"] == pytest.approx(0.0, abs=1e-12)
+    assert skewed.terms["waiting"] > 0 and skewed.total_s > balanced.total_s
+    # CPU ranks: two ranks on one core take the time of both works; on two cores, of one
+    one_core = dataclasses.replace(device, cores=1)
+    shared = simulate_iteration(_split_work(), SHAPE, one_core, link)
+    assert shared.terms["cores shared"] > 0
+    assert shared.total_s > balanced.total_s
+
+
+def test_data_parallelism_has_one_barrier_and_no_exchange():
+    w = IterationWork("dp", 2, [LayerWork([1000, 3000], [100, 100], [600, 900], [0, 0], [0, 0])],
+                      input_rows=[600, 900], targets=[100, 100])
+    t = simulate_iteration(w, ModelShape("sage", 64, 128, 8, 1), get_device("h100"), get_link("nvlink4"))
+    assert t.terms["id exchange"] == t.terms["layer shuffles"] == t.terms["feature shuffle"] == 0
+    assert t.terms["all-reduce"] > 0 and t.terms["waiting"] > 0
+
+
+def test_layer_features_and_fit_recover_known_costs():
+    # a device whose forward costs exactly 2e-9 per edge-element and 1e-3 per call: the fit finds them
+    shape = ModelShape("gat", 16, 32, 4, 2)
+    rows = []
+    for k in range(1, 6):
+        rec = {"edges": [1000 * k, 200 * k], "dst": [100 * k, 20 * k], "src": [400 * k, 100 * k], "ids": [0, 0],
+               "input_rows": 400 * k, "sample_s": 1e-6 * 1000 * k + 1e-3, "load_s": 64 * 400 * k / 1e9 + 1e-4}
+        feats = [layer_features("gat", shape.dims()[li], rec["edges"][li], rec["dst"][li], rec["src"][li])
+                 for li in range(2)]
+        rec["fwd_s"] = [2e-9 * f[0] + 1e-3 for f in feats]
+        back = [layer_features("gat", shape.dims()[li], rec["edges"][li], rec["dst"][li], rec["src"][li], True, li > 0)
+                for li in range(2)]
+        rec["bwd_s"] = [4e-9 * f[0] + 2e-3 for f in back]
+        rows.append(rec)
+    profile, load, quality = fit_device("test", {"gat": rows}, {"gat": shape}, {"gat": {"step_s": 0.01}})
+    assert profile.layers["gat"].forward[0] == pytest.approx(2e-9, rel=1e-3)
+    assert profile.layers["gat"].forward[3] == pytest.approx(1e-3, rel=1e-3)
+    assert profile.layers["gat"].backward[0] == pytest.approx(4e-9, rel=1e-3)
+    assert load["host_bw"] == pytest.approx(1e9, rel=1e-3) and quality["gat_forward"]["max_pct"] < 0.1
+    assert nnls_relative([[1, 0], [0, 1]], [2, 3]) == pytest.approx([2, 3])
+
+
+def test_profiles_round_trip_through_json():
+    for name in ("h100", "v100"):
+        d = get_device(name)
+        assert DeviceProfile.from_dict(d.to_dict()) == d
+    link = get_link("nvlink2")
+    assert LinkProfile.from_dict(link.to_dict()) == link
+    assert isinstance(get_device("h100").layers["sage"], LayerCosts)
+
+
+def test_h100_profile_reproduces_the_recorded_world_one_iteration():
+    """By construction (the step is what the recorded run left over): the model gives back the recorded world-1
+    iteration (25.6 ms) less the host-drawn dropout banks of that day's code, with UVA instead of the cache."""
+    from gsplit.estimate import profiles as p
+
+    w = IterationWork("split", 1, [LayerWork([round(e)], [round(d)], [round(s)], [0], [0], exchanged=True)
+                                   for e, d, s in zip(p._W1_EDGES, p._W1_DST, p._W1_SRC)],
+                      input_rows=[round(p._W1_SRC[0])], targets=[1024])
+    link = get_link("nvlink4")
+    t = simulate_iteration(w, p._W1_SHAPE, get_device("h100"), link)
+    uva = round(p._W1_SRC[0]) * 64 * 4 / link.host_bw
+    recorded = p._W1_ITERATION_S - p._W1_HOST_BANKS_S  # less the host-drawn dropout banks of that day's code
+    assert t.total_s == pytest.approx(recorded - p._W1_LOAD_S + p._W1_UVA_LOAD_CALL_S + uva, rel=0.01)
+
+
+def test_predict_refuses_mixed_systems():
+    a = IterationWork("dp", 1, [LayerWork([1], [1], [1], [0], [0])], [1], [1])
+    b = dataclasses.replace(a, system="split")
+    with pytest.raises(ValueError, match="one system"):
+        predict([a, b], ModelShape("sage", 4, 4, 2, 1), get_device("h100"), get_link("nvlink4"))
+
+
+# ------------------------------------------------------------------------------------------- the command
+def test_gsplit_estimate_prints_both_systems_and_a_choice_in_seconds(capsys, tmp_path):
+    t0 = time.perf_counter()
+    rc = cli_main(["estimate", "--gpus", "4", "--link", "nvlink2", "--nodes", "20000", "--avg-degree", "10",
+                   "--feature-dim", "32", "--classes", "5", "--model", "gat", "--hidden", "32", "--batch-size", "128",
+                   "--iterations", "2", "--json", str(tmp_path / "e.json")])
+    elapsed = time.perf_counter() - t0
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "\n  split " in out and "\n     dp " in out and "choose: " in out and "v100 over nvlink2" in out
+    assert elapsed < 60, f"gsplit estimate took {elapsed:.1f}s"
+    assert (tmp_path / "e.json").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "0", "--nodes", "1000"], "--gpus must be at least 1, got 0"),
+    (["--gpus", "2", "--nodes", "1000", "--fanouts", "15,x"], "--fanouts '15,x'"),
+    (["--gpus", "2", "--nodes", "1000", "--partition", "/nonexistent"], "--partition needs --dataset"),
+    (["--gpus", "2", "--link", "nvlink9", "--nodes", "1000"], "invalid choice: 'nvlink9'"),
+    (["--gpus", "2", "--nodes", "1000", "--device-profile", "/no/such.json"], "neither a built-in one"),
+    (["--gpus", "2", "--nodes", "1000", "--model", "gat", "--hidden", "30"], "not divisible by --heads"),
+])
+def test_bad_estimate_input_is_one_error_line(capsys, argv, message):
+    rc = cli_main(["estimate", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], err
+
+
+def test_a_map_for_another_gpu_count_is_refused(capsys, tmp_path):
+    ds = gsplit.datasets.load("synthetic")  # what --dataset synthetic loads
+    gsplit.partition(ds.graph, 2, method="random").save(tmp_path / "map")
+    rc = cli_main(["estimate", "--gpus", "4", "--dataset", "synthetic", "--partition", str(tmp_path / "map")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "has 2 parts but --gpus is 4" in err, err
