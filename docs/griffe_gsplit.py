@@ -33,7 +33,19 @@ def _target(obj: griffe.Object | griffe.Alias, name: str) -> Optional[str]:
         path = obj.resolve(first)
     except _UNRESOLVED:  # a name from outside gsplit (torch.Tensor) or a local one: shown as code
         return None
-    return f"{path}.{rest}" if rest else path
+    return _public_path(obj, f"{path}.{rest}" if rest else path)
+
+
+def _public_path(obj: griffe.Object | griffe.Alias, path: str) -> str:
+    """``path`` as the reference documents it: the object's name in the package right above its module when
+    that package exports it (``gsplit.launch.start.launch`` -> ``gsplit.launch.launch``), else ``path``."""
+    module, _, name = path.rpartition(".")
+    package = module.rpartition(".")[0]
+    try:
+        exports = {str(e) for e in (obj.modules_collection[package].exports or ())} if package else set()
+    except (KeyError, *_UNRESOLVED):
+        return path
+    return f"{package}.{name}" if name in exports else path
 
 
 def rewrite_roles(obj: griffe.Object | griffe.Alias, text: str) -> str:
