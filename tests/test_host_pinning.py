@@ -94,6 +94,21 @@ def test_without_memory_for_a_copy_the_cpu_gathers_with_one_warning(monkeypatch,
     assert "CPU gathers" in warning
 
 
+def test_the_copy_leaves_room_for_every_rank_of_the_host(monkeypatch, small_budget, caplog):
+    """Ranks check the memory at about the same time: each must count the others' copies, or 8 ranks of a
+    host would each take half of it (pinned memory cannot be swapped out)."""
+    FakeRuntime(refuse_after=0).install(monkeypatch)
+    monkeypatch.setattr(pinning, "available_memory", lambda: 40 * MIB)
+    table = torch.randn(MIB)  # 4 MiB: one copy fits in half of 40 MiB, eight do not
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert pinning.make_host_readable(table, "table").how == "copied"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert pinning.make_host_readable(table, "table").how == "host-gather"
+    assert "for each of the host's 8 ranks" in _warnings(caplog)[0]
+
+
 def test_a_memory_mapped_table_is_never_registered_but_copied(monkeypatch, small_budget, caplog, tmp_path):
     """A prepared folder's features (np.load mmap_mode="c"): registering them would unshare every page."""
     rt = FakeRuntime().install(monkeypatch)

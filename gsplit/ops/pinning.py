@@ -8,7 +8,8 @@ graph arrays alike, in this order:
    copy that :func:`gsplit.launch` gives its ranks): no copy, one copy per host. The range is registered in
    chunks (16 MiB, then 256 MiB) and timed; once the chunks done project the whole beyond the budget
    (:class:`PinPolicy`: a few seconds per GiB), every chunk is unregistered and step 2 runs instead.
-2. **A pinned copy** (``cudaHostAlloc``, filled in chunks with progress), when the host has the memory for it.
+2. **A pinned copy** (``cudaHostAlloc``, filled in chunks with progress), when the host has the memory for one
+   per rank of the host (:func:`ranks_on_host`).
    A memory-mapped file (a prepared dataset folder) always takes this step: it is never registered in place.
    The NVIDIA driver pins with ``FOLL_LONGTERM`` (``os_lock_user_pages`` in its open kernel modules); for a
    *private* (copy-on-write) file mapping, which ``np.load(mmap_mode="c")`` makes, Linux then breaks
@@ -278,6 +279,24 @@ def _read_at_host_addresses(rt, ptrs: List[int]) -> bool:
         return False
 
 
+def ranks_on_host() -> int:
+    """Ranks of this job on this host, each of which may make its own pinned copy at the same time:
+    ``LOCAL_WORLD_SIZE`` (torchrun), else ``WORLD_SIZE`` in a rank that :func:`gsplit.launch` started (one host),
+    else 1.
+
+    Example:
+        >>> ranks_on_host() >= 1
+        True
+    """
+    for name in ("LOCAL_WORLD_SIZE", "WORLD_SIZE" if "LOCAL_RANK" in os.environ else ""):
+        try:
+            if name and int(os.environ.get(name, "0")) > 0:
+                return int(os.environ[name])
+        except ValueError:
+            pass  # not a number: not set by a launcher
+    return 1
+
+
 def pinned_copy(t: torch.Tensor, what: str, policy: Optional[PinPolicy] = None,
                 step: Optional[SetupStep] = None) -> Tuple[Optional[torch.Tensor], str]:
     """A copy of ``t`` in pinned, mapped host memory (``cudaHostAlloc``), filled in chunks; ``(None, why)`` when
@@ -285,10 +304,11 @@ def pinned_copy(t: torch.Tensor, what: str, policy: Optional[PinPolicy] = None,
     of two and keep the memory after use); freed when the copy's storage dies."""
     policy = policy or PinPolicy.from_env()
     nbytes = t.numel() * t.element_size()
-    available = available_memory()
-    if nbytes > policy.copy_fraction * available:
-        return None, (f"a pinned copy needs {nbytes / GIB:.2f} GiB and the host has {available / GIB:.2f} GiB "
-                      f"available (a copy may take {policy.copy_fraction:.0%} of it)")
+    available, ranks = available_memory(), ranks_on_host()
+    if nbytes * ranks > policy.copy_fraction * available:
+        each = f", for each of the host's {ranks} ranks," if ranks > 1 else ""
+        return None, (f"a pinned copy needs {nbytes / GIB:.2f} GiB{each} and the host has {available / GIB:.2f} GiB "
+                      f"available (the copies may take {policy.copy_fraction:.0%} of it)")
     rt = _runtime()
     try:
         ptr = rt.hostAlloc(nbytes, _ALLOC_PORTABLE | _ALLOC_MAPPED)
