@@ -55,7 +55,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -338,6 +337,22 @@ def pin_probe(size: int, folder: Path, timeout: float, budget: Budget, backend: 
 
 
 # ---------------------------------------------------------------------------------------- 3. first iteration
+def _measured_row(row: dict, uva: bool, dev: torch.device, budget: Budget, need_s: float,
+                  measure: Callable[[], dict]) -> dict:
+    """``row`` with what ``measure()`` returns and ``status`` "ok", or why it did not run or failed."""
+    if uva and dev.type != "cuda":
+        row["status"] = "skipped: --uva needs a GPU"
+    elif budget.left() < need_s:
+        row["status"] = f"not run: {budget.left():.0f} s of the budget left"
+    else:
+        try:
+            row.update(measure())
+            row["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - one failed row must not hide the others
+            row["status"] = f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"
+    return row
+
+
 def _first_iteration(ds, dev: torch.device, system: str, uva: bool, fanouts, batch: int) -> dict:
     from gsplit.trainer import TrainConfig, train_rank
 
@@ -365,17 +380,10 @@ def first_iteration(ds, dev: torch.device, folder: Path, fanouts, batch: int, bu
     out["load_folder_s"] = time.monotonic() - t0
     for source, data in (("folder", from_folder), ("memory", ds)):
         for name, system, uva in SYSTEMS:
-            row = {"source": source, "system": name}
-            if uva and dev.type != "cuda":
-                row["status"] = "skipped: --uva needs a GPU"
-            elif budget.left() < 30:
-                row["status"] = f"not run: {budget.left():.0f} s of the budget left"
-            else:
-                try:
-                    row.update(_first_iteration(data, dev, system, uva, fanouts, batch))
-                    row["status"] = "ok" if row["first_iteration_s"] <= 10 else "SLOW (> 10 s)"
-                except Exception as exc:  # noqa: BLE001 - one failure must not hide the other rows
-                    row["status"] = f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"
+            row = _measured_row({"source": source, "system": name}, uva, dev, budget, 30,
+                                lambda: _first_iteration(data, dev, system, uva, fanouts, batch))
+            if row["status"] == "ok" and row["first_iteration_s"] > 10:
+                row["status"] = "SLOW (> 10 s)"
             out["rows"].append(row)
     return out
 
@@ -443,7 +451,6 @@ def kernels(ds, dev: torch.device, sync, repeats: int, quick: bool) -> dict:
     gather["host_gather_copy_ms"] = median_ms(lambda: feats[ids].to(dev), repeats, sync)
     resident = feats.to(dev)
     gather["resident_index_select_ms"] = median_ms(lambda: resident.index_select(0, ids_dev), repeats, sync)
-    del resident
     for k in ("store", "host_gather_copy", "resident_index_select"):
         gather[f"{k}_GBps"] = nbytes / gather[f"{k}_ms"] / 1e6
     best = rows[-1]  # the most seeds: the rate a large frontier reaches
@@ -636,18 +643,9 @@ def train(ds, dev: torch.device, sync, rows_spec, warmup: int, iters: int, profi
     rows = []
     for batch, fanouts in rows_spec:
         for name, system, uva in SYSTEMS:
-            row = {"system": name, "targets": batch, "fanouts": ",".join(map(str, fanouts))}
-            if uva and dev.type != "cuda":
-                row["status"] = "skipped: --uva needs a GPU"
-            elif budget.left() < 20:
-                row["status"] = f"not run: {budget.left():.0f} s of the budget left"
-            else:
-                try:
-                    row.update(train_row(ds, dev, sync, system, uva, batch, fanouts, warmup, iters, profile_iters,
-                                         rates))
-                    row["status"] = "ok"
-                except Exception as exc:  # noqa: BLE001 - one failed row must not hide the others
-                    row["status"] = f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"
+            row = _measured_row({"system": name, "targets": batch, "fanouts": ",".join(map(str, fanouts))}, uva,
+                                dev, budget, 20, lambda: train_row(ds, dev, sync, system, uva, batch, fanouts, warmup,
+                                                                   iters, profile_iters, rates))
             rows.append(row)
             print(f"  {name:9s} {batch:5d} {row['fanouts']:9s} {row.get('ms_per_iteration', float('nan')):8.2f} ms "
                   f"(floor {row.get('floor', {}).get('total_ms', float('nan')):.2f}) {row['status']}", flush=True)
@@ -680,15 +678,7 @@ def _timed_epochs(step, epochs: int, sync, dev: torch.device) -> dict:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
-    step()  # the first epoch builds what later epochs reuse
-    sync()
-    times = []
-    for _ in range(epochs):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(1e3 * (time.perf_counter() - t0))
-    out = {"ms_per_epoch": statistics.median(times), "status": "ok"}
+    out = {"ms_per_epoch": median_ms(step, epochs, sync), "status": "ok"}  # the first epoch (the warm-up) builds
     if dev.type == "cuda":
         out["peak_device_GiB"] = torch.cuda.max_memory_allocated(dev) / 2**30
     return out
