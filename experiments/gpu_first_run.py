@@ -9,13 +9,12 @@ a time cap inside an overall budget (``--budget``, default 570 s):
 3. ``sanitizer``: ``compute-sanitizer --tool memcheck`` on the kernel tests (``tests/test_kernels.py -m gpu``).
 4. ``suite``: the rest of the suite (``-m "not gpu"``; with part 2, the whole suite once). It runs in the
    background from the start, alongside every other part, so their timings share the host's cores with it.
-5. ``gpu-kernel-timings``: the CUDA kernels against torch on the same GPU (sampling from a GPU graph and
-   from a pinned host graph, relabelling, the feature gather from pinned memory), results compared.
-6. ``cpu-kernel-timings``: ``experiments/bench_sampler.py`` and ``bench_layers.py`` at small sizes
+5. ``cpu-kernel-timings``: ``experiments/bench_sampler.py`` and ``bench_layers.py`` at small sizes
    (the compiled C++ kernels against torch, on the host's CPU).
-7. ``split-vs-dp``: ``gsplit.trainer.train_rank`` on a synthetic graph of ``--big-nodes`` vertices (10M by
-   default), one rank per GPU, split and data-parallel, ``--iters`` iterations each, then split with
-   ``uva`` (graph pinned in host memory).
+6. ``gpu-bench``: ``experiments/gpu_bench.py`` (its own report: the pinning probe, time to the first
+   iteration, the CUDA kernels against torch, layers against PyG, split / split ``--uva`` / data parallel
+   against their floors, full-graph against PyG) on a synthetic graph of ``--big-nodes`` vertices, in what
+   is left of the budget; its JSON lands beside the report.
 
 Without a GPU, the GPU parts are reported as skipped for lack of one (and the run is no GPU run);
 ``--require-gpu`` makes that a failure. ``--quick`` (for the test suite) runs a one-file stand-in of the
@@ -31,19 +30,18 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = "skipped: no CUDA GPU on this machine"
 SKIPPED = "skipped: --skip"
-PARTS = ("environment", "gpu-tests", "sanitizer", "suite", "gpu-kernel-timings", "cpu-kernel-timings", "split-vs-dp")
+PARTS = ("environment", "gpu-tests", "sanitizer", "suite", "cpu-kernel-timings", "gpu-bench")
 """The parts in report order (``--skip`` takes these names)."""
 
 
@@ -140,112 +138,6 @@ def environment() -> Part:
     return part
 
 
-def median_ms(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
-    """Median wall ms of ``fn`` over ``repeats`` runs after one warm-up, with ``sync()`` after each run."""
-    fn()  # warm-up (compilation, allocator)
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
-
-
-def gpu_kernel_timings(nodes: int, repeats: int) -> Part:
-    """CUDA kernels vs torch on one GPU, same inputs, results compared."""
-    import torch
-
-    import gsplit
-    from gsplit.feature_store import FeatureStore
-    from gsplit.ops import cuda, sample_cuda, torch_ops
-    from gsplit.sampling import counter_rng
-
-    part = Part("gpu-kernel-timings", command=f"gpu_kernel_timings(nodes={nodes}, repeats={repeats})")
-    t0 = time.monotonic()
-    dev = torch.device("cuda", torch.cuda.current_device())
-    sync = lambda: torch.cuda.synchronize(dev)  # noqa: E731
-    gen = torch.Generator().manual_seed(0)
-    host = gsplit.Graph.from_edges(torch.randint(0, nodes, (20 * nodes,), generator=gen),
-                                   torch.randint(0, nodes, (20 * nodes,), generator=gen), nodes)
-    on_gpu = host.to(dev)
-    seeds = torch.randint(0, nodes, (8192,), generator=gen).to(dev)
-    key = counter_rng.stream_key(0, 0, 0, 0)
-    n = part.numbers
-    kernel = sample_cuda.sample_neighbors(on_gpu, seeds, 15, False, key)
-    reference = torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key)
-    n["sample_same_edges"] = all(torch.equal(a, b) for a, b in zip(kernel, reference))
-    n["sample_kernel_ms"] = median_ms(lambda: sample_cuda.sample_neighbors(on_gpu, seeds, 15, False, key), repeats, sync)
-    n["sample_torch_ms"] = median_ms(lambda: torch_ops.sample_neighbors_torch(on_gpu, seeds, 15, False, key),
-                                      repeats, sync)
-    pinned = gsplit.Graph(host.indptr.clone(), host.indices.clone()).pin_memory()  # in place, UVA
-    if sample_cuda.graph_readable(pinned, dev):
-        n["sample_uva_same_edges"] = all(torch.equal(a, b) for a, b in
-                                         zip(sample_cuda.sample_neighbors(pinned, seeds, 15, False, key), kernel))
-        n["sample_uva_kernel_ms"] = median_ms(lambda: sample_cuda.sample_neighbors(pinned, seeds, 15, False, key),
-                                               repeats, sync)
-    src = kernel[0]
-    dst = torch.unique(seeds)
-    a, b = cuda.relabel(dst, src), torch_ops.relabel(dst, src)
-    n["relabel_same"] = torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    n["relabel_kernel_ms"] = median_ms(lambda: cuda.relabel(dst, src), repeats, sync)
-    n["relabel_torch_ms"] = median_ms(lambda: torch_ops.relabel(dst, src), repeats, sync)
-    feats = torch.randn(nodes, 128, generator=gen)
-    ids = torch.randint(0, nodes, (200_000,), generator=gen)
-    store = FeatureStore(feats, device=dev, cache_size=0)
-    n["gather_mode"] = store.mode
-    n["gather_same_rows"] = torch.equal(store.gather(ids.to(dev)).cpu(), feats[ids])
-    n["gather_store_ms"] = median_ms(lambda: store.gather(ids.to(dev)), repeats, sync)
-    n["gather_torch_ms"] = median_ms(lambda: feats[ids].to(dev), repeats, sync)
-    same = [v for k, v in n.items() if k.endswith("_same") or "_same_" in k]
-    part.status = "passed" if all(same) else "FAILED (a kernel's result differs from torch's)"
-    part.seconds = time.monotonic() - t0
-    return part
-
-
-def split_vs_dp(nodes: int, iters: int, budget: Budget) -> Part:
-    """Split vs data parallel (and split with uva) through the trainer, one rank per GPU."""
-    import torch
-
-    import gsplit
-    from gsplit.trainer import TrainConfig, train_rank
-
-    part = Part("split-vs-dp", command=f"train_rank x {{split, dp, split --uva}}, synthetic {nodes} vertices, "
-                                       f"{iters} iterations")
-    t0 = time.monotonic()
-    ranks = torch.cuda.device_count()
-    n = part.numbers
-    ds = gsplit.datasets.load("synthetic", num_nodes=nodes, seed=0)
-    n.update(ranks=ranks, vertices=ds.graph.num_nodes, edges=ds.graph.num_edges, generate_s=time.monotonic() - t0)
-    if ranks == 1:
-        n["note"] = "one GPU: split and dp do the same work at one rank; this times the GPU pipeline only"
-    owner = gsplit.partition(ds.graph, ranks, method="random").assignment if ranks > 1 else None
-    ok = True
-    for name, system, uva in (("split", "split", False), ("dp", "dp", False), ("split_uva", "split", True)):
-        if budget.left() < 60:
-            n[f"{name}"] = f"not run: {budget.left():.0f} s of the budget left"
-            continue
-        cfg = TrainConfig(system=system, uva=uva, epochs=1, max_iters=iters, eval_every=0, device="cuda",
-                          log_iterations=False)
-        t1 = time.monotonic()
-        try:
-            log = train_rank(0, 1, cfg, ds, owner) if ranks == 1 else \
-                gsplit.launch(train_rank, ranks, args=(cfg, ds, owner), timeout=300, progress_timeout=240)[0]
-        except Exception as exc:  # noqa: BLE001 - one failed system must not hide the others' numbers
-            n[name] = f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"
-            ok = False
-            continue
-        epoch = log["epochs"][0]
-        iterations = max(1, min(r["iterations"] for r in epoch["ranks"]))
-        n[name] = {"wall_s": time.monotonic() - t1, "iterations": iterations,
-                   "ms_per_iteration": 1e3 * epoch["epoch_s"] / iterations,
-                   **{k: epoch[k] for k in ("sample_s", "load_s", "train_s", "input_rows", "traffic_bytes")}}
-    part.status = "passed" if ok else "FAILED (see numbers)"
-    part.seconds = time.monotonic() - t0
-    return part
-
-
 # ---------------------------------------------------------------------------------------- driver
 def write_report(path: Path, parts: List[Part], gpu: bool, started: float, args) -> None:
     lines = ["# gsplit first GPU run", ""]
@@ -277,8 +169,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--report", default=str(ROOT / "experiments" / "results" / "gpu_first_run.md"))
     p.add_argument("--budget", type=float, default=570.0, help="seconds for everything (default 570)")
-    p.add_argument("--big-nodes", type=int, default=10_000_000, help="vertices of the split-vs-dp graph")
-    p.add_argument("--iters", type=int, default=20, help="iterations per system in split-vs-dp")
+    p.add_argument("--big-nodes", type=int, default=2_000_000, help="vertices of gpu-bench's graph")
     p.add_argument("--quick", action="store_true", help="stand-in suite (one file), no slow CPU parts")
     p.add_argument("--require-gpu", action="store_true", help="a machine without a GPU is a failure")
     p.add_argument("--skip", default="", help="comma-separated parts not to run (e.g. cpu-kernel-timings,sanitizer)")
@@ -344,18 +235,6 @@ def main(argv=None) -> int:
         _pytest_summary(sanitizer)
     parts.append(sanitizer)
 
-    timings = Part("gpu-kernel-timings")
-    if "gpu-kernel-timings" in skip:
-        timings.status = SKIPPED
-    elif gpu and parts[0].numbers["cupy_kernels_work"]:
-        try:
-            timings = gpu_kernel_timings(2_000_000, 10)
-        except Exception as exc:  # noqa: BLE001
-            timings.status = f"FAILED ({type(exc).__name__}: {str(exc)[:300]})"
-    else:
-        timings.status = NO_GPU if not gpu else "skipped: the CuPy kernels do not work (see environment)"
-    parts.append(timings)
-
     cpu_timings = Part("cpu-kernel-timings")
     if args.quick or "cpu-kernel-timings" in skip:
         cpu_timings.status = "skipped: --quick" if args.quick else SKIPPED
@@ -370,18 +249,18 @@ def main(argv=None) -> int:
                 cpu_timings.output = first + "\n" + cpu_timings.output
     parts.append(cpu_timings)
 
-    big = Part("split-vs-dp")
-    if "split-vs-dp" in skip:
-        big.status = SKIPPED
-    elif gpu and budget.left() > 150:
-        try:
-            big = split_vs_dp(args.big_nodes, args.iters, budget)
-        except Exception as exc:  # noqa: BLE001
-            big.status = f"FAILED ({type(exc).__name__}: {str(exc)[:300]})"
+    bench = Part("gpu-bench")
+    bench_json = Path(args.report).with_suffix(".gpu_bench.json")
+    if "gpu-bench" in skip:
+        bench.status = SKIPPED
+    elif gpu and budget.left() > 90:
+        _run(bench, [py, "experiments/gpu_bench.py", "--nodes", str(args.big_nodes), "--budget",
+                     str(max(60, budget.left() - 20)), "--out", str(bench_json)], budget.left() - 10)
+        bench.numbers["json"] = str(bench_json)
     else:
-        big.status = NO_GPU if not gpu else f"not run: {budget.left():.0f} s of the budget left"
-        big.command = f"split vs dp (and split --uva), synthetic {args.big_nodes} vertices, {args.iters} iterations"
-    parts.append(big)
+        bench.status = NO_GPU if not gpu else f"not run: {budget.left():.0f} s of the budget left"
+        bench.command = f"experiments/gpu_bench.py --nodes {args.big_nodes}"
+    parts.append(bench)
 
     if suite_proc is not None:
         try:

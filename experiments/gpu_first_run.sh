@@ -6,8 +6,9 @@
 #   experiments/gpu_first_run.sh --quick              # a fast dry run (what the test suite runs)
 #
 # It runs GSPLIT_REQUIRE_GPU=1 pytest -m gpu, the rest of the suite, compute-sanitizer on the kernel
-# tests, the CUDA kernels against torch, the C++ kernels against torch, and split vs data parallel at
-# 10M vertices (see experiments/gpu_first_run.py for each part and its time cap). On a machine without
+# tests, the C++ kernels against torch, and experiments/gpu_bench.py (the GPU benchmark: pinning probe,
+# first iteration, kernels, split / --uva / data parallel against their floors, full graph against PyG)
+# at 2M vertices (see experiments/gpu_first_run.py for each part and its time cap). On a machine without
 # a GPU it still runs, and the report says which parts were skipped for lack of one.
 # Exit status: 0 all ran parts passed, 1 a part failed, 3 no GPU with --require-gpu.
 set -euo pipefail

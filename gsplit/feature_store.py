@@ -9,11 +9,12 @@ first, by how often pre-sampling saw each vertex (``PresampleWeights.vertex_weig
 A :meth:`FeatureStore.gather` returns ``features[ids]`` on the store's device. Cached rows come from
 device memory; the others (misses) are read from host memory:
 
-* ``mode == "uva"`` (CUDA and CuPy): the host tensor is pinned in place and one kernel
-  (``kernels/gather.cu``) reads cached rows from the GPU and missing rows straight from host memory
-  (zero-copy through unified virtual addressing), so no CPU thread touches the rows;
-* ``mode == "host-gather"`` (CUDA without CuPy): the CPU gathers the missing rows into a pinned
-  buffer that is copied to the GPU asynchronously;
+* ``mode == "uva"`` (CUDA and CuPy): the host table is made readable by the GPU
+  (:func:`gsplit.ops.pinning.make_host_readable`: registered in place, or a pinned copy for a memory-mapped
+  table) and one kernel (``kernels/gather.cu``) reads cached rows from the GPU and missing rows straight
+  from host memory (zero-copy through unified virtual addressing), so no CPU thread touches the rows;
+* ``mode == "host-gather"`` (CUDA without CuPy, or a table that can be neither registered nor copied): the
+  CPU gathers the missing rows into a pinned buffer that is copied to the GPU asynchronously;
 * ``mode == "cpu"``: the device is the CPU; the "cache" is a contiguous tensor of the cached rows and
   misses read the host tensor; the same logic, so it is testable without a GPU;
 * ``mode == "resident"``: the features already live on the device; nothing is cached or copied.
@@ -34,6 +35,8 @@ import torch
 
 from gsplit import ops
 from gsplit.graph import id_range_error
+from gsplit.ops import pinning
+from gsplit.timing import timed_step
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +104,7 @@ class FeatureStore:
 
     Args:
         features: ``[num_nodes, ...]`` tensor indexed by global vertex id, normally in host memory
-            (on CUDA it is pinned in place, never copied whole).
+            (on CUDA it is pinned in place; a memory-mapped table is copied once into pinned memory).
         device: where :meth:`gather` delivers rows and the cache lives (default: the features' device).
         cache_size: cache budget in bytes, an int or a string like ``"10G"`` (see :func:`parse_size`);
             ``0`` caches nothing. More than the owned rows need caches all owned rows.
@@ -188,14 +191,42 @@ class FeatureStore:
         elif k == self.num_nodes or self.num_nodes == 0:
             self.mode = "uva"  # every row is cached: host memory is never read, so it needs no pinning
             self._host_for_kernel = self.cache[:0]
-        elif ops.cuda.pin_in_place(self.features):
-            self.mode = "uva"
-            self._host_for_kernel = self.features
         else:
-            self.mode = "host-gather"
+            # in place, or a pinned copy (a memory-mapped table, or a slow registration); else the CPU gathers
+            readable = pinning.make_host_readable(self.features, "host feature table")
+            self.mode = "uva" if readable.tensor is not None else "host-gather"
+            self._host_for_kernel = readable.tensor
         log.info("feature store on %s (%s): %d of %d owned rows cached (%.1f MiB of %.1f MiB budget)",
                  self.device, self.mode, k, owned.numel(), k * self.row_bytes / 2**20,
                  self.cache_bytes_budget / 2**20)
+
+    @classmethod
+    def for_loader(cls, features, device: Union[str, torch.device], cache_size: Union[int, str] = 0, weights=None,
+                   graph=None) -> Optional["FeatureStore"]:
+        """The store a loader that delivers to ``device`` reads ``features`` through, with no owner map (every
+        row may be loaded): ``features`` itself when it is a store already (shared between loaders), ``None``
+        without features, else a new store (features already on a GPU stay there and are served from there).
+
+        Example:
+            >>> FeatureStore.for_loader(torch.ones(4, 2), "cpu").mode
+            'cpu'
+        """
+        if isinstance(features, FeatureStore):
+            if parse_size(cache_size) or weights is not None:
+                raise ValueError("features is a FeatureStore, whose cache is already set up; leave cache_size and "
+                                 "cache_weights out (or pass the feature tensor instead)")
+            store = features
+        elif features is None:
+            if parse_size(cache_size):
+                raise ValueError(f"cache_size={cache_size!r} but no features were given; pass features= to cache")
+            return None
+        else:
+            device = device if features.device.type == "cpu" else features.device
+            store = cls(features, device=device, cache_size=cache_size, weights=weights, graph=graph)
+        if graph is not None and store.num_nodes != graph.num_nodes:
+            raise ValueError(f"the features have {store.num_nodes} rows but the graph has {graph.num_nodes} "
+                             "vertices; pass one row per vertex")
+        return store
 
     # ------------------------------------------------------------------ construction
     def _owned(self, owner, ids: bool = True) -> torch.Tensor:
@@ -237,9 +268,14 @@ class FeatureStore:
     def _fill_cache(self) -> torch.Tensor:
         k = self.cached_ids.numel()
         cache = torch.empty((k,) + self.row_shape, dtype=self.dtype, device=self.device)
-        step = max(1, _FILL_BYTES // max(self.row_bytes, 1))
-        for start in range(0, k, step):
-            cache[start:start + step] = self.features[self.cached_ids[start:start + step]].to(self.device)
+        if not k:
+            return cache
+        rows = max(1, _FILL_BYTES // max(self.row_bytes, 1))
+        with timed_step(f"filling the {k * self.row_bytes / 2**30:.2f} GiB feature cache on {self.device}",
+                        logger=log) as step:
+            for start in range(0, k, rows):
+                cache[start:start + rows] = self.features[self.cached_ids[start:start + rows]].to(self.device)
+                step.update(min(k, start + rows) * self.row_bytes, k * self.row_bytes)
         return cache
 
     # ------------------------------------------------------------------ queries

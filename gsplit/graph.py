@@ -311,23 +311,27 @@ class Graph:
             >>> g.to("cpu").fingerprint() == g.fingerprint()
             True
         """
-        moved = Graph(self.indptr.to(device), self.indices.to(device))
+        return self._same_structure(self.indptr.to(device), self.indices.to(device))
+
+    def _same_structure(self, indptr: torch.Tensor, indices: torch.Tensor) -> "Graph":
+        """A graph over ``indptr`` and ``indices`` (this graph's arrays elsewhere), keeping the fingerprint."""
+        other = Graph(indptr, indices)
         cached = self.__dict__.get("_fingerprint")
         if cached is not None:
-            moved.__dict__["_fingerprint"] = cached
-        return moved
+            other.__dict__["_fingerprint"] = cached
+        return other
 
     def pin_memory(self) -> "Graph":
-        """Page-lock the graph's host arrays where they are, so GPU kernels read them over UVA; returns ``self``.
+        """The graph with its host arrays readable by GPU kernels over UVA (page-locked), or ``self`` unpinned.
 
-        The arrays are registered in place (``cudaHostRegister``, mapped, as the feature store pins
-        features), never copied: a copy per rank (``Tensor.pin_memory``) would hold the graph once per
-        GPU in page-locked memory, rounded up to a power of two by torch's pinned allocator, and never
-        freed. Ranks started by :func:`gsplit.launch` receive the graph in shared memory, so every rank
-        of a host registers the same pages: the graph is held once per host. Registering a
-        memory-mapped graph (``Graph.load(mmap=True)``) reads it into memory. Needs CUDA and CuPy;
-        without them (or when the registration fails) the graph is returned unpinned, with a log line,
-        and is sampled where it is (:func:`gsplit.ops.sampling_device`).
+        Each array goes through :func:`gsplit.ops.pinning.make_host_readable`: registered where it is
+        (``cudaHostRegister``, mapped) when it lives in anonymous or shared memory, so nothing is copied: ranks
+        started by :func:`gsplit.launch` receive the graph in shared memory and every rank of a host registers
+        the same pages (the graph is held once per host); else (a memory-mapped graph, ``Graph.load(mmap=True)``,
+        or a registration that is slow or refused) a pinned copy of exactly its size when the host has the
+        memory, and the result is a new graph over the copies (one per rank). Needs CUDA and CuPy; without
+        them, or when an array can be neither, the graph is returned unpinned, with a log line, and is sampled
+        where it is (:func:`gsplit.ops.sampling_device`).
         """
         if not torch.cuda.is_available():
             log.info("pin_memory: CUDA is not available; returning the graph unchanged")
@@ -336,15 +340,21 @@ class Graph:
             raise ValueError(f"pin_memory pins a host graph, but this graph is on {self.device}; "
                              "call it on the host graph (or keep the graph on the GPU)")
         from gsplit.ops import cuda as cuda_kernels  # gsplit.ops imports this module
+        from gsplit.ops import pinning
 
         if not cuda_kernels.cupy_available():
-            log.warning("pin_memory: pinning in place needs CuPy, which does not work here (see the warning of "
+            log.warning("pin_memory: pinning needs CuPy, which does not work here (see the warning of "
                         "gsplit.ops.cuda); the graph stays in pageable memory and is sampled by the CPU")
             return self
+        readable = []
         for name, array in (("indptr", self.indptr), ("indices", self.indices)):
-            if not cuda_kernels.pin_in_place(array, what=f"graph {name}"):
-                break  # logged; a half-pinned graph is not readable by the kernels, so it is sampled on the CPU
-        return self
+            got = pinning.make_host_readable(array, f"graph {name} array")
+            if got.tensor is None:
+                return self  # logged; a half-pinned graph is not readable by the kernels: sampled on the CPU
+            readable.append(got.tensor)
+        if readable[0] is self.indptr and readable[1] is self.indices:
+            return self
+        return self._same_structure(*readable)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: Union[str, os.PathLike]) -> None:

@@ -43,6 +43,7 @@ from gsplit.sampling.block import Block, MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.ops.torch_ops import to_device
 from gsplit.split.split_sampling import local_targets, sp_sample
+from gsplit.timing import timed_step
 
 log = logging.getLogger(__name__)
 
@@ -300,7 +301,8 @@ class DataLoader(RankLoader):
         if partition is None and self.comm.world_size > 1:  # as DGL's call site: no map given, make one
             partition = default_partition(graph, self.schedule.indices, sampler, batch_size, self.comm)
         owner = owner_tensor(partition, graph, self.comm.world_size)
-        self.owner = owner.to(self.sample_device)
+        with timed_step(f"moving the owner map to {self.sample_device}", logger=log):
+            self.owner = owner.to(self.sample_device)
         # on the host too: each batch's local targets (and their labels) are picked there, without a device
         # sync; the map itself when it is on the host (owner_tensor keeps its narrow type: 1 byte per vertex)
         self._host_owner = owner if owner.device.type == "cpu" else owner.cpu()

@@ -8,16 +8,98 @@ have completed (``Event.query()`` does not block) or where the host waits anyway
 :class:`LayerClock` does the same inside a step, for each layer's forward and backward (marks in
 :func:`gsplit.sp_forward`'s loops and identity autograd nodes whose backward marks), so the run log can
 say which layer a slow rank is slow in (``trainer.iteration_balance``).
+
+:func:`timed_step` times a one-off setup step instead (pinning a table, copying the graph to a GPU,
+filling a cache): its time at INFO when it ends, and progress lines while it runs long, so a stall says
+where it is.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, List, Optional, Tuple
+from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 import torch
+
+log = logging.getLogger(__name__)
+
+
+class SetupStep:
+    """A running :func:`timed_step`: ``update(done, total)`` says how far it is (shown in progress lines),
+    ``note`` is appended to its final log line, ``seconds`` is the time so far."""
+
+    def __init__(self, what: str, unit: str = "GiB", scale: float = 2.0**30):
+        self.what = what
+        self.unit = unit
+        self.scale = scale
+        self.done: Optional[float] = None
+        self.total: Optional[float] = None
+        self.note = ""
+        """Appended to the step's final log line (e.g. what it fell back to, or a rate)."""
+        self.started = time.monotonic()
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def update(self, done: float, total: float) -> None:
+        """``done`` of ``total`` (in the step's base unit, bytes by default) are finished."""
+        self.done, self.total = float(done), float(total)
+
+    def progress(self) -> str:
+        if self.done is None or not self.total:
+            return ""
+        return (f" ({self.done / self.scale:.2f} of {self.total / self.scale:.2f} {self.unit}, "
+                f"{100 * self.done / self.total:.0f} %)")
+
+
+@contextlib.contextmanager
+def timed_step(what: str, *, logger: Optional[logging.Logger] = None, progress_after: float = 5.0,
+               every: float = 5.0, warn_after: float = 30.0, unit: str = "GiB",
+               scale: float = 2.0**30) -> Iterator[SetupStep]:
+    """Time a setup step: one INFO line with its seconds when it ends, progress lines while it runs long.
+
+    A step that blocks in a single call (a driver call, a copy) cannot report on itself, so a watchdog
+    thread logs ``still <what>: N s so far`` at INFO every ``every`` seconds once ``progress_after``
+    have passed, with the step's progress (:meth:`SetupStep.update`) when it has one, and one WARNING
+    line once ``warn_after`` seconds have passed: a stall then says where it is, also without ``-v``.
+
+    Example:
+        >>> with timed_step("counting to three") as step:
+        ...     for i in range(3):
+        ...         step.update(i + 1, 3)
+        >>> round(step.seconds) == 0 and step.done == 3
+        True
+    """
+    logger = logger or log
+    step = SetupStep(what, unit, scale)
+    stop = threading.Event()
+
+    def watch() -> None:
+        warned = False
+        wait = progress_after
+        while not stop.wait(wait):
+            elapsed = step.seconds
+            if not warned and elapsed >= warn_after:
+                warned = True
+                logger.warning("%s has taken %.0f s so far%s", what, elapsed, step.progress())
+            else:
+                logger.info("still %s: %.0f s so far%s", what, elapsed, step.progress())
+            wait = every if warned or elapsed + every < warn_after else max(0.01, warn_after - elapsed)
+
+    watcher = threading.Thread(target=watch, name=f"timed_step: {what}", daemon=True)
+    watcher.start()
+    try:
+        yield step
+    finally:
+        stop.set()
+        watcher.join()
+    logger.info("%s took %.2f s%s", what, step.seconds, f" ({step.note})" if step.note else "")
 
 
 class _Stamps:

@@ -37,7 +37,7 @@ from gsplit.resources import keep_freed_heap
 from gsplit.resume import run_record
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.systems import SYSTEMS
-from gsplit.timing import LayerClock, StepTimer
+from gsplit.timing import LayerClock, StepTimer, timed_step
 
 log = logging.getLogger(__name__)
 
@@ -341,8 +341,15 @@ def rank_graph(graph: Graph, device: torch.device, uva: bool = False) -> Graph:
         True
     """
     if uva and device.type == "cuda":
-        return graph.pin_memory()
-    return _rank_graph(graph, device)
+        return graph.pin_memory()  # logs its own time (gsplit.ops.pinning)
+    if device.type != "cuda":
+        return graph
+    with timed_step(f"copying the {_gib(graph.indptr, graph.indices):.2f} GiB graph to {device}", logger=log):
+        return _rank_graph(graph, device)
+
+
+def _gib(*tensors: torch.Tensor) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**30
 
 
 def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Optional[torch.Tensor],
@@ -380,8 +387,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
-    train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
-                                      **split_options, **group_options)
+    with timed_step("setting up the training loader", logger=log):
+        train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
+                                          **split_options, **group_options)
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
     model = system.prepare_model(cfg, model, train_loader)
     eval_options = {"features": getattr(train_loader, "feature_store", dataset.features),
@@ -392,9 +400,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     job_comm = Communicator(hosts[1] if hosts is not None else comm.group)
     # one owner array per device: the evaluation loaders share the training loader's (already checked)
     eval_owner = getattr(train_loader, "owner", owner)
-    eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, eval_owner, device, sampler, False,
-                                             **eval_options)
-                    for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
+    with timed_step("setting up the evaluation loaders", logger=log):
+        eval_loaders = {name: system.make_loader(cfg, dataset, graph, idx, eval_owner, device, sampler, False,
+                                                 **eval_options)
+                        for name, idx in (("val", dataset.val_idx), ("test", dataset.test_idx)) if idx.numel()}
     history = []
     if cfg.checkpoint_dir and rank == 0:  # before any work: model.pt and every save go here
         prepare_checkpoint_dir(cfg.checkpoint_dir)

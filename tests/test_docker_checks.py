@@ -188,7 +188,7 @@ def test_first_gpu_run_script_reports_what_it_skipped_without_a_gpu(tmp_path):
     assert done.returncode == 3, done.stdout + done.stderr  # --require-gpu: no GPU is a failure
     text = report.read_text()
     assert "NOT A GPU RUN" in text
-    for part in ("gpu-tests", "sanitizer", "gpu-kernel-timings", "split-vs-dp"):
+    for part in ("gpu-tests", "sanitizer", "gpu-bench"):
         assert f"| {part} | skipped: no CUDA GPU on this machine |" in text, part
     for part in ("environment", "suite"):  # what runs without a GPU, runs
         assert f"| {part} | passed |" in text, part
@@ -199,25 +199,49 @@ def test_first_gpu_run_script_keeps_whole_logs_and_checks_skip_names(tmp_path):
     report = tmp_path / "report.md"
     env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(Path.home())}
     argv = ["bash", str(ROOT / "experiments" / "gpu_first_run.sh"), "--quick", "--report", str(report)]
-    done = subprocess.run(argv + ["--skip", "sanitizer,split-vs-dp"], env=env, capture_output=True, text=True,
+    done = subprocess.run(argv + ["--skip", "sanitizer,gpu-bench"], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     text = report.read_text()
-    assert "| sanitizer | skipped: --skip |" in text and "| split-vs-dp | skipped: --skip |" in text
+    assert "| sanitizer | skipped: --skip |" in text and "| gpu-bench | skipped: --skip |" in text
     assert " passed" in (tmp_path / "report.suite.log").read_text()  # the whole output, not only its tail
     wrong = subprocess.run(argv + ["--skip", "sanitiser"], env=env, capture_output=True, text=True, timeout=300)
     assert wrong.returncode == 2 and "unknown parts ['sanitiser']" in wrong.stderr
 
 
-def test_gpu_bench_dry_run_on_the_cpu(tmp_path):
+@pytest.mark.slow
+def test_gpu_bench_quick_runs_every_part_on_the_cpu(tmp_path):
+    """The five-minute GPU benchmark's code path at small sizes: the same parts, JSON and table (the GPU-only
+    parts and rows say they were skipped)."""
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_bench.py"), "--device", "cpu",
-                           "--nodes", "3000", "--repeats", "1", "--iters", "2",
-                           "--parts", "bandwidth,kernels,layers,cache", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_bench.py"), "--quick", "--device", "cpu",
+                           "--workdir", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    parts = json.loads(out.read_text())["parts"]
-    assert parts["kernels"]["gather"]["store_same"] is True
-    assert [row["seeds"] for row in parts["kernels"]["per_seed_count"]] == [1024, 8192, 65536]
-    assert parts["layers"]["gsplit_sage_ms"] > 0
-    assert [row["fraction"] for row in parts["cache"]["rows"]] == [0.0, 0.5, 1.0]
-    assert parts["cache"]["rows"][2]["hit_rate"] == 1.0
+    result = json.loads(out.read_text())
+    parts = result["parts"]
+    assert set(parts) == {"system", "pin_probe", "first_iteration", "bandwidth", "kernels", "layers", "train",
+                          "full_graph"}
+    assert "kernel" in parts["system"]
+    probe = {r["kind"]: r for r in parts["pin_probe"]["rows"]}  # io_uring's long-term pin stands in for CUDA's
+    assert set(probe) == {"anonymous", "private-file", "shared-file-read-only", "dev-shm"}
+    if probe["private-file"].get("error") is None and "rss_delta_MiB" in probe["private-file"]:
+        assert probe["private-file"]["rss_delta_MiB"]["RssAnon"] >= 15  # every page of 16 MiB copied
+        assert abs(probe["anonymous"]["rss_delta_MiB"]["RssAnon"]) < 1
+    assert parts["kernels"]["gather"]["store_same"] is True and parts["kernels"]["rates"]["sample_edges_per_s"] > 0
+    rows = parts["train"]["rows"]
+    assert [(r["system"], r["targets"], r["fanouts"]) for r in rows[:3]] == \
+        [("split", 16, "15,10,5"), ("split_uva", 16, "15,10,5"), ("dp", 16, "15,10,5")]
+    for row in rows:
+        if row["system"] == "split_uva":
+            assert row["status"] == "skipped: --uva needs a GPU"
+            continue
+        assert row["status"] == "ok", row
+        floor = row["floor"]
+        assert row["ms_per_iteration"] > 0 and floor["total_ms"] == pytest.approx(
+            floor["sample_ms"] + floor["feature_ms"] + floor["layers_ms"])
+        assert row["over_floor"] == pytest.approx(row["ms_per_iteration"] / floor["total_ms"])
+    first = [r for r in parts["first_iteration"]["rows"] if r["status"] == "ok"]
+    assert {(r["source"], r["system"]) for r in first} == {(s, y) for s in ("folder", "memory") for y in ("split", "dp")}
+    assert parts["full_graph"]["gsplit"]["status"] == "ok"
+    assert "ms/it" in done.stdout and "first iteration" in done.stdout  # the table

@@ -9,6 +9,7 @@ import gsplit
 from gsplit import finite as finite_module
 from gsplit.graph import Graph
 from gsplit.ops import cuda as cuda_kernels
+from gsplit.ops import pinning
 from gsplit.partitioning.partition_map import PartitionMap, owner_tensor
 
 
@@ -89,8 +90,9 @@ def fake_cuda(monkeypatch):
     registered = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda_kernels, "cupy_available", lambda: True)
-    monkeypatch.setattr(cuda_kernels, "pin_in_place",
-                        lambda t, what="": registered.append((t.data_ptr(), t.numel() * t.element_size())) or True)
+    monkeypatch.setattr(pinning, "register_in_place",
+                        lambda t, what="", policy=None, step=None:
+                        (registered.append((t.data_ptr(), t.numel() * t.element_size())) or True, ""))
 
     def no_copy(self, *args, **kwargs):
         raise AssertionError("Tensor.pin_memory copies into torch's pinned allocator (rounded up to a power of two)")

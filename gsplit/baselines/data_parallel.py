@@ -15,6 +15,7 @@ from typing import Iterator, Optional, Union
 
 import torch
 
+from gsplit.feature_store import FeatureStore
 from gsplit.graph import Graph
 from gsplit.loader import IterationStats, RankLoader
 from gsplit.sampling.block import MiniBatch
@@ -23,6 +24,11 @@ from gsplit.sampling.neighbor import NeighborSampler
 
 class DataParallelLoader(RankLoader):
     """Per-rank micro-batch loader with the same arguments and output triple as :class:`gsplit.DataLoader`.
+
+    Input features are read through a :class:`~gsplit.feature_store.FeatureStore` with no owner map, as DGL's
+    multi-GPU example reads them: on a GPU the rows are gathered by the GPU from pinned host memory (or from
+    device memory, for a table already there); ``cache_size`` keeps the hottest rows (every row, when it
+    covers the table) in each rank's device memory. ``features`` may be another loader's store (shared).
 
     Example:
         >>> loader = DataParallelLoader(g, train_idx, sampler, use_ddp=True, batch_size=1024,
@@ -33,13 +39,17 @@ class DataParallelLoader(RankLoader):
     def __init__(self, graph: Graph, indices, sampler: NeighborSampler, *,
                  device: Union[str, torch.device, None] = None, use_ddp: bool = False, ddp_seed: int = 0,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
-                 features: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
-                 group=None, partition=None):
+                 features: Union[torch.Tensor, FeatureStore, None] = None, labels: Optional[torch.Tensor] = None,
+                 group=None, partition=None, cache_size: Union[int, str] = 0, cache_weights=None):
         del partition  # accepted so both loaders take the same arguments; data parallelism ignores it
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
         self.device = torch.device(device) if device is not None else graph.device
-        self.features, self.labels = features, labels
+        # as DGL's multi-GPU example: rows gathered on the GPU from pinned host memory (or from device memory,
+        # for a table already there or cached whole); every rank may need every row, so no owner map
+        self.feature_store = FeatureStore.for_loader(features, self.device, cache_size, cache_weights, graph)
+        self.features = None if self.feature_store is None else self.feature_store.features
+        self.labels = labels
         self.last_stats = IterationStats()
 
     def _batches(self, epoch: int, start: int) -> Iterator[MiniBatch]:
@@ -52,9 +62,11 @@ class DataParallelLoader(RankLoader):
                 batch = batch.to(self.device)
             t1 = time.perf_counter()
             blocks = batch.blocks
-            if self.features is not None:
-                blocks[0].srcdata["feat"] = self.features[batch.input_nodes.to(self.features.device)].to(self.device)
+            counts = None
+            if self.feature_store is not None:
+                rows, counts = self.feature_store.gather_with_counts(batch.input_nodes)
+                blocks[0].srcdata["feat"] = rows.to(self.device, non_blocking=True)
             if self.labels is not None:
                 blocks[-1].dstdata["label"] = self.labels[seeds.to(self.labels.device)].to(self.device)
-            self.last_stats = IterationStats.of_batch(batch, t1 - t0, time.perf_counter() - t1)
+            self.last_stats = IterationStats.of_batch(batch, t1 - t0, time.perf_counter() - t1, counts)
             yield batch

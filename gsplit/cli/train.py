@@ -445,8 +445,9 @@ def add_parser(sub) -> None:
                         "also no final layer-wise evaluation: for timing runs)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--cache-size", default="0",
-                   help="split: device memory per rank for its hottest owned features, e.g. 10G or 512M "
-                        "(default 0: no cache); ordered by the partition folder's vertex_weights.npy, else in-degree")
+                   help="device memory per rank for its hottest features (split: owned ones; dp: any), e.g. 10G "
+                        "or 512M (default 0: no cache); ordered by the partition folder's vertex_weights.npy, else "
+                        "in-degree")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="save checkpoints (model, optimiser, position, RNG) here, atomically, and the trained model "
                         "as DIR/model.pt at the end")
@@ -472,8 +473,9 @@ def add_parser(sub) -> None:
                         "row it needs from the feature table every rank holds (no bottom id exchange, no feature "
                         "shuffle); auto (default): direct for CPU ranks without a cache, else shuffle")
     p.add_argument("--uva", action="store_true",
-                   help="GPUs: keep the graph in host memory, pinned once per host, and sample it from the GPUs "
-                        "(UVA) instead of copying it to every GPU; for graphs too large for each GPU")
+                   help="GPUs: keep the graph in host memory, pinned (in place once per host; a memory-mapped graph "
+                        "as a pinned copy per rank), and sample it from the GPUs (UVA) instead of copying it to every "
+                        "GPU; for graphs too large for each GPU")
     p.add_argument("--full-graph", action="store_true",
                    help="full-graph training, split-parallel: every epoch one step over all vertices and all "
                         "in-edges (the loss over the training vertices); --fanouts gives the number of layers only; "

@@ -19,12 +19,13 @@ import contextlib
 import functools
 import importlib.resources
 import logging
-import weakref
 from pathlib import Path
 from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+from gsplit.ops import pinning
 
 log = logging.getLogger(__name__)
 
@@ -277,98 +278,26 @@ def _relabel_kernel(dst_nodes: torch.Tensor, src: torch.Tensor):
 
 
 # ---------------------------------------------------------------------------------------- feature gather
-_CUDA_HOST_REGISTER_PORTABLE = 1
-_CUDA_HOST_REGISTER_MAPPED = 2
-_CUDA_HOST_REGISTER_READ_ONLY = 8  # CUDA >= 11.1, where the device supports it (cudaDevAttrHostRegisterReadOnlySupported)
-
-
-def private_file_mapping(ptr: int, nbytes: int) -> Optional[str]:
-    """The file behind ``[ptr, ptr + nbytes)`` when that range is a *private* (copy-on-write) file mapping, else None.
-
-    A prepared dataset folder is memory-mapped copy-on-write (:mod:`gsplit.datasets.folder`), so the ranks of
-    a host share its page cache. Pinning such a range *writable* makes the kernel break copy-on-write on
-    every page: each process would get a private copy of the whole table. Reads ``/proc/self/maps``
-    (Linux); elsewhere returns None.
-    """
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                fields = line.split(None, 5)
-                lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                if lo <= ptr < hi:
-                    path = fields[5].strip() if len(fields) > 5 else ""
-                    private = fields[1][3:4] == "p"
-                    return path if private and path.startswith("/") and not path.startswith("/dev/shm/") else None
-    except OSError:
-        return None
-    return None
-
-
 def pin_in_place(t: torch.Tensor, what: str = "host feature tensor") -> bool:
     """Page-lock ``t``'s memory where it is (``cudaHostRegister``) and map it for the GPU; ``False`` if impossible.
 
-    No copy: a copy would double host memory for features that may be most of it. The range is
-    registered *mapped* (so the GPU gets a device-side address for zero-copy reads), *portable* and, where
-    the device supports it, *read-only* (gsplit only reads it; a copy-on-write file mapping, as a prepared
-    dataset folder is, stays shared between the host's ranks). Without read-only support such a mapping is
-    not pinned (pinning it writable would copy every page into this process): the CPU reads it. The
-    device pointer is checked at once. The registration is undone when ``t``'s storage is freed, so a
-    later tensor that reuses the memory is never mistaken for pinned. A range that someone else
-    registered ("already registered") is not trusted: its flags and lifetime are unknown, so the caller
-    falls back to the CPU gather. Needs CuPy.
+    :func:`gsplit.ops.pinning.register_in_place` with the policy of the environment: in timed chunks, read-only
+    where supported, undone when ``t``'s storage dies, never for a memory-mapped file, given up (and undone)
+    when it would take longer than its budget; a failure is logged as a WARNING with its reason. Callers that
+    may use a pinned copy instead call :func:`gsplit.ops.pinning.make_host_readable`. Needs CuPy.
     """
-    import cupy
-
     if t.is_pinned():
-        # torch's own pinned memory (cudaHostAlloc), or a range this function registered and whose storage
-        # is still alive (a freed one was unregistered by its finalizer): mapped either way
+        # torch's own pinned memory (cudaHostAlloc), or a range registered here whose storage is still alive (a
+        # freed one was unregistered by its finalizer): mapped either way
         return _device_pointer(t) is not None
-    nbytes = t.numel() * t.element_size()
-    ptr = t.data_ptr()
-    flags = _CUDA_HOST_REGISTER_PORTABLE | _CUDA_HOST_REGISTER_MAPPED
-    try:
-        # gsplit's kernels only read pinned graphs and features: read-only registration never writes a page,
-        # so a copy-on-write file mapping shared by the host's ranks stays shared
-        cupy.cuda.runtime.hostRegister(ptr, nbytes, flags | _CUDA_HOST_REGISTER_READ_ONLY)
-    except cupy.cuda.runtime.CUDARuntimeError as exc:
-        backing = private_file_mapping(ptr, nbytes)
-        if backing is not None:
-            log.warning("cannot pin the %.1f GiB %s read-only (%s), and pinning it writable would give this process "
-                        "a private copy of every page of %s; the CPU reads it instead", nbytes / 2**30, what, exc,
-                        backing)
-            return False
-        try:
-            cupy.cuda.runtime.hostRegister(ptr, nbytes, flags)
-        except cupy.cuda.runtime.CUDARuntimeError as exc2:
-            log.warning("cannot pin the %.1f GiB %s in place (%s); the CPU reads it instead", nbytes / 2**30, what,
-                        exc2)
-            return False
-    # unregister when the memory goes away (the storage, not this view, owns it)
-    weakref.finalize(t.untyped_storage(), _unregister, ptr)
-    if _device_pointer(t) is None:
-        _unregister(ptr)
-        log.warning("pinned the %s but CUDA gives it no device-side address; the CPU reads it instead", what)
-        return False
-    return True
+    ok, why = pinning.register_in_place(t, what)
+    if not ok:
+        log.warning("cannot pin the %.2f GiB %s in place (%s); the CPU reads it instead",
+                    t.numel() * t.element_size() / 2**30, what, why)
+    return ok
 
 
-def _device_pointer(t: torch.Tensor):
-    import cupy
-
-    try:
-        ptr = cupy.cuda.runtime.pointerGetAttributes(t.data_ptr()).devicePointer
-    except cupy.cuda.runtime.CUDARuntimeError:
-        return None
-    return ptr or None
-
-
-def _unregister(ptr: int) -> None:
-    try:
-        import cupy
-
-        cupy.cuda.runtime.hostUnregister(ptr)
-    except Exception:  # noqa: BLE001 - at interpreter exit CUDA may already be gone; nothing to undo then
-        pass
+_device_pointer = pinning.device_pointer
 
 
 def _word_size(row_bytes: int, *tensors: torch.Tensor) -> int:
