@@ -10,6 +10,7 @@ neighbourhoods is the redundancy that split parallelism removes.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Iterator, Optional, Union
 
@@ -18,11 +19,16 @@ import torch
 from gsplit.graph import Graph
 from gsplit.loader import IterationStats, RankLoader
 from gsplit.sampling.block import MiniBatch
+from gsplit.sampling.macrobatch import BatchInputs, union_positions
 from gsplit.sampling.neighbor import NeighborSampler
 
 
 class DataParallelLoader(RankLoader):
     """Per-rank micro-batch loader with the same arguments and output triple as :class:`gsplit.DataLoader`.
+
+    ``macrobatch=B`` (and ``macrobatch_memory``) as in :class:`gsplit.DataLoader`: the rank samples its
+    micro-batches of ``B`` consecutive iterations, gathers the union of their input rows once and yields them
+    one at a time, each exactly as with ``B = 1``.
 
     Example:
         >>> loader = DataParallelLoader(g, train_idx, sampler, use_ddp=True, batch_size=1024,
@@ -34,27 +40,49 @@ class DataParallelLoader(RankLoader):
                  device: Union[str, torch.device, None] = None, use_ddp: bool = False, ddp_seed: int = 0,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  features: Optional[torch.Tensor] = None, labels: Optional[torch.Tensor] = None,
-                 group=None, partition=None):
+                 group=None, partition=None, macrobatch: int = 1, macrobatch_memory=None):
         del partition  # accepted so both loaders take the same arguments; data parallelism ignores it
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
         self.device = torch.device(device) if device is not None else graph.device
         self.features, self.labels = features, labels
         self.last_stats = IterationStats()
+        row_bytes = 0 if features is None else math.prod(features.shape[1:]) * features.element_size()
+        self.macrobatch = self._init_macrobatch(macrobatch, macrobatch_memory, sampler, batch_size, row_bytes,
+                                                shuffled=False)
 
     def _batches(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         b = self.schedule.batch_size
-        for it, global_batch in self.schedule.numbered_batches(epoch, start):
-            seeds = global_batch[self.rank * b:(self.rank + 1) * b]  # this rank's micro-batch
+        for group in self._macrobatches(epoch, start):
             t0 = time.perf_counter()
-            batch = self.sampler.sample_layers(self.graph, seeds, epoch, it)
+            seeds = [global_batch[self.rank * b:(self.rank + 1) * b] for _, global_batch in group]  # this rank's
+            batches = self.sampler.sample_many(self.graph, seeds, epoch, [it for it, _ in group])
             if self.device != self.graph.device:
-                batch = batch.to(self.device)
+                batches = [batch.to(self.device) for batch in batches]
             t1 = time.perf_counter()
-            blocks = batch.blocks
-            if self.features is not None:
-                blocks[0].srcdata["feat"] = self.features[batch.input_nodes.to(self.features.device)].to(self.device)
+            # a macrobatch gathers the union of its micro-batches' rows once; each picks its own when yielded
+            inputs, loaded = [None] * len(batches), batches[0].input_nodes.numel()
+            if self.features is not None and len(batches) > 1:
+                union, positions = union_positions([batch.input_nodes for batch in batches], self.graph.num_nodes)
+                rows = {"feat": self._gather(union)}
+                inputs, loaded = [BatchInputs(rows, p) for p in positions], union.numel()
+            elif self.features is not None:
+                batches[0].blocks[0].srcdata["feat"] = self._gather(batches[0].input_nodes)
             if self.labels is not None:
-                blocks[-1].dstdata["label"] = self.labels[seeds.to(self.labels.device)].to(self.device)
-            self.last_stats = IterationStats.of_batch(batch, t1 - t0, time.perf_counter() - t1)
-            yield batch
+                for s, batch in zip(seeds, batches):
+                    batch.blocks[-1].dstdata["label"] = self.labels[s.to(self.labels.device)].to(self.device)
+            load_s = time.perf_counter() - t1
+            for k, (batch, batch_inputs) in enumerate(zip(batches, inputs)):
+                t2 = time.perf_counter()
+                if batch_inputs is not None:
+                    batch_inputs.attach(batch.blocks[0])
+                first = k == 0
+                self.last_stats = IterationStats.of_batch(batch, t1 - t0 if first else 0.0,
+                                                          (load_s if first else 0.0) + time.perf_counter() - t2,
+                                                          macrobatch=len(batches))
+                self.last_stats.input_rows = loaded if first else 0
+                yield batch
+
+    def _gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """The feature rows of ``ids`` on the loader's device."""
+        return self.features[ids.to(self.features.device)].to(self.device)
