@@ -21,6 +21,11 @@ Parts (each stops early when ``--budget`` seconds are spent; what did not run sa
 5. ``shared``: split and data parallel with 2 and 4 ranks sharing the one GPU over gloo (host staging):
    sample / load / forward-backward ms per iteration. NCCL needs one GPU per rank, so it is not exercised
    here beyond world size 1. The map is ``random`` (no METIS in the time a lease allows).
+6. ``macrobatch`` (issue 33): ``train_rank`` on one GPU, no feature cache (every input row read from pinned
+   host memory through UVA), split and dp with ``--macrobatches`` (default 1 and 16) mini-batches per
+   macrobatch, ``--iters`` iterations: ms per iteration, input rows and host bytes read per iteration (split:
+   the feature store's UVA bytes; dp: rows x row bytes of its host gather). For the issue's numbers run it on
+   the 2M-vertex graph: ``--parts macrobatch --train-nodes 2000000 --iters 32``.
 """
 
 from __future__ import annotations
@@ -215,6 +220,28 @@ def shared(ds, dev: torch.device, worlds, iters: int, budget: Budget) -> dict:
     return {"map": "random", "rows": rows}
 
 
+def macrobatch(ds, dev: torch.device, sizes, iters: int, budget: Budget) -> dict:
+    from gsplit.trainer import TrainConfig, train_rank
+
+    row_bytes = ds.features.shape[1] * ds.features.element_size()
+    rows = []
+    for system in ("split", "dp"):
+        for size in sizes:
+            if budget.left() < 30:
+                rows.append({"system": system, "macrobatch": size, "status": f"not run: {budget.left():.0f} s left"})
+                continue
+            cfg = TrainConfig(system=system, epochs=1, max_iters=iters, eval_every=0, device=str(dev),
+                              macrobatch=size, final_eval=False)
+            epoch = train_rank(0, 1, cfg, ds, None)["epochs"][0]
+            its = epoch["ranks"][0]["per_iteration"]
+            n = max(1, len(its))
+            host = sum(it["host_bytes"] for it in its) if system == "split" else epoch["input_rows"] * row_bytes
+            rows.append({"system": system, "macrobatch": size, **_per_iteration(epoch),
+                         "input_rows_per_iteration": epoch["input_rows"] / n, "host_MB_per_iteration": host / n / 1e6,
+                         "host_read": "UVA (feature store)" if system == "split" else "host gather + copy"})
+    return {"row_bytes": row_bytes, "rows": rows}
+
+
 def table(title: str, rows, keys) -> None:
     print(f"\n{title}")
     print(" | ".join(keys))
@@ -231,7 +258,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=10, help="iterations per training run")
     p.add_argument("--worlds", default="2,4", help="ranks sharing the device")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--parts", default="bandwidth,kernels,layers,cache,shared")
+    p.add_argument("--macrobatches", default="1,16", help="macrobatch sizes of the macrobatch part")
+    p.add_argument("--parts", default="bandwidth,kernels,layers,cache,shared,macrobatch")
     p.add_argument("--budget", type=float, default=150.0, help="seconds for everything")
     p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "gpu_bench.json"))
     args = p.parse_args(argv)
@@ -260,13 +288,18 @@ def main(argv=None) -> int:
                 got = kernels(args.nodes, dev, sync, args.repeats)
             elif part == "layers":
                 got = layers(args.nodes, dev, sync, args.repeats)
-            elif part in ("cache", "shared"):
+            elif part in ("cache", "shared", "macrobatch"):
                 if ds is None:
                     ds = gsplit.datasets.load("synthetic", num_nodes=args.train_nodes or args.nodes, seed=0)
-                got = cache(ds, dev, args.iters, budget) if part == "cache" else \
-                    shared(ds, dev, [int(w) for w in args.worlds.split(",")], args.iters, budget)
+                if part == "cache":
+                    got = cache(ds, dev, args.iters, budget)
+                elif part == "shared":
+                    got = shared(ds, dev, [int(w) for w in args.worlds.split(",")], args.iters, budget)
+                else:
+                    got = macrobatch(ds, dev, [int(b) for b in args.macrobatches.split(",")], args.iters, budget)
             else:
-                raise SystemExit(f"unknown part {part!r}; parts are bandwidth, kernels, layers, cache, shared")
+                raise SystemExit(f"unknown part {part!r}; parts are bandwidth, kernels, layers, cache, shared, "
+                                 "macrobatch")
         except Exception as exc:  # noqa: BLE001 - one failed part must not hide the others' numbers
             got = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
         got_seconds = time.monotonic() - t0
@@ -281,7 +314,7 @@ def main(argv=None) -> int:
                                                           "relabel_kernel_ms", "relabel_torch_ms",
                                                           "sampled_edges_per_s"])
             print("gather", json.dumps(got["gather"]))
-        elif part in ("cache", "shared"):
+        elif part in ("cache", "shared", "macrobatch"):
             table(part, got["rows"], list(got["rows"][0].keys()))
         else:
             print(json.dumps(got))

@@ -141,8 +141,10 @@ class NeighborSampler:
         # where the graph is, or on the seeds' GPU when the kernels can read a pinned host graph from there
         frontiers = [s.to(ops.sampling_device(graph, s.device)) for s in seeds]
         for layer in reversed(range(self.num_layers)):
-            sampled = [self.sample_neighbors(graph, f, layer, epoch, it) for f, it in zip(frontiers, iterations)]
-            relabelled = [ops.relabel(f, s.src, graph.num_nodes) for f, s in zip(frontiers, sampled)]
+            sampled, relabelled = [], []
+            for frontier, iteration in zip(frontiers, iterations):  # each batch's picks relabelled while in cache
+                sampled.append(self.sample_neighbors(graph, frontier, layer, epoch, iteration))
+                relabelled.append(ops.relabel(frontier, sampled[-1].src, graph.num_nodes))
             src_nodes = [src for src, _ in relabelled]
             nexts = [(src, None) for src in src_nodes] if exchange is None else exchange(layer, src_nodes)
             for k, (frontier, edges, (src, src_local), (_, index)) in enumerate(zip(frontiers, sampled, relabelled,

@@ -76,17 +76,8 @@ def exchange_ids_many(ids: Sequence[torch.Tensor], owners: Sequence[torch.Tensor
                          "k * num_nodes); pass the graph's vertex count")
     send, dest, sent_by_batch = _batch_major_sends(ids, sorts, comm.world_size, num_nodes)
     requested, _, requests_received = comm.all_to_all_counted(send, dest, tag=f"ids/{tag}")
-    batch = torch.div(requested, num_nodes, rounding_mode="floor")
-    requested = requested - batch * num_nodes
-    # each sender's requests come batch by batch; a stable sort by batch keeps each batch's grouped by sender
-    batch, by_batch = torch.sort(batch.to(_rank_dtype(len(ids))), stable=True)
-    requested = requested.index_select(0, by_batch)
-    sender = torch.repeat_interleave(torch.arange(comm.world_size, device=requested.device),
-                                     torch.tensor(requests_received, device=requested.device),
-                                     output_size=requested.numel())
-    received_by_batch = torch.zeros(len(ids) * comm.world_size, dtype=torch.int64, device=requested.device).index_add_(
-        0, batch.to(torch.int64) * comm.world_size + sender.index_select(0, by_batch), torch.ones_like(sender))
-    sent, received = torch.stack([sent_by_batch, received_by_batch.view(len(ids), -1)]).tolist()  # one wait
+    requested, received_by_batch = _requests_by_batch(requested, requests_received, len(ids), num_nodes)
+    sent, received = torch.stack([sent_by_batch, received_by_batch]).tolist()  # one wait
     out, start = [], 0
     for k, (x, (_, order)) in enumerate(zip(ids, sorts)):
         n = sum(received[k])
@@ -99,17 +90,43 @@ def exchange_ids_many(ids: Sequence[torch.Tensor], owners: Sequence[torch.Tensor
 def _batch_major_sends(ids: Sequence[torch.Tensor], sorts, world_size: int, num_nodes: int):
     """The ids of every batch in one send buffer: grouped by destination, then by batch (batch ``k``'s as
     ``k * num_nodes + id``, in its own exchange's order); returns ``(send, dest, counts)``, ``counts[k][j]``
-    the ids batch ``k`` sends rank ``j`` (a device tensor)."""
-    num = len(ids)
-    keys, values, counts = [], [], []
+    the ids batch ``k`` sends rank ``j`` (a device tensor). Each id's place is computed, not sorted for: the
+    batch's ids to rank ``j`` go after those of the earlier batches to ``j``."""
+    device = ids[0].device
+    counts = torch.stack([torch.zeros(world_size, dtype=torch.int64, device=device).index_add_(
+        0, dest.to(torch.int64), torch.ones_like(order)) for dest, order in sorts])  # [batch][destination]
+    to_dest = counts.sum(0)
+    # place of batch k's first id to rank j, minus where it sits in batch k's own (destination-grouped) order
+    shift = (torch.cumsum(to_dest, 0) - to_dest) + (torch.cumsum(counts, 0) - counts) - \
+        (torch.cumsum(counts, 1) - counts)
+    send = torch.empty(sum(x.numel() for x in ids), dtype=torch.int64, device=device)
     for k, (x, (dest, order)) in enumerate(zip(ids, sorts)):
-        keys.append(dest.to(torch.int64) * num + k)
-        values.append(x.index_select(0, order) + k * num_nodes)
-        counts.append(torch.zeros(world_size, dtype=torch.int64, device=x.device).index_add_(
-            0, dest.to(torch.int64), torch.ones_like(order)))
-    key, merge = torch.sort(torch.cat(keys).to(_rank_dtype(world_size * num)), stable=True)
-    dest = torch.div(key.to(torch.int64), num, rounding_mode="floor")
-    return torch.cat(values).index_select(0, merge), dest, torch.stack(counts)
+        place = shift[k].index_select(0, dest.to(torch.int64)) + torch.arange(x.numel(), device=device)
+        send.index_copy_(0, place, x.index_select(0, order).to(torch.int64) + k * num_nodes)
+    dest = torch.repeat_interleave(torch.arange(world_size, device=device), to_dest, output_size=send.numel())
+    return send, dest, counts
+
+
+def _requests_by_batch(requested: torch.Tensor, per_sender: List[int], num_batches: int, num_nodes: int):
+    """The received ``k * num_nodes + id`` requests (grouped by sender, each sender's by batch) as ids grouped
+    by batch, each batch's by sender; and ``counts[k][i]``, the requests of batch ``k`` from rank ``i``."""
+    device, world_size = requested.device, len(per_sender)
+    batch = torch.div(requested, num_nodes, rounding_mode="floor")
+    sender = torch.repeat_interleave(torch.arange(world_size, device=device), torch.tensor(per_sender, device=device),
+                                     output_size=requested.numel())
+    key = batch * world_size + sender
+    counts = torch.zeros(num_batches * world_size, dtype=torch.int64, device=device).index_add_(
+        0, key, torch.ones_like(key)).view(num_batches, world_size)
+    from_sender = counts.sum(0)
+    in_batch = counts.sum(1)
+    # a request's place: its batch's start, the earlier senders' requests of that batch, its rank within
+    # its (sender, batch) run, which starts where the sender's earlier batches end
+    shift = (torch.cumsum(in_batch, 0) - in_batch).unsqueeze(1) + (torch.cumsum(counts, 1) - counts) - \
+        (torch.cumsum(from_sender, 0) - from_sender).unsqueeze(0) - (torch.cumsum(counts, 0) - counts)
+    place = shift.view(-1).index_select(0, key) + torch.arange(requested.numel(), device=device)
+    out = torch.empty_like(requested)
+    out.index_copy_(0, place, requested - batch * num_nodes)
+    return out, counts
 
 
 def _own_frontier(ids: torch.Tensor, tag: str, num_nodes: Optional[int], interior_first: bool
