@@ -392,6 +392,12 @@ class DataLoader(RankLoader):
         """Whether batches carry overlap plans (see ``overlap`` above)."""
         self.reads_inputs = self._reads_inputs(input_features)
         """Whether this rank reads all its input rows from the table (``input_features`` resolved)."""
+        self.loads_union = self.features is not None and (self.features.device != self.device or
+                                                           (not self.reads_inputs and self.world_size > 1))
+        """Whether a macrobatch loads the union of its batches' input rows once, as it does where rows travel (the
+        feature shuffle; host memory to a GPU), rather than each batch's rows when it is yielded: where a rank
+        reads the table on its own device itself, a copy out of the union would cost what the read does
+        (measured on a CPU: 16 batches of the 100k graph, 88 ms read one by one, 120 ms through their union)."""
         tables = ([self.features] if self.features is not None else []) + list(self.extra_node_feats.values())
         self.macrobatch = self._init_macrobatch(macrobatch, macrobatch_memory, sampler, batch_size,
                                                 sum(math.prod(t.shape[1:]) * t.element_size() for t in tables),
@@ -468,11 +474,7 @@ class DataLoader(RankLoader):
                                  iterations=[it for it, _ in group], num_global_targets=[s.numel() for _, s in group],
                                  targets=[to_device(t, self.sample_device) for t in targets], overlap=self.overlap,
                                  exchange_inputs=not self.reads_inputs)
-        # A macrobatch loads the union of its rows once where rows travel (the feature shuffle; host memory to a
-        # GPU). A CPU rank that reads the shared table itself reads each batch's rows when it is yielded, as alone:
-        # there a read of the table costs what a copy out of the union would (measured: 16 batches of the 100k
-        # graph, 88 ms read one by one, 120 ms through their union)
-        union = len(batches) > 1 and not (self.reads_inputs and self.device.type == "cpu")
+        union = len(batches) > 1 and self.loads_union
         plan = macro_inputs(batches, self.owner, self.rank, self.world_size, self.graph.num_nodes,
                             read_directly=self.reads_inputs or self.world_size == 1) if union else None
         if self.device != self.sample_device:

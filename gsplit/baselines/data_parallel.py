@@ -50,6 +50,10 @@ class DataParallelLoader(RankLoader):
         row_bytes = 0 if features is None else math.prod(features.shape[1:]) * features.element_size()
         self.macrobatch = self._init_macrobatch(macrobatch, macrobatch_memory, sampler, batch_size, row_bytes,
                                                 shuffled=False)
+        self.loads_union = features is not None and features.device != self.device
+        """Whether a macrobatch reads the union of its micro-batches' input rows once (they travel: host memory to a
+        GPU) rather than each batch's rows when it is yielded (a CPU rank reading the table: a copy out of the
+        union would cost what the read does)."""
 
     def _batches(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         b = self.schedule.batch_size
@@ -60,27 +64,26 @@ class DataParallelLoader(RankLoader):
             if self.device != self.graph.device:
                 batches = [batch.to(self.device) for batch in batches]
             t1 = time.perf_counter()
-            # a macrobatch gathers the union of its micro-batches' rows once; each picks its own when yielded
-            inputs, loaded = [None] * len(batches), batches[0].input_nodes.numel()
-            if self.features is not None and len(batches) > 1:
+            inputs, loaded = [None] * len(batches), [batch.input_nodes.numel() for batch in batches]
+            if len(batches) > 1 and self.loads_union:
                 union, positions = union_positions([batch.input_nodes for batch in batches], self.graph.num_nodes)
                 rows = {"feat": self._gather(union)}
-                inputs, loaded = [BatchInputs(rows, p) for p in positions], union.numel()
-            elif self.features is not None:
-                batches[0].blocks[0].srcdata["feat"] = self._gather(batches[0].input_nodes)
+                inputs, loaded = [BatchInputs(rows, p) for p in positions], [union.numel()] + [0] * (len(batches) - 1)
             if self.labels is not None:
                 for s, batch in zip(seeds, batches):
                     batch.blocks[-1].dstdata["label"] = self.labels[s.to(self.labels.device)].to(self.device)
             load_s = time.perf_counter() - t1
-            for k, (batch, batch_inputs) in enumerate(zip(batches, inputs)):
+            for k, (batch, batch_inputs, rows_loaded) in enumerate(zip(batches, inputs, loaded)):
                 t2 = time.perf_counter()
                 if batch_inputs is not None:
                     batch_inputs.attach(batch.blocks[0])
+                elif self.features is not None:
+                    batch.blocks[0].srcdata["feat"] = self._gather(batch.input_nodes)
                 first = k == 0
                 self.last_stats = IterationStats.of_batch(batch, t1 - t0 if first else 0.0,
                                                           (load_s if first else 0.0) + time.perf_counter() - t2,
                                                           macrobatch=len(batches))
-                self.last_stats.input_rows = loaded if first else 0
+                self.last_stats.input_rows = rows_loaded
                 yield batch
 
     def _gather(self, ids: torch.Tensor) -> torch.Tensor:
