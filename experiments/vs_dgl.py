@@ -124,6 +124,7 @@ def parse_args(argv=None):
     p.add_argument("--dgl-python", default=str(common.REPO / ".venv-dgl" / "bin" / "python"),
                    help="interpreter of the DGL venv (./dev dgl-env builds it)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
+    p.add_argument("--name", default="vs_dgl", help="file name of the JSON and PNG in --out (default vs_dgl)")
     args = p.parse_args(argv)
     args.nodes = args.nodes or (20_000 if args.quick else 100_000)
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -364,7 +365,7 @@ def main(argv=None) -> int:
     if "dgl" in args.systems and not Path(args.dgl_python).exists():
         raise SystemExit(f"{args.dgl_python} does not exist; build the DGL venv with ./dev dgl-env "
                          "(or pass --dgl-python, or leave dgl out of --systems)")
-    stem = common.output_stem(args, "vs_dgl")
+    stem = common.output_stem(args, args.name)
     scratch = Path(args.out) / "scratch" / "vs_dgl"
     scratch.mkdir(parents=True, exist_ok=True)
     opts = dataset_options(args)
