@@ -44,6 +44,12 @@ in order, each stopped when ``--budget`` runs out (what did not run says so in t
    (``gsplit.estimate.calibrate.time_shares``) -- and one rank of the trainer per model; fits a device profile
    for ``gsplit estimate --device-profile`` (written beside ``--out`` as ``*_profile.json``).
 
+10. ``macrobatch`` (issue 33): ``train_rank`` on one device, world size 1, no feature cache (every input row read
+   from pinned host memory through UVA), split and data parallel with ``--macrobatches`` (default 1 and 16)
+   mini-batches per macrobatch, ``--iters`` iterations: ms per iteration (the epoch's wall time over its
+   iterations, the first macrobatch included), sample and load ms per iteration, input rows and host bytes read
+   per iteration (the feature store's count).
+
 ``--quick`` runs every part at small sizes on whatever device there is (the CPU here: the GPU-only parts say
 they were skipped), with the same JSON schema and table; ``tests/test_docker_checks.py`` runs it.
 """
@@ -762,6 +768,30 @@ def shares(ds, dev: torch.device, iters: int, budget: Budget, out: str) -> dict:
             "sample_ms_median": statistics.median(r["sample_s"] for rs in records.values() for r in rs) * 1e3}
 
 
+def macrobatch(ds, dev: torch.device, sizes, iters: int, budget: Budget) -> dict:
+    """Issue 33: UVA bytes and time per iteration with B mini-batches per macrobatch (split and dp, one rank)."""
+    from gsplit.trainer import TrainConfig, train_rank
+
+    rows = []
+    for system in ("split", "dp"):
+        for size in sizes:
+            if budget.left() < 30:
+                rows.append({"system": system, "macrobatch": size, "status": f"not run: {budget.left():.0f} s left"})
+                continue
+            cfg = TrainConfig(system=system, epochs=1, max_iters=iters, eval_every=0, device=str(dev), hidden=HIDDEN,
+                              macrobatch=size, final_eval=False)
+            epoch = train_rank(0, 1, cfg, ds, None)["epochs"][0]
+            its = epoch["ranks"][0]["per_iteration"]
+            n = max(1, len(its))
+            rows.append({"system": system, "macrobatch": size, "iterations": len(its),
+                         "ms_per_iteration": 1e3 * epoch["epoch_s"] / n,
+                         "sample_ms": 1e3 * sum(it["sample_s"] for it in its) / n,
+                         "load_ms": 1e3 * sum(it["load_s"] for it in its) / n,
+                         "input_rows_per_iteration": sum(it["input_rows"] for it in its) / n,
+                         "host_MB_per_iteration": sum(it["host_bytes"] for it in its) / n / 1e6})
+    return {"rows": rows}
+
+
 def print_table(result: dict) -> None:
     parts = result["parts"]
     lines = ["", "gsplit GPU benchmark: " + " | ".join(
@@ -794,6 +824,13 @@ def print_table(result: dict) -> None:
             r = full.get(who, {})
             lines.append(f"full graph {who:6s} {full['nodes']:,} vertices: {r.get('ms_per_epoch', float('nan')):.1f} "
                          f"ms/epoch, peak {r.get('peak_device_GiB', float('nan')):.2f} GiB ({r.get('status')})")
+    macro = [r for r in parts.get("macrobatch", {}).get("rows", []) if "ms_per_iteration" in r]
+    if macro:
+        lines.append("")
+        lines.append("macrobatch: system, B, ms/iteration, load ms/iteration, input rows/iteration, host MB/iteration")
+        for r in macro:
+            lines.append(f"  {r['system']:6s} {r['macrobatch']:3d} {r['ms_per_iteration']:8.2f} {r['load_ms']:8.2f} "
+                         f"{r['input_rows_per_iteration']:12.0f} {r['host_MB_per_iteration']:9.2f}")
     probe = parts.get("pin_probe", {})
     if probe.get("rows"):
         lines.append("")
@@ -827,7 +864,9 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=None, help="timed iterations per row (default 40; --quick 2)")
     p.add_argument("--profile-iters", type=int, default=None, help="profiled iterations per row (default 10)")
     p.add_argument("--repeats", type=int, default=None, help="repeats of each kernel timing (default 10)")
-    p.add_argument("--parts", default="system,pin_probe,first_iteration,bandwidth,kernels,layers,train,full_graph")
+    p.add_argument("--parts", default="system,pin_probe,first_iteration,bandwidth,kernels,layers,train,full_graph,"
+                                      "macrobatch")
+    p.add_argument("--macrobatches", default="1,16", help="mini-batches per macrobatch in the macrobatch part")
     p.add_argument("--budget", type=float, default=270.0, help="seconds for everything (default 270)")
     p.add_argument("--probe-mib", type=int, default=256)
     p.add_argument("--probe-timeout", type=float, default=30.0, help="seconds each probe process may take")
@@ -870,7 +909,7 @@ def main(argv=None) -> int:
             continue
         t0 = time.monotonic()
         try:
-            if part in ("first_iteration", "kernels", "layers", "train", "shares") and ds is None:
+            if part in ("first_iteration", "kernels", "layers", "train", "shares", "macrobatch") and ds is None:
                 ds = gsplit.datasets.load("synthetic", num_nodes=nodes, feature_dim=128, seed=0)
                 result["generate_s"] = time.monotonic() - t0
                 print(f"generated {nodes:,} vertices, {ds.graph.num_edges:,} edges in {result['generate_s']:.1f} s",
@@ -902,9 +941,11 @@ def main(argv=None) -> int:
                 got = full_graph(full_nodes, dev, sync, 2 if quick else 3)
             elif part == "shares":
                 got = shares(ds, dev, iters, budget, args.out)
+            elif part == "macrobatch":
+                got = macrobatch(ds, dev, [int(b) for b in args.macrobatches.split(",")], iters, budget)
             else:
                 raise SystemExit(f"unknown part {part!r}; parts are system, pin_probe, first_iteration, bandwidth, "
-                                 "kernels, layers, train, full_graph, shares")
+                                 "kernels, layers, train, full_graph, macrobatch, shares")
         except Exception as exc:  # noqa: BLE001 - one failed part must not hide the others' numbers
             got = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
         got["seconds"] = time.monotonic() - t0

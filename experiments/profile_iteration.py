@@ -9,6 +9,7 @@ do the same kinds of work; ``--rank`` picks another).
 
     python experiments/profile_iteration.py                 # synthetic 100k, SAGE hidden 256, 2 ranks
     python experiments/profile_iteration.py --quick         # a small graph, for a smoke test
+    python experiments/profile_iteration.py --iters 32 --macrobatch 16 --name profile_iteration_mb16
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from gsplit.trainer import TrainConfig, train_rank
 # (label, function name as cProfile records it, file fragment): cumulative seconds of each. Cumulative means
 # with everything the function calls: the loader's _prepare includes sampling and the feature gather.
 PARTS = [
-    ("sampling, whole (split: incl. id exchanges)", "sp_sample", "split_sampling.py"),
-    ("layer loop (sample_layers; dp: all of sampling)", "sample_layers", "neighbor.py"),
+    ("sampling, whole (split: incl. id exchanges)", "sp_sample_many", "split_sampling.py"),
+    ("layer loop (sample_many; dp: all of sampling)", "sample_many", "neighbor.py"),
     ("  pick neighbours (ops.sample_neighbors)", "sample_neighbors", "ops/__init__.py"),
     ("  relabel (ops.relabel)", "relabel", "ops/__init__.py"),
-    ("  id exchange (exchange_ids)", "exchange_ids", "split_sampling.py"),
+    ("  id exchange (exchange_ids_many)", "exchange_ids_many", "split_sampling.py"),
     ("    count exchange (exchange_counts)", "exchange_counts", "communicator.py"),
     ("feature gather (FeatureStore)", "gather_with_counts", "feature_store.py"),
     ("loader, whole (_prepare: sampling, gather, feature shuffle, labels)", "_prepare", "loader.py"),
@@ -95,6 +96,8 @@ def main():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--model", default="sage")
     p.add_argument("--rank", type=int, default=0, help="which rank's profile to report")
+    p.add_argument("--macrobatch", type=int, default=1, help="mini-batches sampled and loaded together (issue 33)")
+    p.add_argument("--name", default="profile_iteration", help="file name of the JSON in --out")
     args = p.parse_args()
     num_nodes = 20_000 if args.quick else 100_000
     iters = 5 if args.quick else args.iters
@@ -104,7 +107,8 @@ def main():
     results = {}
     for system in ("split", "dp"):
         cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=1024, hidden=256, dropout=0.5, epochs=1,
-                          lr=0.003, system=system, seed=args.seed, eval_every=0, max_iters=iters, device="cpu")
+                          lr=0.003, system=system, seed=args.seed, eval_every=0, max_iters=iters, device="cpu",
+                          macrobatch=args.macrobatch)
         out = gsplit.launch(profiled_rank, args.ranks, args=(cfg, ds, pmap.assignment, args.rank), devices="cpu",
                             backend="gloo", timeout=1800)[args.rank]
         n = out["iterations"] or iters
@@ -120,8 +124,9 @@ def main():
     rows.append(["iteration (epoch time / iterations)"] + [round(1e3 * results[s]["epoch_s"] / results[s]["iterations"], 1)
                                                          for s in ("split", "dp")])
     print(common.format_table(["part (rank %d, ms per iteration)" % args.rank, "split", "dp"], rows))
-    stem = common.output_stem(args, "profile_iteration")
+    stem = common.output_stem(args, args.name)
     common.save_json(stem, {"config": {"num_nodes": num_nodes, "ranks": args.ranks, "iters": iters,
+                                       "macrobatch": args.macrobatch,
                                        "model": args.model, "fanouts": fanouts, "batch_size": 1024, "hidden": 256},
                             "results": results, "machine": common.machine_info()})
 

@@ -22,7 +22,12 @@ and hidden size, all on CPU ranks over gloo:
   shared memory instead of gloo's loopback sockets (``gsplit.comm.shm``);
 * ``split-shuffle``: ``split`` with ``--input-features shuffle``: each rank loads the input rows it owns and
   shuffles them (the paper's way), where ``split`` (``auto``) reads every input row it needs from the shared
-  table on CPU ranks.
+  table on CPU ranks;
+* ``split-mbB``, ``dp-mbB``, ``split-shuffle-mbB`` (issue 33, ``--macrobatch 4,16`` adds them after their base
+  system): the same with ``--macrobatch B``: B mini-batches sampled and loaded in one exchange, then trained
+  one by one (the same steps). Every gsplit run also reports its collectives per iteration (rank 0's log)
+  and every run the peak private memory of its largest process (a rank; ``Private_Clean + Private_Dirty`` of
+  ``/proc/PID/smaps_rollup`` sampled every second by ``gsplit.resources.HostMemoryMeter``).
 
 Each run is its own process (``python -m gsplit.cli train`` from this checkout, the same as
 ``.venv/bin/gsplit train`` in the main checkout) with ``--epochs 2``; the second epoch is reported (the
@@ -58,6 +63,7 @@ import numpy as np
 
 from gsplit import datasets
 from gsplit.io import read_run_log
+from gsplit.resources import HostMemoryMeter
 
 SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle")
 LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
@@ -72,6 +78,25 @@ SPLIT_VARIANTS = {"split": [], "split-plain": ["--no-overlap"], "split-shm": [],
                   "split-shuffle": ["--input-features", "shuffle"]}
 """``gsplit train --system split`` runs and the arguments each adds (``split-shm`` differs by environment)."""
 
+MACROBATCH_BASES = ("split", "dp", "split-shuffle")
+"""Systems ``--macrobatch`` adds ``-mbB`` variants of."""
+
+
+def macrobatch_of(system: str):
+    """``(base system, B)`` of a system name: ``"split-mb16"`` -> ``("split", 16)``; others have B = 1.
+
+    Example:
+        >>> macrobatch_of("dp-mb4"), macrobatch_of("split-shuffle")
+        (('dp', 4), ('split-shuffle', 1))
+    """
+    base, sep, size = system.rpartition("-mb")
+    return (base, int(size)) if sep and base in MACROBATCH_BASES and size.isdigit() else (system, 1)
+
+
+def label(system: str) -> str:
+    base, size = macrobatch_of(system)
+    return LABELS[base] if size == 1 else f"{LABELS[base]} B={size}"
+
 
 def parse_args(argv=None):
     p = common.make_parser(__doc__.splitlines()[0])
@@ -83,6 +108,8 @@ def parse_args(argv=None):
     p.add_argument("--models", default="sage,gat", help="comma-separated: sage, gat")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all)")
+    p.add_argument("--macrobatch", default="", help="comma-separated macrobatch sizes > 1: adds split-mbB / dp-mbB "
+                   "(/ split-shuffle-mbB) after each of split, dp (split-shuffle) in --systems")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
     p.add_argument("--fanouts", default="15,10,5")
     p.add_argument("--hidden", type=int, default=256)
@@ -97,6 +124,7 @@ def parse_args(argv=None):
     p.add_argument("--dgl-python", default=str(common.REPO / ".venv-dgl" / "bin" / "python"),
                    help="interpreter of the DGL venv (./dev dgl-env builds it)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
+    p.add_argument("--name", default="vs_dgl", help="file name of the JSON and PNG in --out (default vs_dgl)")
     args = p.parse_args(argv)
     args.nodes = args.nodes or (20_000 if args.quick else 100_000)
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -109,8 +137,14 @@ def parse_args(argv=None):
         if m not in ("sage", "gat"):
             raise SystemExit(f"--models: unknown model {m!r}; use sage and/or gat")
     for s in args.systems:
-        if s not in SYSTEMS:
-            raise SystemExit(f"--systems: unknown system {s!r}; use a subset of {','.join(SYSTEMS)}")
+        if macrobatch_of(s)[0] not in SYSTEMS:
+            raise SystemExit(f"--systems: unknown system {s!r}; use a subset of {','.join(SYSTEMS)} (or BASE-mbB "
+                             f"for BASE in {', '.join(MACROBATCH_BASES)})")
+    sizes = [int(x) for x in args.macrobatch.split(",") if x]
+    if any(b < 2 for b in sizes):
+        raise SystemExit(f"--macrobatch {args.macrobatch}: pass sizes above 1 (B = 1 is the base system)")
+    args.systems = [v for s in args.systems
+                    for v in [s] + ([f"{s}-mb{b}" for b in sizes] if s in MACROBATCH_BASES else [])]
     if args.epochs < 1 or args.rounds < 1 or min(args.ranks) < 2:
         raise SystemExit(f"--epochs {args.epochs}, --rounds {args.rounds}, --ranks {args.ranks}: need epochs >= 1, "
                          "rounds >= 1 and at least 2 ranks")
@@ -188,6 +222,7 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
                rnd: int) -> dict:
     """One training run; returns the reported (last) epoch's record in a common form."""
     log = scratch / f"r{rnd}-{model}-w{world}-{system}.json"
+    system, macrobatch = macrobatch_of(system)
     processes = 1 if system in ONE_PROCESS else world
     batch = args.batch_size * world // processes  # one process takes the global batch of `world` ranks
     common_args = ["--fanouts", args.fanouts, "--batch-size", batch, "--hidden", args.hidden,
@@ -207,14 +242,21 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         if gsplit_system == "split":
             cmd += ["--partition", maps[world]["dir"]]
         cmd += SPLIT_VARIANTS.get(system, [])
+        if macrobatch > 1:
+            cmd += ["--macrobatch", macrobatch]
     env = {**os.environ, "GSPLIT_CPU_TRANSPORT": "shm" if system == "split-shm" else "gloo"}
     load_before = loadavg()
-    wall = run(cmd, log.with_suffix(".log"), args.timeout, env=env if not dgl else None)
+    with HostMemoryMeter(interval_s=1.0) as meter:
+        wall = run(cmd, log.with_suffix(".log"), args.timeout, env=env if not dgl else None)
     doc = read_run_log(log)  # gsplit's JSON Lines log; the DGL peer's single JSON object reads the same
     rec = doc["epochs"][-1]
     iterations = rec["iterations"] if dgl else max(r["iterations"] for r in rec["ranks"])
     threads = [r.get("torch_threads") for r in rec["ranks"]]
-    out = {"system": system, "model": model, "ranks": world, "processes": processes, "batch_per_process": batch,
+    collectives = [it["collectives"] for it in rec["ranks"][0].get("per_iteration", [])] if not dgl else []
+    out = {"system": system if macrobatch == 1 else f"{system}-mb{macrobatch}", "macrobatch": macrobatch,
+           "collectives_per_iteration": statistics.fmean(collectives) if collectives else None,
+           "peak_private_mb": max((c["private"] for c in meter.children_peak.values()), default=0) / 2**20,
+           "model": model, "ranks": world, "processes": processes, "batch_per_process": batch,
            "torch_threads": threads, "transport": doc.get("transport"), "load_average_before": load_before,
            "load_average_after": loadavg(),
            "round": rnd, "epoch": rec["epoch"],
@@ -249,7 +291,15 @@ def summarise(runs, args) -> list:
                 if not rs:
                     continue
                 last = rs[-1]
+                # against DGL's epoch of the same round (same model and ranks), then the median over rounds
+                dgl = {r["round"]: r["epoch_s"] for r in runs if (r["model"], r["ranks"], r["system"]) ==
+                       (model, world, "dgl")}
+                ratios = [r["epoch_s"] / dgl[r["round"]] for r in rs if r["round"] in dgl]
                 out.append({"model": model, "ranks": world, "system": system, "rounds": len(rs),
+                            "over_dgl_by_round": ratios, "over_dgl": statistics.median(ratios) if ratios else None,
+                            "macrobatch": last.get("macrobatch", 1),
+                            "collectives_per_iteration": last.get("collectives_per_iteration"),
+                            "peak_private_mb": max(r.get("peak_private_mb", 0) for r in rs),
                             **{k: median_of(rs, k) for k in ("epoch_s", "sample_s", "load_s", "train_s")},
                             "epoch_s_all": [r["epoch_s"] for r in rs], "iterations": last["iterations"],
                             "processes": last["processes"], "batch_per_process": last["batch_per_process"],
@@ -265,29 +315,31 @@ def tables(summary, args):
     by = {(s["model"], s["ranks"], s["system"]): s for s in summary}
     fmt = lambda x, f=".2f": "-" if x is None else format(x, f)  # noqa: E731
     rows = []
+    others = [s for s in args.systems if s != "dgl"]
     for model in args.models:
         for world in args.ranks:
-            got = {s: by.get((model, world, s)) for s in SYSTEMS}
-            base = got["dgl"]["epoch_s"] if got["dgl"] else None
-            ratio = lambda s: fmt(got[s]["epoch_s"] / base) if got[s] and base else "-"  # noqa: E731
+            got = {s: by.get((model, world, s)) for s in set(args.systems) | {"dgl", "split", "dp"}}
+            ratio = lambda s: fmt(got[s]["over_dgl"]) if got[s] else "-"  # noqa: E731
             phases = lambda s: ("/".join(fmt(got[s][k]) for k in ("sample_s", "load_s", "train_s"))  # noqa: E731
                                 if got[s] else "-")
-            rows.append([model, world, *[fmt(got[s]["epoch_s"]) if got[s] else "-" for s in SYSTEMS],
-                         *[ratio(s) for s in SYSTEMS[1:]], phases("split"), phases("dp"),
+            rows.append([model, world, *[fmt(got[s]["epoch_s"]) if got[s] else "-" for s in args.systems],
+                         *[ratio(s) for s in others], phases("split"), phases("dp"),
                          "/".join(fmt(got[s]["edges_total"] / 1e6, ".3f") if got[s] else "-" for s in SYSTEMS[:3]),
                          "/".join(fmt(got[s]["input_rows"] / 1e3, ".1f") if got[s] else "-" for s in SYSTEMS[:3])])
-    main = common.format_table(["model", "ranks", *[f"{LABELS[s]} s" for s in SYSTEMS],
-                                *[f"{LABELS[s]}/DGL" for s in SYSTEMS[1:]],
+    main = common.format_table(["model", "ranks", *[f"{label(s)} s" for s in args.systems],
+                                *[f"{label(s)}/DGL" for s in others],
                                 "split sample/load/fwd-bwd s", "dp sample/load/fwd-bwd s",
                                 "edges M DGL/split/dp", "feature rows k DGL/split/dp"], rows)
     detail = common.format_table(
         ["model", "ranks", "system", "processes x threads", "rounds", "epoch s (median)", "all rounds s",
-         "load avg 1 min", "sample s", "load s", "fwd-bwd s", "iterations", "edges per layer", "feature rows"],
+         "/DGL (median of rounds)", "load avg 1 min", "sample s", "load s", "fwd-bwd s", "iterations",
+         "edges per layer", "feature rows", "collectives/it", "peak private MB"],
         [[s["model"], s["ranks"], s["system"], f"{s['processes']} x {'/'.join(map(str, s['torch_threads']))}",
-          s["rounds"], fmt(s["epoch_s"]), " ".join(fmt(x) for x in s["epoch_s_all"]),
+          s["rounds"], fmt(s["epoch_s"]), " ".join(fmt(x) for x in s["epoch_s_all"]), fmt(s["over_dgl"], ".3f"),
           " ".join(fmt(x, ".1f") for x in s["load_average_1min_all"]), fmt(s["sample_s"]),
           "(in sample)" if s["system"].startswith("dgl") else fmt(s["load_s"]), fmt(s["train_s"]), s["iterations"],
-          " ".join(f"{e:,}" for e in s["edges"]), s["input_rows"]] for s in summary])
+          " ".join(f"{e:,}" for e in s["edges"]), s["input_rows"], fmt(s["collectives_per_iteration"], ".1f"),
+          fmt(s["peak_private_mb"], ".0f")] for s in summary])
     return main, detail
 
 
@@ -313,7 +365,7 @@ def main(argv=None) -> int:
     if "dgl" in args.systems and not Path(args.dgl_python).exists():
         raise SystemExit(f"{args.dgl_python} does not exist; build the DGL venv with ./dev dgl-env "
                          "(or pass --dgl-python, or leave dgl out of --systems)")
-    stem = common.output_stem(args, "vs_dgl")
+    stem = common.output_stem(args, args.name)
     scratch = Path(args.out) / "scratch" / "vs_dgl"
     scratch.mkdir(parents=True, exist_ok=True)
     opts = dataset_options(args)
@@ -326,7 +378,7 @@ def main(argv=None) -> int:
           f"exported for DGL to {common._rel(data_dir)} ({time.perf_counter() - t:.1f}s)", flush=True)
     del ds
     maps = ({w: prepare_map(args, opts, w, scratch) for w in args.ranks}
-            if set(SPLIT_VARIANTS) & set(args.systems) else {})
+            if set(SPLIT_VARIANTS) & {macrobatch_of(s)[0] for s in args.systems} else {})
 
     runs = []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -24,7 +24,7 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -47,15 +47,16 @@ _END = object()
 
 
 class Producer:
-    """The prefetching thread of one pass: prepares batch ``j`` once the consumer has granted it.
+    """The prefetching thread of one pass: prepares item ``j`` once the consumer has granted it.
 
-    The consumer grants batches (``grant``); the thread prepares exactly the granted ones, in order,
+    ``batches(epoch)`` yields the items of the pass (e.g. a loader's macrobatches of ``(iteration, seeds)``
+    pairs) and ``prepare(epoch, item)`` makes one ready; the result gets a ``ready`` event on CUDA.
+    The consumer grants items (``grant``); the thread prepares exactly the granted ones, in order,
     and puts them into a bounded queue. ``stop`` lets it finish what was granted (its collectives are
     matched by the other ranks' threads, which got the same grants) and joins it.
     """
 
-    def __init__(self, prepare: Callable[[int, int, torch.Tensor], Any],
-                 batches: Callable[[int], Iterable[Tuple[int, torch.Tensor]]],
+    def __init__(self, prepare: Callable[[int, Any], Any], batches: Callable[[int], Iterable[Any]],
                  epoch: int, device: torch.device, rank: int = 0, exclusive_collectives: bool = False):
         self._prepare = prepare
         # True: prepare only while the consumer waits in get() (collectives over NCCL, see the module doc);
@@ -115,10 +116,10 @@ class Producer:
                 stream.wait_stream(self._consumer_stream)
                 ctx = torch.cuda.stream(stream)
             with ctx:
-                for j, (it, seeds) in enumerate(self._batches(self._epoch)):
+                for j, work in enumerate(self._batches(self._epoch)):
                     if not self._granted_batch(j):
                         break
-                    item = self._prepare(self._epoch, it, seeds)
+                    item = self._prepare(self._epoch, work)
                     if stream is not None:
                         item.ready = torch.cuda.Event()
                         item.ready.record(stream)

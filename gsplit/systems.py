@@ -73,12 +73,13 @@ class DataParallelSystem(System):
     name = "dp"
 
     def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
-        # prefetch and host groups are split parallelism's (dp spans every rank); the features (a shared store)
-        # and the cache apply to both
+        # prefetch and host groups are split parallelism's (dp spans every rank); the features (a shared store),
+        # the cache and macrobatches apply to both
         return DataParallelLoader(graph, indices, sampler, device=device, use_ddp=True, ddp_seed=cfg.seed,
                                   batch_size=cfg.batch_size, shuffle=shuffle,
                                   features=options.get("features", dataset.features), labels=dataset.labels,
-                                  cache_size=options.get("cache_size", 0), cache_weights=options.get("cache_weights"))
+                                  cache_size=options.get("cache_size", 0), cache_weights=options.get("cache_weights"),
+                                  macrobatch=options.get("macrobatch", 1))
 
     def loss(self, logits, labels, block, world_size):
         if labels.numel() == 0:  # a rank whose micro-batch is empty (end of epoch): the mean would be NaN

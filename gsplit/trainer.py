@@ -123,6 +123,11 @@ class TrainConfig:
     table every rank holds: no bottom id exchange, no feature shuffle) or ``"auto"`` (direct for CPU ranks
     without a cache, else shuffle)."""
 
+    macrobatch: int = 1
+    """Split and dp: sample and load this many consecutive mini-batches together, then train on them one by one
+    (:mod:`gsplit.sampling.macrobatch`): one id exchange per layer and one load of the union of their input rows
+    per macrobatch; the same steps as 1 (lowered, with a warning, where its estimated memory does not fit)."""
+
     def __post_init__(self):
         if self.system not in SYSTEMS:
             raise ValueError(f"system={self.system!r}; choose one of {sorted(SYSTEMS)}")
@@ -134,6 +139,9 @@ class TrainConfig:
             raise ValueError(f"input_features={self.input_features!r}; choose 'auto', 'direct' or 'shuffle'")
         if self.overlap is None:  # the measured default (see the field); the log records what ran
             self.overlap = self.model.lower() != "gat"
+        if self.macrobatch < 1 or (self.macrobatch > 1 and self.system == "full"):
+            raise ValueError(f"macrobatch={self.macrobatch} with system={self.system!r}; pass 1 or more mini-batches "
+                             "per macrobatch (full-graph training has one batch per epoch: leave it at 1)")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every={self.checkpoint_every}; pass iterations between checkpoints, or 0")
         if self.resume and not self.checkpoint_dir:
@@ -381,7 +389,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     # split parallelism's options: the data-parallel and full-graph loaders ignore them (see their make_loader)
     split_options = {"cache_size": cfg.cache_size, "cache_weights": cache_weights, "prefetch": cfg.prefetch,
-                     "input_features": cfg.input_features}
+                     "input_features": cfg.input_features, "macrobatch": cfg.macrobatch}
     if cfg.overlap and cfg.system == "split":
         split_options["overlap"] = True
     graph = rank_graph(dataset.graph, device, cfg.uva)

@@ -189,11 +189,11 @@ def test_waiting_on_the_prefetch_thread_is_waiting_for_peers_when_that_thread_is
 
     in_collective, release = threading.Event(), threading.Event()
 
-    def prepare(epoch, it, seeds):
+    def prepare(epoch, work):
         with waits.waiting_for_peers():  # a collective of the loader's group, waiting for another rank
             in_collective.set()
             release.wait(10)
-        return types.SimpleNamespace(it=it)
+        return types.SimpleNamespace(it=work[0])
 
     producer = Producer(prepare, lambda e: [(0, torch.arange(3))], 0, torch.device("cpu"))
     producer.start()

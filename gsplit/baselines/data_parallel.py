@@ -11,14 +11,15 @@ neighbourhoods is the redundancy that split parallelism removes.
 from __future__ import annotations
 
 import time
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional, Tuple, Union
 
 import torch
 
-from gsplit.feature_store import FeatureStore
+from gsplit.feature_store import CacheCounts, FeatureStore
 from gsplit.graph import Graph
 from gsplit.loader import IterationStats, RankLoader
 from gsplit.sampling.block import MiniBatch
+from gsplit.sampling.macrobatch import BatchInputs, union_positions
 from gsplit.sampling.neighbor import NeighborSampler
 
 
@@ -30,6 +31,10 @@ class DataParallelLoader(RankLoader):
     device memory, for a table already there); ``cache_size`` keeps the hottest rows (every row, when it
     covers the table) in each rank's device memory. ``features`` may be another loader's store (shared).
 
+    ``macrobatch=B`` (and ``macrobatch_memory``) as in :class:`gsplit.DataLoader`: the rank samples its
+    micro-batches of ``B`` consecutive iterations, gathers the union of their input rows once and yields them
+    one at a time, each exactly as with ``B = 1``.
+
     Example:
         >>> loader = DataParallelLoader(g, train_idx, sampler, use_ddp=True, batch_size=1024,
         ...                             features=feats, labels=labels)          # doctest: +SKIP
@@ -40,7 +45,8 @@ class DataParallelLoader(RankLoader):
                  device: Union[str, torch.device, None] = None, use_ddp: bool = False, ddp_seed: int = 0,
                  batch_size: int = 1, shuffle: bool = False, drop_last: bool = False,
                  features: Union[torch.Tensor, FeatureStore, None] = None, labels: Optional[torch.Tensor] = None,
-                 group=None, partition=None, cache_size: Union[int, str] = 0, cache_weights=None):
+                 group=None, partition=None, cache_size: Union[int, str] = 0, cache_weights=None,
+                 macrobatch: int = 1, macrobatch_memory=None):
         del partition  # accepted so both loaders take the same arguments; data parallelism ignores it
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
         self.sampler = sampler
@@ -51,22 +57,49 @@ class DataParallelLoader(RankLoader):
         self.features = None if self.feature_store is None else self.feature_store.features
         self.labels = labels
         self.last_stats = IterationStats()
+        row_bytes = 0 if self.feature_store is None else self.feature_store.row_bytes
+        self.macrobatch = self._init_macrobatch(macrobatch, macrobatch_memory, sampler, batch_size, row_bytes,
+                                                shuffled=False)
+        self.loads_union = self.features is not None and self.features.device != self.device
+        """Whether a macrobatch reads the union of its micro-batches' input rows once (they travel: host memory to a
+        GPU) rather than each batch's rows when it is yielded (a CPU rank reading the table: a copy out of the
+        union would cost what the read does)."""
 
     def _batches(self, epoch: int, start: int) -> Iterator[MiniBatch]:
         b = self.schedule.batch_size
-        for it, global_batch in self.schedule.numbered_batches(epoch, start):
-            seeds = global_batch[self.rank * b:(self.rank + 1) * b]  # this rank's micro-batch
+        for group in self._macrobatches(epoch, start):
             t0 = time.perf_counter()
-            batch = self.sampler.sample_layers(self.graph, seeds, epoch, it)
+            seeds = [global_batch[self.rank * b:(self.rank + 1) * b] for _, global_batch in group]  # this rank's
+            batches = self.sampler.sample_many(self.graph, seeds, epoch, [it for it, _ in group])
             if self.device != self.graph.device:
-                batch = batch.to(self.device)
+                batches = [batch.to(self.device) for batch in batches]
             t1 = time.perf_counter()
-            blocks = batch.blocks
-            counts = None
-            if self.feature_store is not None:
-                rows, counts = self.feature_store.gather_with_counts(batch.input_nodes)
-                blocks[0].srcdata["feat"] = rows.to(self.device, non_blocking=True)
+            inputs, loaded = [None] * len(batches), [batch.input_nodes.numel() for batch in batches]
+            union_counts = None
+            if len(batches) > 1 and self.loads_union:
+                union, positions = union_positions([batch.input_nodes for batch in batches], self.graph.num_nodes)
+                union_rows, union_counts = self._gather(union)
+                rows = {"feat": union_rows}
+                inputs, loaded = [BatchInputs(rows, p) for p in positions], [union.numel()] + [0] * (len(batches) - 1)
             if self.labels is not None:
-                blocks[-1].dstdata["label"] = self.labels[seeds.to(self.labels.device)].to(self.device)
-            self.last_stats = IterationStats.of_batch(batch, t1 - t0, time.perf_counter() - t1, counts)
-            yield batch
+                for s, batch in zip(seeds, batches):
+                    batch.blocks[-1].dstdata["label"] = self.labels[s.to(self.labels.device)].to(self.device)
+            load_s = time.perf_counter() - t1
+            for k, (batch, batch_inputs, rows_loaded) in enumerate(zip(batches, inputs, loaded)):
+                t2 = time.perf_counter()
+                first = k == 0
+                counts = union_counts if first else None  # the union's rows count once, with the first batch
+                if batch_inputs is not None:
+                    batch_inputs.attach(batch.blocks[0])
+                elif self.features is not None:
+                    batch.blocks[0].srcdata["feat"], counts = self._gather(batch.input_nodes)
+                self.last_stats = IterationStats.of_batch(batch, t1 - t0 if first else 0.0,
+                                                          (load_s if first else 0.0) + time.perf_counter() - t2,
+                                                          counts, macrobatch=len(batches))
+                self.last_stats.input_rows = rows_loaded
+                yield batch
+
+    def _gather(self, ids: torch.Tensor) -> Tuple[torch.Tensor, CacheCounts]:
+        """The feature rows of ``ids`` on the loader's device (through the store: cache, GPU gather), and their counts."""
+        rows, counts = self.feature_store.gather_with_counts(ids)
+        return rows.to(self.device, non_blocking=True), counts

@@ -230,7 +230,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       prefetch=args.prefetch, uva=args.uva, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
-                      overlap=args.overlap, input_features=args.input_features)
+                      overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch)
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -472,6 +472,10 @@ def add_parser(sub) -> None:
                         "sends them where they are needed (each row loaded once: GPUs, caches); 'direct' reads every "
                         "row it needs from the feature table every rank holds (no bottom id exchange, no feature "
                         "shuffle); auto (default): direct for CPU ranks without a cache, else shuffle")
+    p.add_argument("--macrobatch", type=int, default=1, metavar="B",
+                   help="split and dp: sample B consecutive mini-batches together, exchange their ids and load the "
+                        "union of their input rows once, then train on them one by one (the same steps as B = 1; "
+                        "lowered with a warning where B does not fit in memory); default 1")
     p.add_argument("--uva", action="store_true",
                    help="GPUs: keep the graph in host memory, pinned (in place once per host; a memory-mapped graph "
                         "as a pinned copy per rank), and sample it from the GPUs (UVA) instead of copying it to every "

@@ -18,11 +18,12 @@ from gsplit.graph import Graph, as_vertex_ids
 from gsplit.sampling import counter_rng
 from gsplit.sampling.block import Block, MiniBatch, ShuffleIndex
 
-Exchange = Callable[[int, torch.Tensor], Tuple[torch.Tensor, Optional[ShuffleIndex]]]
-"""The one step in which the ways of sampling differ: called after layer ``l`` is sampled with that
-layer's source vertices (for a split, the rank's *mixed frontier*), it returns the vertices to sample
-next (the next *local frontier*) and the block's shuffle index (``None`` when nothing moves). One
-process: the identity. Split parallelism: the id all-to-all of :func:`gsplit.split.sp_sample`."""
+Exchange = Callable[[int, List[torch.Tensor]], List[Tuple[torch.Tensor, Optional[ShuffleIndex]]]]
+"""The one step in which the ways of sampling differ: called after layer ``l`` of every mini-batch being
+sampled is sampled, with each batch's source vertices of that layer (for a split, the rank's *mixed
+frontiers*, one per batch), it returns per batch the vertices to sample next (the next *local frontier*) and
+the block's shuffle index (``None`` when nothing moves). One process: the identity. Split parallelism: the id
+all-to-all of :func:`gsplit.split.sp_sample`, one for all the batches (a macrobatch's)."""
 
 
 @dataclass(frozen=True)
@@ -107,30 +108,57 @@ class NeighborSampler:
 
     # ------------------------------------------------------------------ a whole mini-batch
     def sample_layers(self, graph: Graph, seeds: torch.Tensor, epoch: int, iteration: int,
-                      exchange: Optional[Exchange] = None) -> MiniBatch:
+                      exchange: Optional[Callable[[int, torch.Tensor], Tuple[torch.Tensor, Optional[ShuffleIndex]]]]
+                      = None) -> MiniBatch:
+        """The layer loop of one mini-batch (:meth:`sample_many` of one); ``exchange(layer, mixed_frontier)``
+        returns ``(next_frontier, shuffle_index)`` for it. ``seeds`` are not checked here; :meth:`sample_blocks`
+        is the checked entry point."""
+        many = None if exchange is None else (lambda layer, mixed: [exchange(layer, mixed[0])])
+        return self.sample_many(graph, [seeds], epoch, [iteration], many)[0]
+
+    def sample_many(self, graph: Graph, seeds: Sequence[torch.Tensor], epoch: int, iterations: Sequence[int],
+                    exchange: Optional[Exchange] = None) -> List[MiniBatch]:
         """The layer loop every way of sampling shares: from the top layer down, sample, relabel, exchange.
 
-        ``exchange`` (see :data:`Exchange`) is the only difference between one process (``None``: the
-        identity), split parallelism (:func:`gsplit.split.sp_sample`) and pre-sampling. ``seeds`` are
-        not checked here; :meth:`sample_blocks` is the checked entry point.
+        Several mini-batches (``seeds[k]`` of iteration ``iterations[k]``, e.g. a macrobatch) go through it in
+        lockstep: layer ``l`` of every batch is sampled before ``exchange`` (see :data:`Exchange`) gets all
+        their source vertices at once, so that a split exchanges the ids of every batch in one all-to-all per
+        layer. Each batch's picks are keyed by its own iteration (counter-based), so batch ``k`` is exactly
+        the one :meth:`sample_layers` makes alone. ``exchange`` is the only difference between one process
+        (``None``: the identity), split parallelism (:func:`gsplit.split.sp_sample`) and pre-sampling.
+
+        Example:
+            >>> from gsplit.graph import Graph
+            >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+            >>> s = NeighborSampler([1, 1])
+            >>> both = s.sample_many(g, [torch.tensor([0]), torch.tensor([2])], epoch=0, iterations=[4, 5])
+            >>> torch.equal(both[1].blocks[0].edge_ids, s.sample_layers(g, torch.tensor([2]), 0, 5).blocks[0].edge_ids)
+            True
         """
-        blocks: List[Block] = []
+        if len(seeds) != len(iterations):
+            raise ValueError(f"{len(seeds)} seed sets but {len(iterations)} iterations; pass one iteration per batch")
+        blocks: List[List[Block]] = [[] for _ in seeds]
         # where the graph is, or on the seeds' GPU when the kernels can read a pinned host graph from there
-        frontier = seeds.to(ops.sampling_device(graph, seeds.device))
+        frontiers = [s.to(ops.sampling_device(graph, s.device)) for s in seeds]
         for layer in reversed(range(self.num_layers)):
-            sampled = self.sample_neighbors(graph, frontier, layer, epoch, iteration)
-            src_nodes, src_local = ops.relabel(frontier, sampled.src, graph.num_nodes)
-            index = None
-            if exchange is None:
-                next_frontier = src_nodes
-            else:
-                next_frontier, index = exchange(layer, src_nodes)
-            blocks.append(Block(src_nodes=src_nodes, num_dst=frontier.numel(), edge_src=src_local,
-                                edge_dst=sampled.dst_index, edge_ids=sampled.edge_ids, layer=layer,
-                                shuffle_index=index, global_num_dst=frontier.numel() if exchange is None else None))
-            frontier = next_frontier
-        blocks.reverse()
-        return MiniBatch(input_nodes=frontier, output_nodes=blocks[-1].dst_nodes, blocks=blocks)
+            sampled, relabelled = [], []
+            for frontier, iteration in zip(frontiers, iterations):  # each batch's picks relabelled while in cache
+                sampled.append(self.sample_neighbors(graph, frontier, layer, epoch, iteration))
+                relabelled.append(ops.relabel(frontier, sampled[-1].src, graph.num_nodes))
+            src_nodes = [src for src, _ in relabelled]
+            nexts = [(src, None) for src in src_nodes] if exchange is None else exchange(layer, src_nodes)
+            for k, (frontier, edges, (src, src_local), (_, index)) in enumerate(zip(frontiers, sampled, relabelled,
+                                                                                     nexts)):
+                blocks[k].append(Block(src_nodes=src, num_dst=frontier.numel(), edge_src=src_local,
+                                       edge_dst=edges.dst_index, edge_ids=edges.edge_ids, layer=layer,
+                                       shuffle_index=index,
+                                       global_num_dst=frontier.numel() if exchange is None else None))
+            frontiers = [nxt for nxt, _ in nexts]
+        out = []
+        for frontier, bs in zip(frontiers, blocks):
+            bs.reverse()
+            out.append(MiniBatch(input_nodes=frontier, output_nodes=bs[-1].dst_nodes, blocks=bs))
+        return out
 
     def sample(self, graph: Graph, seeds, epoch: int = 0, iteration: int = 0) -> MiniBatch:
         """The single-process reference mini-batch as DGL's samplers return it: ``(input_nodes, output_nodes, blocks)``.
