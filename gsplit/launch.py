@@ -42,7 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 from gsplit import resources
-from gsplit.comm import waits
+from gsplit.comm import teardown, waits
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,10 @@ __all__ = ["launch", "spawn", "LaunchError", "LaunchInterrupted", "RankFailure",
 _DRAIN_S = 0.5
 # How long terminated ranks get to exit before SIGKILL.
 _KILL_GRACE_S = 3.0
-# How long ranks that delivered their results get to exit (destroy_process_group etc.) before SIGTERM.
-_EXIT_GRACE_S = 30.0
+# How long ranks that delivered their results get to exit (barrier, destroy_process_group) before SIGTERM,
+# counted from the last result: nothing is left to wait for but teardown (well under a second on CPU ranks).
+# A rank also ends itself that long after its barrier (gsplit.comm.teardown), without needing the GIL.
+_EXIT_GRACE_S = 5.0
 
 _ENV_DEVICE = "GSPLIT_DEVICE"
 # How often a rank's watchdog thread checks that the launching process is still there.
@@ -344,6 +346,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     global _WATCH
     _WATCH = _RankWatch(slots, rank)
     waits.mark_work_waits()  # user code's Work.wait() (async_op=True) shows as waiting for peers too
+    teardown.guard_destroy()  # user code's destroy_process_group() lets gloo's workers free their tensors first
     _die_with_parent(parent_pid, _WATCH)
     _thread_lock_for_tqdm()
     try:
@@ -381,15 +384,8 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     conn.send_bytes(payload)
     conn.close()
     waits.forget_in_flight()  # the heartbeat thread must not query collectives of a group being destroyed
-    if dist.is_initialized():  # fn may have destroyed it itself
-        # Tear down together: a rank that closes its connections while a peer's gloo threads still
-        # serve them made that peer abort ("terminate called without an active exception") in about
-        # 1 of 10 exits. The result is already with the parent, so a failure here changes nothing.
-        try:
-            dist.barrier()
-        except Exception:  # noqa: BLE001
-            pass
-        dist.destroy_process_group()
+    # Barrier, then destroy under a deadline that needs no GIL: the result is with the parent already.
+    teardown.end_process_groups(_EXIT_GRACE_S - 1.0)
     # Skip interpreter teardown: destructors of backend objects (stores, transport threads) running at
     # exit were the other source of those aborts, and there is nothing left to clean up.
     sys.stdout.flush()
@@ -483,7 +479,10 @@ def _join_finished(procs) -> None:
                     stuck, _EXIT_GRACE_S)
         _stop(procs, _KILL_GRACE_S)
     for r, p in enumerate(procs):
-        if p.exitcode not in (0, None) and r not in stuck:
+        if teardown.DEADLINE_SIGNAL is not None and p.exitcode == -teardown.DEADLINE_SIGNAL:
+            log.warning("rank %d delivered its result but its process-group teardown hung; it ended itself after "
+                        "%.0f s (the result is kept)", r, _EXIT_GRACE_S - 1.0)
+        elif p.exitcode not in (0, None) and r not in stuck:
             log.warning("rank %d delivered its result but exited with code %s", r, p.exitcode)
 
 
