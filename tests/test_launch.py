@@ -95,10 +95,11 @@ def destroy_after_collectives_worker(rank, world_size, rounds):
     joined a worker thread that waited for the GIL to free the collective's tensors, in about 1 of 150 rounds."""
     for _ in range(rounds):
         group = dist.new_group([0, 1])
-        t = torch.ones(100_000)
-        out = torch.empty_like(t)
-        dist.all_to_all_single(out, t, group=group, async_op=True).wait()
-        del t, out
+        for _ in range(3):
+            t = torch.ones(100_000)
+            out = torch.empty_like(t)
+            dist.all_to_all_single(out, t, group=group, async_op=True).wait()
+            del t, out
         dist.destroy_process_group(group)
     return rounds
 
