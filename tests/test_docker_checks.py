@@ -164,17 +164,18 @@ def test_extension_build_folder_depends_on_torch_and_python(monkeypatch, tmp_pat
     from gsplit.ops import cpu_ext
 
     monkeypatch.setenv("GSPLIT_EXTENSION_DIR", str(tmp_path))
+    sources = ["sample_cpu.cpp"]
     monkeypatch.setattr(torch, "__version__", "2.2.1+cpu")
-    old = cpu_ext.build_folder("gsplit_sample_cpu")
+    old = cpu_ext.build_folder("gsplit_sample_cpu", sources)
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
-    new = cpu_ext.build_folder("gsplit_sample_cpu")
-    assert old != new and old.name == new.name == "gsplit_sample_cpu"
+    new = cpu_ext.build_folder("gsplit_sample_cpu", sources)
+    assert old != new and old.name == new.name and old.name.startswith("gsplit_sample_cpu-")
     assert old.parent.parent == new.parent.parent == tmp_path  # one cache root, one folder per build key
     monkeypatch.setattr(torch.version, "cuda", "12.4")
-    assert cpu_ext.build_folder("gsplit_sample_cpu") != new
+    assert cpu_ext.build_folder("gsplit_sample_cpu", sources) != new
     monkeypatch.setattr(sys.implementation, "cache_tag", "cpython-310")
     monkeypatch.setattr("sysconfig.get_config_var", lambda name: "cpython-310-x86_64-linux-gnu")
-    assert "cpython-310" in str(cpu_ext.build_folder("gsplit_sample_cpu"))
+    assert "cpython-310" in str(cpu_ext.build_folder("gsplit_sample_cpu", sources))
 
 
 # ------------------------------------------------------------------ the first-GPU-run script
