@@ -314,6 +314,8 @@ def cmd_prepare(args) -> int:
         args.metis_edges_per_vertex = check_entries_per_vertex(args.metis_edges_per_vertex)
     except ValueError as e:
         raise CliError(f"--metis-edges-per-vertex: {e}") from None
+    if not args.full_graph:
+        parse_fanouts(args.fanouts)  # a bad --fanouts is said before the dataset is read or kernels are built
     ds = _prepare_dataset(args, out)
     _prepare_kernels()
     try:
@@ -592,12 +594,14 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     if guard is not None:
         closing.callback(guard.release)
     ds = _load_dataset(args)
-    _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
     if ds.train_idx.numel() == 0:
         raise CliError(f"dataset {ds.name} has no training vertices: nothing to train; check its split options "
                        f"(e.g. -D split_fractions=0.6,0.2,0.2)")
     if guard is not None:
         guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
+    if (partitioned or args.system == "full") and parts > 1:
+        _check_given_map(args.partition, ds, parts)  # every check before the build: a mistake is said at once
+    _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
     owner, cache_weights = None, None
     if args.system == "full":
         owner = _full_graph_map(args, ds, parts, torchrun)
@@ -656,6 +660,16 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     _finish_log(args, result, ds, t)
     _report_final(result, report)
     return 0
+
+
+def _check_given_map(partition: Optional[str], ds, parts: int) -> None:
+    """Refuse a ``--partition`` map made for another graph or number of parts (no-op without a saved map)."""
+    import gsplit
+
+    if partition and (Path(partition) / "meta.json").exists():
+        pmap = gsplit.PartitionMap.load(partition)
+        pmap.check_graph(ds.graph)
+        pmap.check_world_size(parts)
 
 
 def _full_graph_map(args, ds, parts: int, torchrun: bool):
@@ -865,18 +879,22 @@ def _read_ids(path: str, num_nodes: int) -> torch.Tensor:
 def _model_and_dataset(args):
     from gsplit import datasets
     from gsplit.model_io import describe, load_model
+    from gsplit.predict import check_model_fits
 
     mf = load_model(args.checkpoint)
     print(f"model {args.checkpoint}: {describe(mf)}", flush=True)
     if args.dataset is not None:
-        return mf, _load_dataset(args)
-    if args.dataset_opts:
-        raise CliError("-D needs --dataset (without it the dataset and options come from model.pt)")
-    spec = mf.dataset
-    if not spec.get("name"):
-        raise CliError(f"{args.checkpoint} does not say which dataset it was trained on; pass --dataset")
-    print(f"loading dataset {spec['name']} {spec.get('options') or ''} (from model.pt)".rstrip(), flush=True)
-    return mf, datasets.load(spec["name"], **spec.get("options", {}))
+        ds = _load_dataset(args)
+    else:
+        if args.dataset_opts:
+            raise CliError("-D needs --dataset (without it the dataset and options come from model.pt)")
+        spec = mf.dataset
+        if not spec.get("name"):
+            raise CliError(f"{args.checkpoint} does not say which dataset it was trained on; pass --dataset")
+        print(f"loading dataset {spec['name']} {spec.get('options') or ''} (from model.pt)".rstrip(), flush=True)
+        ds = datasets.load(spec["name"], **spec.get("options", {}))
+    check_model_fits(mf.spec, ds)  # before the kernels are prepared: a mismatch is said at once
+    return mf, ds
 
 
 def _run_inference(args, ds, id_sets, predict_ids=None):
