@@ -893,7 +893,7 @@ def _model_and_dataset(args):
             raise CliError(f"{args.checkpoint} does not say which dataset it was trained on; pass --dataset")
         print(f"loading dataset {spec['name']} {spec.get('options') or ''} (from model.pt)".rstrip(), flush=True)
         ds = datasets.load(spec["name"], **spec.get("options", {}))
-    check_model_fits(mf.spec, ds)  # before the kernels are prepared: a mismatch is said at once
+    check_model_fits(mf.spec, ds, warn=False)  # before the kernels are prepared (evaluate_model warns)
     return mf, ds
 
 

@@ -46,3 +46,82 @@ def test_argument_mistakes_are_said_before_any_kernel_build(tmp_path, builds, ca
     assert main(["eval", "--checkpoint", str(tmp_path / "model.pt"), *DATA]) == 2
     assert "takes 5 input features" in capsys.readouterr().err
     assert builds == []
+
+
+# ---------------------------------------------------------------- findings 8 and 9: model files
+def _model_file(path, **changes):
+    from gsplit.model_io import save_model
+    from gsplit.nn.models import build_model
+
+    spec = dict(name="sage", in_feats=8, hidden=16, num_classes=4, num_layers=2, dropout=0.0, heads=1, **changes)
+    torch.manual_seed(0)
+    save_model(path, build_model(**spec), spec, dataset={"name": "synthetic", "options": {
+        "num_nodes": 1500, "feature_dim": 8, "num_classes": 4}})
+    return path
+
+
+def _flip_bytes_inside_a_tensor(path, count=8):
+    """Flip ``count`` bytes in the middle of the largest tensor stored in a torch zip file."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    start = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+    for i in range(start, start + count):
+        raw[i] ^= 0x5A
+    path.write_bytes(bytes(raw))
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gsplit: error: "), err
+    return lines[0]
+
+
+def test_a_damaged_model_file_is_refused_in_one_line(tmp_path, capsys):
+    """Fails on the old main: model.pt carried no checksum; with 8 bytes flipped inside a tensor `gsplit eval`
+    exited 0 with another accuracy."""
+    path = _model_file(tmp_path / "model.pt")
+    _flip_bytes_inside_a_tensor(path)
+    assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "is damaged" in line and str(path) in line and "retrain" in line
+
+
+def test_a_model_file_whose_description_does_not_fit_its_weights_is_refused_in_one_line(tmp_path, capsys):
+    """Fails on the old main: torch's multi-line `size mismatch` error, exit 1."""
+    path = _model_file(tmp_path / "model.pt")
+    obj = torch.load(path, weights_only=True)
+    obj["model"]["hidden"] = 32
+    torch.save(obj, path)
+    assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "do not fit the model its description builds" in line and "in the file but" in line
+
+
+def test_a_model_file_without_its_description_is_refused_in_one_line(tmp_path, capsys):
+    """Fails on the old main: a raw `KeyError: 'model'` traceback."""
+    path = _model_file(tmp_path / "model.pt")
+    obj = torch.load(path, weights_only=True)
+    del obj["model"]
+    torch.save(obj, path)
+    assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 2
+    assert "without its 'model'" in _one_error_line(capsys.readouterr().err)
+
+
+def test_a_model_with_more_classes_than_the_dataset_is_said(tmp_path, caplog):
+    """Fails on the old main: an 8-class model evaluated on a 4-class dataset ran without a word."""
+    path = _model_file(tmp_path / "model.pt", **{})
+    obj = torch.load(path, weights_only=True)
+    from gsplit.model_io import save_model
+    from gsplit.nn.models import build_model
+
+    spec = dict(obj["model"], num_classes=8)
+    save_model(path, build_model(**spec), spec, dataset=obj["dataset"])
+    with caplog.at_level("WARNING"):
+        assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 0
+    said = [r.getMessage() for r in caplog.records if "predicts 8 classes" in r.getMessage()]
+    assert len(said) == 1 and "but dataset 'synthetic' has 4" in said[0]
