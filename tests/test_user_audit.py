@@ -125,3 +125,52 @@ def test_a_model_with_more_classes_than_the_dataset_is_said(tmp_path, caplog):
         assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 0
     said = [r.getMessage() for r in caplog.records if "predicts 8 classes" in r.getMessage()]
     assert len(said) == 1 and "but dataset 'synthetic' has 4" in said[0]
+
+
+# ---------------------------------------------------------------- finding 10: replaced files in a dataset folder
+@pytest.fixture
+def folder(tmp_path):
+    return gsplit.datasets.save_folder(_data(), tmp_path / "ds")
+
+
+def test_an_unsorted_indptr_in_a_prepared_folder_is_refused_by_default(folder, capsys):
+    """Fails on the old main: a replaced indptr.npy that is no longer sorted trained silently (exit 0)."""
+    import numpy as np
+
+    ptr = np.load(folder / "graph" / "indptr.npy")
+    ptr[10], ptr[11] = ptr[11] + 5, ptr[10]
+    np.save(folder / "graph" / "indptr.npy", ptr)
+    assert main(["train", "--dataset", f"folder:{folder}", "--num-ranks", "1", "--device", "cpu", "--epochs", "1",
+                 "--fanouts", "3,3", "--batch-size", "64", "--hidden", "8", "--eval-every", "0"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "graph/indptr.npy is not non-decreasing" in line
+
+
+def test_an_out_of_range_id_in_a_prepared_folder_is_refused_naming_the_file(folder):
+    """Fails on the old main: the sampler caught it later, without naming the file."""
+    import numpy as np
+
+    idx = np.load(folder / "graph" / "indices.npy")
+    idx[len(idx) // 3] = 1500  # one past the last vertex
+    np.save(folder / "graph" / "indices.npy", idx)
+    with pytest.raises(ValueError, match=r"graph/indices.npy holds vertex id 1500 outside \[0, 1500\)"):
+        gsplit.datasets.load(f"folder:{folder}")
+
+
+def test_an_untouched_or_copied_folder_skips_the_full_passes(folder, tmp_path, monkeypatch):
+    """The default check stays cheap: files as written skip the id pass and the feature scan; a copy (new
+    times, same blocks) gets the id pass (cheap next to reading the graph) but no feature scan."""
+    import shutil
+
+    import gsplit.graph as graph_module
+    from gsplit.datasets.base import known_finite
+
+    passes = []
+    real = graph_module._check_loaded_ids
+    monkeypatch.setattr(graph_module, "_check_loaded_ids", lambda *a: passes.append(1) or real(*a))
+    ds = gsplit.datasets.load_folder(folder)
+    assert passes == [] and known_finite(ds.features)
+    copy = shutil.copytree(folder, tmp_path / "copy", copy_function=shutil.copyfile)   # new modification times
+    ds = gsplit.datasets.load_folder(copy)
+    assert passes == [1] and known_finite(ds.features)
+    assert ds.num_edges == _data().num_edges
