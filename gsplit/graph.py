@@ -90,22 +90,34 @@ def as_vertex_ids(ids, num_nodes: int, what: str = "vertex ids", *, unique: bool
     return t
 
 
-def _check_loaded_csc(folder: Path, g: "Graph", fix: str) -> None:
-    """What :meth:`Graph.validate` checks, with messages naming the file at fault (for :meth:`Graph.load`)."""
+_CHUNK = 1 << 22  # entries per pass of the chunked checks: bounded temporaries on billion-entry arrays
+
+
+def _check_loaded_indptr(folder: Path, g: "Graph", fix: str) -> None:
+    """``indptr`` runs from 0 to the edge count without decreasing (one pass over ``num_nodes + 1`` entries,
+    in chunks), with a message naming the file: cheap enough for every load."""
     ptr, idx = folder / "indptr.npy", folder / "indices.npy"
     first, last = int(g.indptr[0]), int(g.indptr[-1])
     if first != 0 or last != g.indices.numel():
         raise ValueError(f"{ptr} runs from {first} to {last} but must run from 0 to the {g.indices.numel()} entries "
                          f"of {idx.name}; {fix}")
-    drops = (g.indptr[1:] < g.indptr[:-1]).nonzero()
-    if drops.numel():
-        v = int(drops[0, 0])
-        raise ValueError(f"{ptr} is not non-decreasing: entry {v + 1} ({int(g.indptr[v + 1])}) < entry {v} "
-                         f"({int(g.indptr[v])}); {fix}")
-    if g.indices.numel():
-        lo, hi = int(g.indices.min()), int(g.indices.max())
+    for start in range(0, g.indptr.numel() - 1, _CHUNK):
+        seg = g.indptr[start:start + _CHUNK + 1]
+        drops = (seg[1:] < seg[:-1]).nonzero()
+        if drops.numel():
+            v = start + int(drops[0, 0])
+            raise ValueError(f"{ptr} is not non-decreasing: entry {v + 1} ({int(g.indptr[v + 1])}) < entry {v} "
+                             f"({int(g.indptr[v])}); {fix}")
+
+
+def _check_loaded_ids(folder: Path, g: "Graph", fix: str) -> None:
+    """Every id of ``indices`` is a vertex (one chunked pass over all edges), with a message naming the file."""
+    idx = folder / "indices.npy"
+    for start in range(0, g.indices.numel(), _CHUNK):
+        lo, hi = (int(x) for x in torch.aminmax(g.indices[start:start + _CHUNK]))
         if lo < 0 or hi >= g.num_nodes:
-            raise ValueError(f"{idx} holds vertex id {lo if lo < 0 else hi} outside [0, {g.num_nodes}); {fix}")
+            raise ValueError(f"{idx} holds vertex id {lo if lo < 0 else hi} outside [0, {g.num_nodes}) (the graph has "
+                             f"{g.num_nodes} vertices); {fix}")
 
 
 @dataclass(frozen=True)
@@ -371,11 +383,12 @@ class Graph:
     def load(path: Union[str, os.PathLike], mmap: bool = True, validate: bool = True) -> "Graph":
         """Load a folder written by :meth:`save`; with ``mmap=True`` the arrays are memory-mapped.
 
-        ``validate=True`` (default) checks the arrays as :meth:`validate` does (``indptr`` starts at 0, is
-        non-decreasing and ends at the edge count; every source id is in ``[0, num_nodes)``): one pass
-        over both files, which reads a memory-mapped graph from disk once. ``validate=False`` skips that
-        pass for huge files you trust (e.g. written by :meth:`save` on this machine); the sizes, dtypes
-        and metadata are checked either way. Any problem is a one-line ``ValueError`` naming the file.
+        ``indptr`` is always checked (it starts at 0, never decreases and ends at the edge count: one pass
+        over ``num_nodes + 1`` entries, in chunks), and so are the sizes, dtypes and metadata.
+        ``validate=True`` (default) also checks that every source id is in ``[0, num_nodes)``: one pass
+        over all edges, which reads a memory-mapped graph from disk once; ``validate=False`` skips it for
+        huge files you trust (e.g. written by :meth:`save` on this machine). Any problem is a one-line
+        ``ValueError`` naming the file.
 
         Example:
             >>> import tempfile
@@ -402,8 +415,9 @@ class Graph:
         # copy-on-write maps: torch.from_numpy refuses read-only arrays, and "c" keeps loading lazy
         g = Graph(torch.from_numpy(indptr.astype(np.int64, copy=False)),
                   torch.from_numpy(indices.astype(np.int64, copy=False)))
+        _check_loaded_indptr(p, g, fix)
         if validate:
-            _check_loaded_csc(p, g, fix)
+            _check_loaded_ids(p, g, fix)
         return g
 
     def __repr__(self) -> str:

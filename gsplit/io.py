@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
@@ -28,7 +30,8 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 import numpy as np
 
 __all__ = ["atomic_file", "atomic_write_bytes", "atomic_write_json", "atomic_save_npy", "write_array_dir", "read_meta",
-           "load_npy", "check_writable", "append_jsonl", "read_run_log"]
+           "load_npy", "check_writable", "append_jsonl", "read_run_log", "file_stamp", "stamp_status",
+           "file_error_line"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -113,11 +116,14 @@ def atomic_save_npy(path: PathLike, array: np.ndarray) -> None:
 
 
 def write_array_dir(path: PathLike, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any],
-                    meta_name: str = "meta.json", default=None) -> None:
+                    meta_name: str = "meta.json", default=None, stamp: bool = False) -> None:
     """Write folder ``path``: every ``name -> array`` as ``name`` (``.npy``), then ``meta_name`` LAST.
 
     An existing ``meta_name`` is removed first, so a writer that dies midway leaves a folder that
-    :func:`read_meta` reports as incomplete instead of old metadata describing new arrays.
+    :func:`read_meta` reports as incomplete instead of old metadata describing new arrays. With
+    ``stamp``, the metadata also records, under ``"files"``, the :func:`file_stamp` of every ``.npy``
+    in the folder and its subfolders (those written before, too), so a reader can tell which files
+    were replaced since (:func:`stamp_status`).
 
     Example:
         >>> import tempfile
@@ -134,7 +140,64 @@ def write_array_dir(path: PathLike, arrays: Mapping[str, np.ndarray], meta: Mapp
         _fsync_dir(p)
     for name, array in arrays.items():
         atomic_save_npy(p / name, array)
+    if stamp:
+        meta = {**meta, "files": {f.relative_to(p).as_posix(): file_stamp(f) for f in sorted(p.rglob("*.npy"))}}
     atomic_write_json(meta_path, dict(meta), default=default)
+
+
+_SAMPLE_BLOCKS, _SAMPLE_BYTES = 64, 4096
+
+
+def file_stamp(path: PathLike) -> Dict[str, Any]:
+    """What identifies a written file cheaply: its size, modification time and a digest of 64 blocks of
+    4 KiB spread over it (the whole file when smaller): milliseconds for any size.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.bin"; p.write_bytes(b"x" * 10)
+        10
+        >>> sorted(file_stamp(p))
+        ['mtime_ns', 'sample', 'size']
+    """
+    st = os.stat(path)
+    h = hashlib.blake2b(np.int64(st.st_size).tobytes(), digest_size=12)
+    with open(path, "rb") as f:
+        if st.st_size <= _SAMPLE_BLOCKS * _SAMPLE_BYTES:
+            h.update(f.read())
+        else:
+            for i in range(_SAMPLE_BLOCKS):
+                f.seek((st.st_size - _SAMPLE_BYTES) * i // (_SAMPLE_BLOCKS - 1))
+                h.update(f.read(_SAMPLE_BYTES))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sample": h.hexdigest()}
+
+
+def stamp_status(folder: PathLike, name: str, stamps: Optional[Mapping[str, Any]]) -> str:
+    """How ``folder/name`` compares with the stamp a writer recorded (``write_array_dir(stamp=True)``).
+
+    ``"same"``: size and modification time as written (the file was not touched since); ``"copy"``: another
+    time but the same size and sampled blocks (e.g. the folder was copied); ``"changed"``: another size or
+    other blocks; ``"unknown"``: no stamp was recorded (older folders) or the file is gone.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> d = pathlib.Path(tempfile.mkdtemp())
+        >>> write_array_dir(d, {"x.npy": np.arange(3)}, {}, stamp=True)
+        >>> stamps = json.loads((d / "meta.json").read_text())["files"]
+        >>> stamp_status(d, "x.npy", stamps)
+        'same'
+        >>> np.save(d / "x.npy", np.arange(4)); stamp_status(d, "x.npy", stamps)
+        'changed'
+    """
+    want = (stamps or {}).get(name)
+    path = Path(folder) / name
+    if not isinstance(want, dict) or not path.is_file():
+        return "unknown"
+    st = os.stat(path)
+    if st.st_size != want.get("size"):
+        return "changed"
+    if st.st_mtime_ns == want.get("mtime_ns"):
+        return "same"
+    return "copy" if file_stamp(path)["sample"] == want.get("sample") else "changed"
 
 
 def read_meta(path: PathLike, required: Sequence[str], what: str, fix: str, meta_name: str = "meta.json",
@@ -306,3 +369,40 @@ def read_run_log(path: PathLike) -> Dict[str, Any]:
         else:
             raise ValueError(f"{p}: line {n} has record type {kind!r}; is this a gsplit run log?")
     return out
+
+
+# what to do about a file operation that failed, by errno (the rest: the message says enough)
+_FIXES = {errno.ENOSPC: "free space on that file system, or write elsewhere (--checkpoint, --log, --out)",
+          errno.EDQUOT: "free space within your quota, or write elsewhere (--checkpoint, --log, --out)",
+          errno.EROFS: "write to a writable file system (--checkpoint, --log, --out)",
+          errno.EACCES: "write to a folder you may write to (--checkpoint, --log, --out)"}
+_ERRNO_TEXT = re.compile(r"^\[Errno (\d+)\] (.*?)(?:: '(.*)')?$", re.S)
+
+
+def file_error_line(exc: BaseException) -> Optional[str]:
+    """One line for a failed file operation, the process's own or a rank's (a :class:`gsplit.LaunchError`
+    whose root cause is an ``OSError``): what failed, the file, what to do. ``None`` for other errors.
+
+    Example:
+        >>> file_error_line(OSError(errno.ENOSPC, "No space left on device", "/ck/state.pt"))
+        'No space left on device (/ck/state.pt); free space on that file system, or write elsewhere (--checkpoint, --log, --out)'
+        >>> file_error_line(ValueError("x")) is None
+        True
+    """
+    rank = ""
+    if isinstance(exc, OSError):
+        code, text, filename = exc.errno, exc.strerror or str(exc), exc.filename
+    else:
+        failures = getattr(exc, "failures", None)  # LaunchError: the root cause first
+        root = failures[0] if failures else None
+        import builtins
+
+        kind = getattr(builtins, getattr(root, "exc_type", None) or "", None)
+        if not (isinstance(kind, type) and issubclass(kind, OSError)):
+            return None
+        m = _ERRNO_TEXT.match(root.message)
+        code, text, filename = (int(m.group(1)), m.group(2), m.group(3)) if m else (None, root.message, None)
+        rank = f"rank {root.rank}: "
+    where = f" ({filename})" if filename else ""
+    fix = _FIXES.get(code)
+    return f"{rank}{text}{where}" + (f"; {fix}" if fix else "")

@@ -11,23 +11,31 @@ weights_only=True)`` reads it without running any code from it::
      "train_config": {...},                              # gsplit.trainer.TrainConfig as a dict
      "dataset": {"name": "synthetic", "options": {...}}, # gsplit.datasets.load(name, **options)
      "versions": {"gsplit": ..., "torch": ..., "python": ...},
-     "state_dict": {...}}
+     "state_dict": {...},
+     "state_sha256": "..."}                              # of the weights: a damaged file is refused
+
+:func:`load_model` refuses, in one line naming the file, a file whose weights do not hash to
+``state_sha256`` (a flipped byte inside a tensor, which torch's loader does not notice), one without
+its ``model`` description or ``state_dict``, and weights that do not fit the model the description
+builds (the tensor, its shape in the file and in the model).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
 import platform
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from torch import nn
 
-__all__ = ["ModelFile", "FORMAT", "versions", "model_file", "save_model", "load_model", "json_safe"]
+__all__ = ["ModelFile", "FORMAT", "versions", "model_file", "save_model", "load_model", "json_safe",
+           "state_digest"]
 
 FORMAT = "gsplit-model"
 """The ``format`` field of every model file (``model.pt``); :func:`load_model` refuses a file without it."""
@@ -94,10 +102,31 @@ def model_file(model: nn.Module, spec: Dict[str, Any], train_config: Optional[di
     missing = [k for k in _MODEL_KEYS if k not in spec]
     if missing:
         raise ValueError(f"the model spec lacks {missing}; give every argument of gsplit.nn.models.build_model")
+    state = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in model.state_dict().items()}
     return {"format": FORMAT, "version": VERSION, "model": json_safe(dict(spec)),
             "train_config": json_safe(dict(train_config or {})), "dataset": json_safe(dict(dataset or {})),
-            "versions": versions(), "state_dict": {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v
-                                                   for k, v in model.state_dict().items()}}
+            "versions": versions(), "state_dict": state, "state_sha256": state_digest(state)}
+
+
+def state_digest(state: Dict[str, Any]) -> str:
+    """sha256 of a ``state_dict``: every entry's name, dtype, shape and bytes, in name order.
+
+    Example:
+        >>> a = {"w": torch.ones(2, 2)}
+        >>> state_digest(a) == state_digest({"w": torch.ones(2, 2)}) != state_digest({"w": torch.zeros(2, 2)})
+        True
+    """
+    h = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        h.update(f"{name}\0".encode())
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            h.update(f"{t.dtype}{tuple(t.shape)}\0".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(value).encode())
+    return h.hexdigest()
 
 
 def save_model(path: Union[str, os.PathLike], model: nn.Module, spec: Dict[str, Any],
@@ -146,13 +175,49 @@ def load_model(path: Union[str, os.PathLike]) -> ModelFile:
     if int(obj.get("version", 0)) > VERSION:
         raise ValueError(f"{p} has model-file version {obj['version']}, newer than this gsplit reads ({VERSION}); "
                          "upgrade gsplit")
-    spec = obj["model"]
-    model = build_model(spec["name"], spec["in_feats"], spec["hidden"], spec["num_classes"], spec["num_layers"],
-                        dropout=spec["dropout"], heads=spec["heads"])
-    model.load_state_dict(obj["state_dict"])
+    fix = "retrain (`gsplit train --checkpoint DIR` writes DIR/model.pt) or restore the file from a copy"
+    spec, state = obj.get("model"), obj.get("state_dict")
+    if not isinstance(spec, dict) or not isinstance(state, dict):
+        what = "'model' (the description of the architecture)" if not isinstance(spec, dict) else "'state_dict'"
+        raise ValueError(f"{p} is a gsplit model file without its {what}; it is damaged or was not written by "
+                         f"gsplit.model_io.save_model: {fix}")
+    missing = [k for k in _MODEL_KEYS if k not in spec]
+    if missing:
+        raise ValueError(f"{p}: its model description lacks {missing}; {fix}")
+    want = obj.get("state_sha256")
+    if want is not None and state_digest(state) != want:
+        raise ValueError(f"{p} is damaged: its weights do not match the sha256 recorded when it was written "
+                         f"({str(want)[:16]}...); {fix}")
+    try:
+        model = build_model(spec["name"], spec["in_feats"], spec["hidden"], spec["num_classes"], spec["num_layers"],
+                            dropout=spec["dropout"], heads=spec["heads"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{p}: its model description {json.dumps(json_safe(spec))} does not build a model ({e}); "
+                         f"{fix}") from None
+    mismatch = _state_mismatch(model.state_dict(), state)
+    if mismatch:
+        raise ValueError(f"{p}: its weights do not fit the model its description builds ({spec['name']}, "
+                         f"{spec['num_layers']} layers, in_feats {spec['in_feats']}, hidden {spec['hidden']}, "
+                         f"{spec['num_classes']} classes): {mismatch}; the file is inconsistent: {fix}")
+    model.load_state_dict(state)
     model.eval()
     return ModelFile(model=model, spec=spec, train_config=obj.get("train_config", {}),
                      dataset=obj.get("dataset", {}), versions=obj.get("versions", {}))
+
+
+def _state_mismatch(expected: Dict[str, Any], got: Dict[str, Any]) -> str:
+    """How ``got`` differs from the model's own ``state_dict`` (names, shapes), in a few words; "" when it fits."""
+    problems: List[str] = []
+    for name, want in expected.items():
+        have = got.get(name)
+        if have is None:
+            problems.append(f"{name} is missing")
+        elif isinstance(want, torch.Tensor) and (not isinstance(have, torch.Tensor) or have.shape != want.shape):
+            shape = list(have.shape) if isinstance(have, torch.Tensor) else type(have).__name__
+            problems.append(f"{name} has shape {shape} in the file but {list(want.shape)} in the model")
+    problems += [f"{name} is not in the model" for name in got if name not in expected]
+    more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+    return "; ".join(problems[:3]) + more
 
 
 def describe(mf: ModelFile) -> str:

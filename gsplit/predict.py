@@ -8,6 +8,7 @@ vertex ids: any split gives the same numbers), and the answers are summed over r
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Union
@@ -18,6 +19,8 @@ from gsplit.inference import accuracy, gather_rows, layerwise_inference
 from gsplit.model_io import load_model
 
 __all__ = ["EvalResult", "evaluate_model", "check_model_fits"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,16 +35,36 @@ class EvalResult:
     """Wall time of the inference and the counts."""
 
 
-def check_model_fits(spec: dict, dataset) -> None:
-    """Refuse a dataset the model cannot run on (feature width, classes), naming what it was trained on."""
+_SAME_DATASET = ("evaluate it on the dataset it was trained on (gsplit eval reloads it from model.pt when --dataset "
+                 "is left out)")
+
+
+def check_model_fits(spec: dict, dataset, warn: bool = True) -> None:
+    """Refuse a dataset the model cannot run on (feature width, fewer classes than the labels use); with
+    ``warn``, log a warning for a model with more classes than the dataset (made for another dataset?).
+
+    Example:
+        >>> import gsplit
+        >>> ds = gsplit.datasets.load("synthetic", num_nodes=300, feature_dim=8, num_classes=3)
+        >>> check_model_fits({"in_feats": 8, "num_classes": 8}, ds)   # logs the warning, runs
+        >>> check_model_fits({"in_feats": 4, "num_classes": 3}, ds)
+        Traceback (most recent call last):
+        ...
+        ValueError: the model takes 4 input features but dataset 'synthetic' has 8; evaluate it on the dataset it was trained on (gsplit eval reloads it from model.pt when --dataset is left out)
+    """
     feats = int(dataset.features.shape[1])
     if int(spec["in_feats"]) != feats:
         raise ValueError(f"the model takes {spec['in_feats']} input features but dataset {dataset.name!r} has {feats}; "
-                         "evaluate it on the dataset it was trained on (gsplit eval reloads it from model.pt when "
-                         "--dataset is left out)")
-    if dataset.labels is not None and int(spec["num_classes"]) < int(dataset.num_classes):
+                         + _SAME_DATASET)
+    if dataset.labels is None:
+        return
+    if int(spec["num_classes"]) < int(dataset.num_classes):
         raise ValueError(f"the model predicts {spec['num_classes']} classes but dataset {dataset.name!r} has "
-                         f"{dataset.num_classes}")
+                         f"{dataset.num_classes}; " + _SAME_DATASET)
+    if warn and int(spec["num_classes"]) > int(dataset.num_classes):
+        log.warning("the model predicts %d classes but dataset %r has %d: it was probably trained on another "
+                    "dataset, and predictions of the classes the dataset lacks count as wrong; %s",
+                    int(spec["num_classes"]), dataset.name, int(dataset.num_classes), _SAME_DATASET)
 
 
 def _rank(rank: int, world_size: int, model_path: str, dataset, id_sets: Dict[str, torch.Tensor],

@@ -106,10 +106,14 @@ def test_writes_to_a_mapped_tensor_never_reach_the_file(synthetic):
 def test_recorded_check_skips_the_feature_scan_and_validate_true_runs_it(synthetic, tmp_path):
     ds, _ = synthetic
     folder = save_folder(ds, tmp_path / "ds")
+    written = os.stat(folder / "features.npy")
     feats = np.load(folder / "features.npy", mmap_mode="r+")
-    feats[7, 2] = np.nan  # damage behind the writer's back: only a scan would see it
+    feats[7, 2] = np.nan  # damage behind the writer's back
     feats.flush()
     del feats
+    with pytest.raises(ValueError, match="row 7"):  # the file's stamp (time, sampled blocks) no longer matches
+        load_folder(folder)
+    os.utime(folder / "features.npy", ns=(written.st_atime_ns, written.st_mtime_ns))  # damage no stamp can see
     lazy = load_folder(folder)  # trusts meta.json's checks: no full pass over the file
     assert first_non_finite_row(lazy.features) is None
     with pytest.raises(ValueError, match="row 7"):

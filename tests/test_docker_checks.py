@@ -164,17 +164,18 @@ def test_extension_build_folder_depends_on_torch_and_python(monkeypatch, tmp_pat
     from gsplit.ops import cpu_ext
 
     monkeypatch.setenv("GSPLIT_EXTENSION_DIR", str(tmp_path))
+    sources = ["sample_cpu.cpp"]
     monkeypatch.setattr(torch, "__version__", "2.2.1+cpu")
-    old = cpu_ext.build_folder("gsplit_sample_cpu")
+    old = cpu_ext.build_folder("gsplit_sample_cpu", sources)
     monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
-    new = cpu_ext.build_folder("gsplit_sample_cpu")
-    assert old != new and old.name == new.name == "gsplit_sample_cpu"
+    new = cpu_ext.build_folder("gsplit_sample_cpu", sources)
+    assert old != new and old.name == new.name and old.name.startswith("gsplit_sample_cpu-")
     assert old.parent.parent == new.parent.parent == tmp_path  # one cache root, one folder per build key
     monkeypatch.setattr(torch.version, "cuda", "12.4")
-    assert cpu_ext.build_folder("gsplit_sample_cpu") != new
+    assert cpu_ext.build_folder("gsplit_sample_cpu", sources) != new
     monkeypatch.setattr(sys.implementation, "cache_tag", "cpython-310")
     monkeypatch.setattr("sysconfig.get_config_var", lambda name: "cpython-310-x86_64-linux-gnu")
-    assert "cpython-310" in str(cpu_ext.build_folder("gsplit_sample_cpu"))
+    assert "cpython-310" in str(cpu_ext.build_folder("gsplit_sample_cpu", sources))
 
 
 # ------------------------------------------------------------------ the first-GPU-run script
@@ -221,7 +222,7 @@ def test_gpu_bench_quick_runs_every_part_on_the_cpu(tmp_path):
     result = json.loads(out.read_text())
     parts = result["parts"]
     assert set(parts) == {"system", "pin_probe", "first_iteration", "bandwidth", "kernels", "layers", "train",
-                          "full_graph"}
+                          "full_graph", "macrobatch"}
     assert "kernel" in parts["system"]
     probe = {r["kind"]: r for r in parts["pin_probe"]["rows"]}  # io_uring's long-term pin stands in for CUDA's
     assert set(probe) == {"anonymous", "private-file", "shared-file-read-only", "dev-shm"}
@@ -244,4 +245,7 @@ def test_gpu_bench_quick_runs_every_part_on_the_cpu(tmp_path):
     first = [r for r in parts["first_iteration"]["rows"] if r["status"] == "ok"]
     assert {(r["source"], r["system"]) for r in first} == {(s, y) for s in ("folder", "memory") for y in ("split", "dp")}
     assert parts["full_graph"]["gsplit"]["status"] == "ok"
+    macro = {(r["system"], r["macrobatch"]): r for r in parts["macrobatch"]["rows"]}
+    assert set(macro) == {(s, b) for s in ("split", "dp") for b in (1, 16)}
+    assert all(r["ms_per_iteration"] > 0 and r["input_rows_per_iteration"] > 0 for r in macro.values())
     assert "ms/it" in done.stdout and "first iteration" in done.stdout  # the table

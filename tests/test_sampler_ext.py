@@ -272,14 +272,14 @@ def test_a_lock_file_left_by_a_killed_build_does_not_hang_the_next_one(monkeypat
     from gsplit.ops import cpu_ext
 
     monkeypatch.setenv("GSPLIT_EXTENSION_DIR", str(tmp_path))
-    build_dir = cpu_ext.build_folder("gsplit_fake_ext")
+    build_dir = cpu_ext.build_folder("gsplit_fake_ext", ("sample_cpu.cpp",))
     build_dir.mkdir(parents=True)
     (build_dir / "lock").write_text("")                     # what a SIGKILLed build leaves behind
     seen = {}
 
     def fake_load(name, sources, build_directory, **kwargs):
         seen["stale_lock"] = (Path(build_directory) / "lock").exists()
-        with open(Path(build_directory).with_name(name + ".lock"), "a") as other:   # held while building
+        with open(Path(build_directory).with_name(Path(build_directory).name + ".lock"), "a") as other:
             try:
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 seen["held"] = False
@@ -292,3 +292,48 @@ def test_a_lock_file_left_by_a_killed_build_does_not_hang_the_next_one(monkeypat
         assert cpu_ext._build.__wrapped__("gsplit_fake_ext", ("sample_cpu.cpp",)) == "module"
     assert seen == {"stale_lock": False, "held": True}
     assert "interrupted build" in caplog.text
+
+
+def test_two_environments_with_the_same_torch_share_one_build(monkeypatch, tmp_path, caplog):
+    """Fails on the old main: every process handed cpp_extension the sources where its gsplit lived, and
+    ninja's file held those paths and the environment's torch headers, so a second virtual environment
+    with the same torch (or an installed copy next to a checkout) rewrote it and recompiled, about 45 s
+    on every switch. Now a finished build is loaded from its folder without cpp_extension, and a build
+    compiles copies of the sources kept there; only the sources' content, the flags and the torch/Python
+    ABI choose the folder."""
+    import shutil
+
+    import torch.utils.cpp_extension as ext
+
+    from gsplit.ops import cpu_ext
+
+    monkeypatch.setenv("GSPLIT_EXTENSION_DIR", str(tmp_path / "cache"))
+    source = cpu_ext.kernel_path("sample_cpu.cpp")
+    checkouts = [tmp_path / "clone" / "kernels", tmp_path / "site-packages" / "gsplit" / "_kernels"]
+    for d in checkouts:
+        d.mkdir(parents=True)
+        shutil.copy(source, d / "sample_cpu.cpp")
+    compiled, imported = [], []
+
+    def fake_load(name, sources, build_directory, **kwargs):   # what cpp_extension leaves: the library
+        compiled.append(list(sources))
+        (Path(build_directory) / f"{name}.so").write_bytes(b"library")
+        return "module"
+
+    monkeypatch.setattr(ext, "load", fake_load)
+    monkeypatch.setattr(cpu_ext, "_import_library", lambda name, library: imported.append(library) or "module")
+    folders = []
+    with caplog.at_level("WARNING", logger="gsplit.ops.cpu_ext"):
+        for where in checkouts + checkouts:  # one environment, the other, and back: as many processes
+            monkeypatch.setattr(cpu_ext, "kernel_path", lambda name, where=where: where / name)
+            assert cpu_ext._build.__wrapped__("gsplit_fake_ext", ("sample_cpu.cpp",)) == "module"
+            folders.append(cpu_ext.build_folder("gsplit_fake_ext", ("sample_cpu.cpp",)))
+    assert len(compiled) == 1 and len(imported) == 3, (compiled, imported)
+    assert len(set(folders)) == 1
+    assert compiled[0] == [str(folders[0] / "src" / "sample_cpu.cpp")]   # a copy: no installation's path
+    assert (folders[0] / "src" / "sample_cpu.cpp").read_bytes() == source.read_bytes()
+    said = [r.getMessage() for r in caplog.records if "building the compiled CPU kernel" in r.getMessage()]
+    assert len(said) == 1 and str(folders[0]) in said[0]   # said once, with where it caches
+    (checkouts[0] / "sample_cpu.cpp").write_bytes(source.read_bytes() + b"\n// changed\n")
+    monkeypatch.setattr(cpu_ext, "kernel_path", lambda name: checkouts[0] / name)
+    assert cpu_ext.build_folder("gsplit_fake_ext", ("sample_cpu.cpp",)) != folders[0]  # new sources: new build

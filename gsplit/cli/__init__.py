@@ -21,6 +21,7 @@ import torch
 
 from gsplit.cli import bench, estimate, evaluate, plot, predict, prepare, stats, train
 from gsplit.cli.options import CliError, _document_defaults, _Parser, _values_that_look_like_options, check_numbers
+from gsplit.io import file_error_line
 from gsplit.launch import LaunchInterrupted
 
 log = logging.getLogger("gsplit.cli")
@@ -76,12 +77,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except LaunchInterrupted as e:  # SIGTERM / SIGHUP: the ranks are already stopped
         print(f"gsplit: {e}", file=sys.stderr)
         return e.code
-    except (RuntimeError, FloatingPointError) as e:  # LaunchError and friends: the message names the failing rank
-        print(f"gsplit: error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:  # a full disk or a vanished folder during the run: one line, not a traceback
-        where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-        print(f"gsplit: error: {e.strerror or e}{where}", file=sys.stderr)
+    except (RuntimeError, FloatingPointError, OSError) as e:  # LaunchError and friends name the failing rank
+        # a full disk or a vanished folder, here or in a rank: one line with the file and the fix, no traceback
+        print(f"gsplit: error: {file_error_line(e) or e}", file=sys.stderr)
         return 1
     finally:
         for s, h in previous.items():

@@ -116,18 +116,22 @@ def _read_ids(path: str, num_nodes: int) -> torch.Tensor:
 def _model_and_dataset(args):
     from gsplit import datasets
     from gsplit.model_io import describe, load_model
+    from gsplit.predict import check_model_fits
 
     mf = load_model(args.checkpoint)
     print(f"model {args.checkpoint}: {describe(mf)}", flush=True)
     if args.dataset is not None:
-        return mf, _load_dataset(args)
-    if args.dataset_opts:
-        raise CliError("-D needs --dataset (without it the dataset and options come from model.pt)")
-    spec = mf.dataset
-    if not spec.get("name"):
-        raise CliError(f"{args.checkpoint} does not say which dataset it was trained on; pass --dataset")
-    print(f"loading dataset {spec['name']} {spec.get('options') or ''} (from model.pt)".rstrip(), flush=True)
-    return mf, datasets.load(spec["name"], **spec.get("options", {}))
+        ds = _load_dataset(args)
+    else:
+        if args.dataset_opts:
+            raise CliError("-D needs --dataset (without it the dataset and options come from model.pt)")
+        spec = mf.dataset
+        if not spec.get("name"):
+            raise CliError(f"{args.checkpoint} does not say which dataset it was trained on; pass --dataset")
+        print(f"loading dataset {spec['name']} {spec.get('options') or ''} (from model.pt)".rstrip(), flush=True)
+        ds = datasets.load(spec["name"], **spec.get("options", {}))
+    check_model_fits(mf.spec, ds, warn=False)  # before the kernels are prepared (evaluate_model warns)
+    return mf, ds
 
 
 def _run_inference(args, ds, id_sets, predict_ids=None):

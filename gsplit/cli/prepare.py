@@ -145,6 +145,8 @@ def cmd_prepare(args) -> int:
         args.metis_edges_per_vertex = check_entries_per_vertex(args.metis_edges_per_vertex)
     except ValueError as e:
         raise CliError(f"--metis-edges-per-vertex: {e}") from None
+    if not args.full_graph:
+        parse_fanouts(args.fanouts)  # a bad --fanouts is said before the dataset is read or kernels are built
     ds = _prepare_dataset(args, out)
     _prepare_kernels()
     try:

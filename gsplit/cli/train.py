@@ -238,12 +238,14 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     if guard is not None:
         closing.callback(guard.release)
     ds = _load_dataset(args)
-    _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
     if ds.train_idx.numel() == 0:
         raise CliError(f"dataset {ds.name} has no training vertices: nothing to train; check its split options "
                        f"(e.g. -D split_fractions=0.6,0.2,0.2)")
     if guard is not None:
         guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
+    if (partitioned or args.system == "full") and parts > 1:
+        _check_given_map(args.partition, ds, parts)  # every check before the build: a mistake is said at once
+    _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
     owner, cache_weights = None, None
     if args.system == "full":
         owner = _full_graph_map(args, ds, parts, torchrun)
@@ -302,6 +304,16 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     _finish_log(args, result, ds, t)
     _report_final(result, report)
     return 0
+
+
+def _check_given_map(partition: Optional[str], ds, parts: int) -> None:
+    """Refuse a ``--partition`` map made for another graph or number of parts (no-op without a saved map)."""
+    import gsplit
+
+    if partition and (Path(partition) / "meta.json").exists():
+        pmap = gsplit.PartitionMap.load(partition)
+        pmap.check_graph(ds.graph)
+        pmap.check_world_size(parts)
 
 
 def _full_graph_map(args, ds, parts: int, torchrun: bool):

@@ -151,7 +151,7 @@ def convert_edgelist(
               **{f"{k}.npy": v.numpy() for k, v in zip(_SPLITS, (train, val, test))}}
     features_meta = torch.empty(0, feature_dim)  # only its width is read
     write_array_dir(out, arrays, folder_meta(graph, features_meta, name or src_path.stem, num_classes,
-                                             True, True, ["node_ids"], provenance), default=str)
+                                             True, True, ["node_ids"], provenance), default=str, stamp=True)
     report = ConversionReport(str(out), n, written, file_edges, chunks,
                               {k: round(v, 3) for k, v in seconds.items()}, peak_rss_bytes())
     log.info("converted %s -> %s: %d vertices, %d edges in %d chunk(s), %s", src_path, out, n, written, chunks,
@@ -250,7 +250,7 @@ def convert_ogb(
                   "converted_in_chunks": int(chunk_edges)}
     arrays = {"labels.npy": labels.numpy(), **{f"{k}.npy": v for k, v in zip(_SPLITS, splits)}}
     write_array_dir(out, arrays, folder_meta(graph, torch.empty(0, dim), name, num_classes, False, False, [],
-                                             provenance), default=str)
+                                             provenance), default=str, stamp=True)
     from gsplit.datasets.folder import load_folder
 
     load_folder(out)  # labels in range, splits labelled and disjoint: the Dataset checks, on the mapped files

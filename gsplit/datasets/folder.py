@@ -21,8 +21,14 @@ A dataset loaded from a folder pickles as its path (:meth:`Dataset.__reduce_ex__
 hands the ranks the path and each rank maps the files, instead of copying the tensors into shared memory.
 
 The writer checks once what every reader would otherwise check at start (features finite, graph CSC
-valid) and records it in ``meta.json`` (``checks``); a reader then skips those full passes over the
-files, so the first epoch does not wait for the whole feature file to be read.
+valid) and records it in ``meta.json`` (``checks``), with a stamp of every array file (size, modification
+time, a digest of 64 sampled blocks: :func:`gsplit.io.file_stamp`). A reader skips those full passes over
+files that are still the ones written, so the first epoch does not wait for the whole feature file to be
+read; what it always checks costs little next to reading the arrays: the sizes and dtypes, ``indptr``
+(starts at 0, never decreases, ends at the edge count: one pass over one entry per vertex) and the
+stamps. A graph file whose size or time differs from its stamp (replaced, edited, or the folder copied)
+gets the full check of its ids; a feature file only when its size or sampled blocks differ too (a copy
+keeps them). ``validate=True`` runs every full pass whatever the stamps say.
 
 :func:`convert_edgelist` writes a folder from a text edge list in chunks (:mod:`gsplit.datasets.chunked`),
 never holding the edge list and the CSC in memory at once.
@@ -42,7 +48,7 @@ import torch
 from gsplit.datasets.base import Dataset
 from gsplit.finite import first_non_finite_row, known_finite, mark_finite
 from gsplit.graph import Graph
-from gsplit.io import load_npy, read_meta, write_array_dir
+from gsplit.io import load_npy, read_meta, stamp_status, write_array_dir
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,8 @@ FORMAT_VERSION = 1
 _FIX = "write the folder again (gsplit prepare --dataset-out, or gsplit.datasets.save_folder)"
 _SPLITS = ("train_idx", "val_idx", "test_idx")
 _OPTIONAL = ("node_ids", "communities")
+_GRAPH_FILES = ("graph/indptr.npy", "graph/indices.npy")
+_STAMPED = _GRAPH_FILES + ("features.npy",)  # the files whose full checks a reader skips (the rest are small)
 
 
 @dataclass(frozen=True)
@@ -117,7 +125,7 @@ def save_folder(dataset: Dataset, path: PathLike) -> Path:
                                              dataset.synthetic_features, dataset.synthetic_labels,
                                              [k for k in _OPTIONAL if getattr(dataset, k) is not None],
                                              {k: v for k, v in dataset.meta.items() if k != "load"}),
-                    default=str)
+                    default=str, stamp=True)
     log.info("wrote %r to %s", dataset, out)
     return out
 
@@ -148,8 +156,9 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
     """Open a prepared dataset folder; with ``mmap=True`` (default) every array is memory-mapped.
 
     ``validate=None`` (default) skips the full passes that the writer recorded in ``meta.json`` as done
-    (graph CSC validity, finite features); ``True`` runs them anyway, ``False`` skips them for a folder
-    you trust. Sizes, dtypes, label ranges and the splits are always checked (they are small).
+    (graph ids in range, finite features) for files that are still the ones it wrote (see the module
+    doc: their stamps); ``True`` runs them anyway, ``False`` skips them for a folder you trust. Sizes,
+    dtypes, ``indptr``, label ranges and the splits are always checked (they are small).
 
     Example:
         >>> ds = load_folder("prepared/papers100M")     # doctest: +SKIP
@@ -167,8 +176,13 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
                          f"upgrade gsplit to read it")
     checks = meta.get("checks", {})
     n, dim = int(meta["num_nodes"]), int(meta["feature_dim"])
-    graph = Graph.load(p / "graph", mmap=mmap,
-                       validate=(not checks.get("graph_valid", False)) if validate is None else validate)
+    status = {name: stamp_status(p, name, meta.get("files")) for name in _STAMPED}
+    touched = [name for name, state in status.items() if state in ("copy", "changed")]
+    if touched:  # the full checks below run for them (a copied feature file keeps its sampled blocks: trusted)
+        log.info("%s: %s not as written (%s): checking in full", p, ", ".join(touched),
+                 ", ".join(status[name] for name in touched))
+    graph_trusted = checks.get("graph_valid", False) and not any(status[f] in ("copy", "changed") for f in _GRAPH_FILES)
+    graph = Graph.load(p / "graph", mmap=mmap, validate=not graph_trusted if validate is None else validate)
     if graph.num_nodes != n or graph.num_edges != int(meta["num_edges"]):
         raise ValueError(f"{p / 'graph'} holds {graph.num_nodes} vertices and {graph.num_edges} edges but "
                          f"{p / 'meta.json'} says {n} and {meta['num_edges']}; {_FIX}")
@@ -180,7 +194,8 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
     if features.dtype != torch.float32 or features.shape[1] != dim:
         raise ValueError(f"{p / 'features.npy'} holds {features.dtype} of width {features.shape[1]}; expected "
                          f"float32 of width {dim}; {_FIX}")
-    if validate is False or (validate is None and checks.get("features_finite", False)):
+    if validate is False or (validate is None and checks.get("features_finite", False)
+                             and status["features.npy"] != "changed"):
         mark_finite(features)  # the writer scanned it: Dataset and the loaders skip their full pass
     fields = {k: array(k, "iu", 1, None).to(torch.int64) for k in _SPLITS}
     fields.update({k: array(k, "iu", 1, n).to(torch.int64) for k in meta.get("optional", []) if k in _OPTIONAL})

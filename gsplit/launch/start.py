@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as tmp
 
 from gsplit import resources
-from gsplit.comm import waits
+from gsplit.comm import teardown, waits
 from gsplit.launch.failures import (LaunchError, LaunchInterrupted, RankFailure, _death_message,
                                     _is_communication_error, _pick_root_cause)
 from gsplit.launch.rank import _ENV_DEVICE, init_process_group, limit_threads
@@ -52,8 +52,10 @@ log = logging.getLogger(__name__)
 _DRAIN_S = 0.5
 # How long terminated ranks get to exit before SIGKILL.
 _KILL_GRACE_S = 3.0
-# How long ranks that delivered their results get to exit (destroy_process_group etc.) before SIGTERM.
-_EXIT_GRACE_S = 30.0
+# How long ranks that delivered their results get to exit (barrier, destroy_process_group) before SIGTERM,
+# counted from the last result: nothing is left to wait for but teardown (well under a second on CPU ranks).
+# A rank also ends itself that long after its barrier (gsplit.comm.teardown), without needing the GIL.
+_EXIT_GRACE_S = 5.0
 
 
 def _resolve_devices(nprocs: int, backend: Optional[str], devices) -> List[torch.device]:
@@ -104,6 +106,7 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     """Entry point of a rank's process: set up, run ``fn``, send back ``("ok", result)`` or an error."""
     watch = _watch_rank(slots, rank)
     waits.mark_work_waits()  # user code's Work.wait() (async_op=True) shows as waiting for peers too
+    teardown.guard_destroy()  # user code's destroy_process_group() lets gloo's workers free their tensors first
     _die_with_parent(parent_pid, watch)
     _thread_lock_for_tqdm()
     try:
@@ -141,15 +144,8 @@ def _child_main(rank: int, world_size: int, fn: Callable, args: tuple, device: s
     conn.send_bytes(payload)
     conn.close()
     waits.forget_in_flight()  # the heartbeat thread must not query collectives of a group being destroyed
-    if dist.is_initialized():  # fn may have destroyed it itself
-        # Tear down together: a rank that closes its connections while a peer's gloo threads still
-        # serve them made that peer abort ("terminate called without an active exception") in about
-        # 1 of 10 exits. The result is already with the parent, so a failure here changes nothing.
-        try:
-            dist.barrier()
-        except Exception:  # noqa: BLE001
-            pass
-        dist.destroy_process_group()
+    # Barrier, then destroy under a deadline that needs no GIL: the result is with the parent already.
+    teardown.end_process_groups(_EXIT_GRACE_S - 1.0)
     # Skip interpreter teardown: destructors of backend objects (stores, transport threads) running at
     # exit were the other source of those aborts, and there is nothing left to clean up.
     sys.stdout.flush()
@@ -186,7 +182,10 @@ def _join_finished(procs) -> None:
                     stuck, _EXIT_GRACE_S)
         _stop(procs, _KILL_GRACE_S)
     for r, p in enumerate(procs):
-        if p.exitcode not in (0, None) and r not in stuck:
+        if teardown.DEADLINE_SIGNAL is not None and p.exitcode == -teardown.DEADLINE_SIGNAL:
+            log.warning("rank %d delivered its result but its process-group teardown hung; it ended itself after "
+                        "%.0f s (the result is kept)", r, _EXIT_GRACE_S - 1.0)
+        elif p.exitcode not in (0, None) and r not in stuck:
             log.warning("rank %d delivered its result but exited with code %s", r, p.exitcode)
 
 

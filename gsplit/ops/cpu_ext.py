@@ -10,10 +10,21 @@ plain-torch fallback, which computes the same results.
 ``GSPLIT_SKIP_EXTENSIONS=name,...`` skips the named ones (``gsplit train`` sets it for its ranks when
 :func:`prebuild` failed in the launching process, so the ranks neither retry nor warn again).
 
-Builds are cached in ``~/.cache/gsplit/extensions/<build key>/<name>`` (or under ``GSPLIT_EXTENSION_DIR``),
-keyed by :func:`build_key`: a library built against one torch does not load in another (torch's C++ ABI
-changes between versions: ``undefined symbol ... incref_pyobject`` when torch 2.2.1 met a 2.13 build), so
-two environments sharing one home folder must never share a build.
+Builds are cached in ``~/.cache/gsplit/extensions/<build key>/<name>-<content digest>/`` (or under
+``GSPLIT_EXTENSION_DIR``). The build key (:func:`build_key`) is what the binary depends on besides its
+sources: a library built against one torch does not load in another (torch's C++ ABI changes between
+versions: ``undefined symbol ... incref_pyobject`` when torch 2.2.1 met a 2.13 build), so two
+environments with different torch versions never share a build. The content digest
+(:func:`source_digest`) is the sources' bytes and the compiler flags. Nothing else enters: two
+virtual environments with the same torch and Python (or a source checkout and an installed copy of the
+same gsplit) share one build. torch's ``cpp_extension.load`` would not let them: its ninja file holds the
+absolute paths of the sources and of the environment's torch headers, so every switch between two
+environments rewrote it and recompiled (about 45 s each time). So a finished build is loaded straight
+from its folder, and a new one compiles copies of the sources kept in that folder (``src/``), so the
+paths it records do not depend on where gsplit is installed.
+
+A build that runs inside a user's script (not :func:`prebuild`, whose caller reports it) says so once
+at WARNING: what it builds, about how long it takes, and where it caches.
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -59,27 +71,93 @@ def build_key() -> str:
     return "".join(c if c.isalnum() or c in ".-_" else "_" for c in key)  # '+' of local versions too
 
 
-def build_folder(name: str) -> Path:
-    """The folder where extension ``name`` is built and cached for this torch and Python (see :func:`build_key`).
+def source_digest(sources: Sequence[str]) -> str:
+    """What a build of ``sources`` (file names in ``kernels/``) compiles: their names and bytes, and the flags.
+
+    The same for every copy of the same kernels, wherever gsplit is installed.
 
     Example:
-        >>> build_folder("gsplit_sample_cpu").name
-        'gsplit_sample_cpu'
+        >>> len(source_digest(["sample_cpu.cpp"]))
+        16
+    """
+    h = hashlib.sha256(repr((_CFLAGS, _LDFLAGS)).encode())
+    for s in sources:
+        h.update(f"\0{s}\0".encode())
+        h.update(kernel_path(s).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def build_folder(name: str, sources: Sequence[str]) -> Path:
+    """The folder where extension ``name`` built from ``sources`` is cached, for this torch and Python
+    (:func:`build_key`) and these sources and flags (:func:`source_digest`).
+
+    Example:
+        >>> build_folder("gsplit_sample_cpu", ["sample_cpu.cpp"]).name.startswith("gsplit_sample_cpu-")
+        True
     """
     root = Path(os.environ.get("GSPLIT_EXTENSION_DIR", Path.home() / ".cache" / "gsplit" / "extensions"))
-    return root / build_key() / name
+    return root / build_key() / f"{name}-{source_digest(sources)}"
+
+
+_CFLAGS = ("-O3", "-fopenmp")  # the C++ standard is the one torch builds its headers with
+_LDFLAGS = ("-fopenmp",)
+_DONE = "built.json"  # written once a build loaded: the folder holds a finished library
 
 
 @functools.lru_cache(maxsize=None)
 def _build(name: str, sources: tuple):
-    import torch.utils.cpp_extension as ext
-
-    flags = ["-O3", "-fopenmp"]  # the C++ standard is the one torch builds its headers with
-    build_dir = build_folder(name)
+    """The extension, loaded from its cache folder, or compiled there first (once per process)."""
+    build_dir = build_folder(name, sources)
+    library = build_dir / f"{name}{_library_suffix()}"
+    if (build_dir / _DONE).is_file() and library.is_file():  # the common case: no lock, no ninja
+        return _import_library(name, library)
     build_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive_build(build_dir):
-        return ext.load(name=name, sources=[str(kernel_path(s)) for s in sources], extra_cflags=flags,
-                        extra_ldflags=["-fopenmp"], build_directory=str(build_dir), verbose=False)
+        if (build_dir / _DONE).is_file() and library.is_file():  # another process built it while we waited
+            return _import_library(name, library)
+        return _compile(name, sources, build_dir)
+
+
+def _compile(name: str, sources: tuple, build_dir: Path):
+    import torch
+    import torch.utils.cpp_extension as ext
+
+    from gsplit.io import atomic_write_bytes, atomic_write_json
+
+    log.warning("building the compiled CPU kernel %s for torch %s (about a minute, once per torch and kernel "
+                "version; cached in %s)", name, torch.__version__, build_dir)
+    t0 = time.perf_counter()
+    copies = []
+    for s in sources:  # compiled from here: the paths ninja records are the same for every installation
+        copy = build_dir / "src" / s
+        copy.parent.mkdir(exist_ok=True)
+        atomic_write_bytes(copy, kernel_path(s).read_bytes())
+        copies.append(str(copy))
+    module = ext.load(name=name, sources=copies, extra_cflags=list(_CFLAGS), extra_ldflags=list(_LDFLAGS),
+                      build_directory=str(build_dir), verbose=False)
+    seconds = time.perf_counter() - t0
+    atomic_write_json(build_dir / _DONE, {"name": name, "sources": list(sources), "torch": torch.__version__,
+                                          "build_key": build_key(), "seconds": round(seconds, 1)})
+    log.info("built %s in %.1f s", name, seconds)
+    return module
+
+
+def _library_suffix() -> str:
+    return ".pyd" if sys.platform == "win32" else ".so"  # what cpp_extension names a Python module's library
+
+
+def _import_library(name: str, library: Path):
+    """Load a finished extension module from its file (what ``cpp_extension.load`` does after its build)."""
+    import importlib.util
+
+    import torch  # noqa: F401 - the library links against torch's, which must be loaded first
+
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {library} as a Python extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager

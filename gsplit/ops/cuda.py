@@ -141,23 +141,27 @@ def installed_cupy() -> List[str]:
 
 
 def kernel_source_path(name: str) -> Path:
-    """Path of the kernel source ``name`` (e.g. ``"sample.cu"``) shipped with gsplit.
+    """Path of the kernel source ``name`` (e.g. ``"sample.cu"``) shipped with this copy of gsplit.
 
-    Looks in the installed package data ``gsplit._kernels`` first, then in ``<repo>/kernels`` when
-    running from a source tree.
+    Looks next to the imported package first: ``gsplit/_kernels`` of an installed wheel, then
+    ``<repo>/kernels`` of a source tree (also an editable install, whose import hook would otherwise
+    name the installed checkout's files when another checkout is imported); then the package data
+    ``gsplit._kernels`` wherever importlib finds it.
     """
+    here = Path(__file__).resolve().parents[1]
+    for path in (here / "_kernels" / name, here.parent / "kernels" / name):
+        if path.is_file():
+            return path
     try:
         res = importlib.resources.files("gsplit._kernels").joinpath(name)
         if res.is_file():
             return Path(str(res))
     except ModuleNotFoundError:
-        pass  # not installed as a package: try the source tree below
-    path = Path(__file__).resolve().parents[2] / "kernels" / name
-    if path.is_file():
-        return path
+        pass
     raise FileNotFoundError(
-        f"kernel source {name!r} is neither in the package gsplit._kernels nor at {path}; "
-        "reinstall gsplit (the kernel sources ship as package data) or run from a full source checkout"
+        f"kernel source {name!r} is neither next to gsplit ({here / '_kernels'}, {here.parent / 'kernels'}) nor "
+        "in the package gsplit._kernels; reinstall gsplit (the kernel sources ship as package data) or run from "
+        "a full source checkout"
     )
 
 

@@ -1,0 +1,178 @@
+"""What a new user and a fault audit still hit (issue 31): mistakes said before any work, damaged or
+inconsistent files refused in one line, a full disk in one line, messages that say what to pass.
+
+Each test says what the old main did instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gsplit
+from gsplit.cli import main
+
+DATA = ["--dataset", "synthetic", "-D", "num_nodes=1500", "-D", "feature_dim=8", "-D", "num_classes=4"]
+
+
+def _data():
+    return gsplit.datasets.load("synthetic", num_nodes=1500, feature_dim=8, num_classes=4)
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """The CLI's kernel preparations (recorded, not run): every command builds through gsplit.ops.prepare_kernels."""
+    from gsplit import ops
+    from gsplit.ops.cpu_ext import BuildReport
+
+    calls = []
+    monkeypatch.delenv("GSPLIT_NO_EXTENSIONS", raising=False)
+    monkeypatch.setattr(ops, "prepare_kernels", lambda: calls.append("built") or BuildReport([], {}, 0.0))
+    return calls
+
+
+# ---------------------------------------------------------------- finding 2: no build before the checks
+def test_argument_mistakes_are_said_before_any_kernel_build(tmp_path, builds, capsys):
+    """Fails on the old main: prepare built the kernels (22-27 s on a fresh environment) before it read
+    --fanouts, train before it checked the --partition map, eval before it compared model and dataset."""
+    from gsplit.model_io import save_model
+    from gsplit.nn.models import build_model
+
+    assert main(["prepare", *DATA, "--num-parts", "2", "--fanouts", "4,x", "--out", str(tmp_path / "p")]) == 2
+    assert "4,x" in capsys.readouterr().err
+    gsplit.partition(_data().graph, 3, method="random").save(tmp_path / "map3")
+    assert main(["train", *DATA, "--num-ranks", "2", "--device", "cpu", "--partition", str(tmp_path / "map3")]) == 2
+    assert "3 parts but the world size is 2" in capsys.readouterr().err
+    spec = dict(name="sage", in_feats=5, hidden=8, num_classes=4, num_layers=2, dropout=0.0, heads=1)
+    save_model(tmp_path / "model.pt", build_model(**spec), spec)
+    assert main(["eval", "--checkpoint", str(tmp_path / "model.pt"), *DATA]) == 2
+    assert "takes 5 input features" in capsys.readouterr().err
+    assert builds == []
+
+
+# ---------------------------------------------------------------- findings 8 and 9: model files
+def _model_file(path, **changes):
+    from gsplit.model_io import save_model
+    from gsplit.nn.models import build_model
+
+    spec = dict(name="sage", in_feats=8, hidden=16, num_classes=4, num_layers=2, dropout=0.0, heads=1, **changes)
+    torch.manual_seed(0)
+    save_model(path, build_model(**spec), spec, dataset={"name": "synthetic", "options": {
+        "num_nodes": 1500, "feature_dim": 8, "num_classes": 4}})
+    return path
+
+
+def _flip_bytes_inside_a_tensor(path, count=8):
+    """Flip ``count`` bytes in the middle of the largest tensor stored in a torch zip file."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as zf:
+        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    start = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+    for i in range(start, start + count):
+        raw[i] ^= 0x5A
+    path.write_bytes(bytes(raw))
+
+
+def _one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gsplit: error: "), err
+    return lines[0]
+
+
+def test_a_damaged_model_file_is_refused_in_one_line(tmp_path, capsys):
+    """Fails on the old main: model.pt carried no checksum; with 8 bytes flipped inside a tensor `gsplit eval`
+    exited 0 with another accuracy."""
+    path = _model_file(tmp_path / "model.pt")
+    _flip_bytes_inside_a_tensor(path)
+    assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "is damaged" in line and str(path) in line and "retrain" in line
+
+
+def test_a_model_file_whose_description_does_not_fit_its_weights_is_refused_in_one_line(tmp_path, capsys):
+    """Fails on the old main: torch's multi-line `size mismatch` error, exit 1."""
+    path = _model_file(tmp_path / "model.pt")
+    obj = torch.load(path, weights_only=True)
+    obj["model"]["hidden"] = 32
+    torch.save(obj, path)
+    assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "do not fit the model its description builds" in line and "in the file but" in line
+
+
+def test_a_model_file_without_its_description_is_refused_in_one_line(tmp_path, capsys):
+    """Fails on the old main: a raw `KeyError: 'model'` traceback."""
+    path = _model_file(tmp_path / "model.pt")
+    obj = torch.load(path, weights_only=True)
+    del obj["model"]
+    torch.save(obj, path)
+    assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 2
+    assert "without its 'model'" in _one_error_line(capsys.readouterr().err)
+
+
+def test_a_model_with_more_classes_than_the_dataset_is_said(tmp_path, caplog):
+    """Fails on the old main: an 8-class model evaluated on a 4-class dataset ran without a word."""
+    path = _model_file(tmp_path / "model.pt", **{})
+    obj = torch.load(path, weights_only=True)
+    from gsplit.model_io import save_model
+    from gsplit.nn.models import build_model
+
+    spec = dict(obj["model"], num_classes=8)
+    save_model(path, build_model(**spec), spec, dataset=obj["dataset"])
+    with caplog.at_level("WARNING"):
+        assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 0
+    said = [r.getMessage() for r in caplog.records if "predicts 8 classes" in r.getMessage()]
+    assert len(said) == 1 and "but dataset 'synthetic' has 4" in said[0]
+
+
+# ---------------------------------------------------------------- finding 10: replaced files in a dataset folder
+@pytest.fixture
+def folder(tmp_path):
+    return gsplit.datasets.save_folder(_data(), tmp_path / "ds")
+
+
+def test_an_unsorted_indptr_in_a_prepared_folder_is_refused_by_default(folder, capsys):
+    """Fails on the old main: a replaced indptr.npy that is no longer sorted trained silently (exit 0)."""
+    import numpy as np
+
+    ptr = np.load(folder / "graph" / "indptr.npy")
+    ptr[10], ptr[11] = ptr[11] + 5, ptr[10]
+    np.save(folder / "graph" / "indptr.npy", ptr)
+    assert main(["train", "--dataset", f"folder:{folder}", "--num-ranks", "1", "--device", "cpu", "--epochs", "1",
+                 "--fanouts", "3,3", "--batch-size", "64", "--hidden", "8", "--eval-every", "0"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "graph/indptr.npy is not non-decreasing" in line
+
+
+def test_an_out_of_range_id_in_a_prepared_folder_is_refused_naming_the_file(folder):
+    """Fails on the old main: the sampler caught it later, without naming the file."""
+    import numpy as np
+
+    idx = np.load(folder / "graph" / "indices.npy")
+    idx[len(idx) // 3] = 1500  # one past the last vertex
+    np.save(folder / "graph" / "indices.npy", idx)
+    with pytest.raises(ValueError, match=r"graph/indices.npy holds vertex id 1500 outside \[0, 1500\)"):
+        gsplit.datasets.load(f"folder:{folder}")
+
+
+def test_an_untouched_or_copied_folder_skips_the_full_passes(folder, tmp_path, monkeypatch):
+    """The default check stays cheap: files as written skip the id pass and the feature scan; a copy (new
+    times, same blocks) gets the id pass (cheap next to reading the graph) but no feature scan."""
+    import shutil
+
+    import gsplit.graph as graph_module
+    from gsplit.datasets.base import known_finite
+
+    passes = []
+    real = graph_module._check_loaded_ids
+    monkeypatch.setattr(graph_module, "_check_loaded_ids", lambda *a: passes.append(1) or real(*a))
+    ds = gsplit.datasets.load_folder(folder)
+    assert passes == [] and known_finite(ds.features)
+    copy = shutil.copytree(folder, tmp_path / "copy", copy_function=shutil.copyfile)   # new modification times
+    ds = gsplit.datasets.load_folder(copy)
+    assert passes == [1] and known_finite(ds.features)
+    assert ds.num_edges == _data().num_edges
