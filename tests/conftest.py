@@ -2,6 +2,10 @@
 
 ``GSPLIT_REQUIRE_GPU=1`` (set it on a GPU machine) turns every ``gpu``-marked test that would skip for lack
 of CUDA or of working CuPy kernels into a failure, so a GPU run cannot look green while testing nothing.
+
+Each test gets the environment back as it found it: the command line sets variables for the ranks it starts
+(``GSPLIT_SKIP_EXTENSIONS`` after a failed kernel build, ``OMP_WAIT_POLICY``), and a test that runs it in
+this process must not switch the compiled kernels off for every test after it.
 """
 
 import os
@@ -20,3 +24,12 @@ def pytest_runtest_setup(item):
             pytest.fail(f"GSPLIT_REQUIRE_GPU is set but CUDA available={torch.cuda.is_available()}, "
                         f"CuPy kernels working={torch.cuda.is_available() and cuda.cupy_available()}; "
                         "a GPU run must not skip its GPU tests (see the WARNING from gsplit.ops.cuda)")
+
+
+@pytest.fixture(autouse=True)
+def _restore_environment():
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -263,3 +263,30 @@ def test_roles_become_links():
     assert '<autoref identifier="gsplit.launch.launch" optional><code>launch</code></autoref>' in text
     assert '<autoref identifier="gsplit.Graph" optional><code>Graph</code></autoref>' in text
     assert "    Examples:\n" in text and "layout:\n" in text and ":func:" not in text
+
+
+def layout_modules(text: str) -> Set[str]:
+    """The paths docs/layout.md names: ``room/`` lines and the ``module.py`` lines indented under them."""
+    block = text.split("```\n", 2)[1]
+    names, room = set(), ""
+    for line in block.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        depth = (len(line) - len(line.lstrip())) // 2
+        if depth == 1:   # a room of gsplit/ (a package or a module)
+            room = name if name.endswith("/") else ""
+            names.add("gsplit/" + name.rstrip("/"))
+        elif depth == 2 and room and name.endswith(".py"):
+            names.add("gsplit/" + room + name)
+    return names
+
+
+def test_layout_page_names_every_module_and_only_real_ones():
+    """docs/layout.md is the map of gsplit/: every package and top-level module is on it, and every path it
+    names exists (a module moved or added without the map fails here)."""
+    ROOT = Path(__file__).resolve().parents[1]
+    named = layout_modules((ROOT / "docs" / "layout.md").read_text())
+    real = {str(p.relative_to(ROOT)).removesuffix("/__init__.py") for p in (ROOT / "gsplit").glob("*/__init__.py")}
+    real |= {str(p.relative_to(ROOT)) for p in (ROOT / "gsplit").glob("*.py") if not p.name.startswith("__")}
+    assert real - named == set(), f"docs/layout.md does not mention {sorted(real - named)}"
+    missing = sorted(n for n in named if not (ROOT / n).exists())
+    assert not missing, f"docs/layout.md names {missing}, which do not exist under gsplit/"
