@@ -1,7 +1,7 @@
 """Pictures of one's own run: loss, accuracy and the per-epoch time breakdown, as a PNG or in TensorBoard.
 
 Both read the same numbers from the run log's epoch records (:func:`epoch_scalars`): ``gsplit plot
-run.jsonl`` draws them with matplotlib (``pip install "gsplit[plot]"``); ``gsplit train --tensorboard DIR``
+run.jsonl`` draws them with matplotlib (``pip install -e ".[plot]"`` in a clone); ``gsplit train --tensorboard DIR``
 writes them as TensorBoard scalars while the run goes (``pip install tensorboard``).
 """
 

@@ -155,15 +155,6 @@ class TrainConfig:
             raise ValueError(f"max_loss={self.max_loss}; pass a positive loss limit, or 0 to stop only on NaN/inf")
 
 
-def _rank_graph(graph, device: torch.device):
-    """The graph this rank samples and evaluates on: on its GPU when it computes on one.
-
-    On a GPU the graph goes to the GPU, so sampling runs there (the CUDA kernels, else torch on the GPU)
-    instead of on the host CPU; a 1M-vertex / 20M-edge graph takes 160 MB.
-    """
-    return graph.to(device) if device.type == "cuda" else graph
-
-
 @torch.no_grad()
 def evaluate(model, loader, comm: Communicator, job_comm: Optional[Communicator] = None) -> float:
     """Accuracy over the loader's targets, summed over ranks (every rank gets the same number).
@@ -340,8 +331,9 @@ def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optiona
 
 def rank_graph(graph: Graph, device: torch.device, uva: bool = False) -> Graph:
     """The graph a rank samples and evaluates on: with ``uva`` on a GPU, the host graph pinned in place
-    (:meth:`Graph.pin_memory`: one copy per host, read by the GPUs over PCIe), else :func:`_rank_graph`'s
-    (a copy on the rank's GPU).
+    (:meth:`Graph.pin_memory`: one copy per host, read by the GPUs over PCIe); else on a GPU a copy on the
+    rank's GPU, so that sampling runs there instead of on the host CPU (a 1M-vertex / 20M-edge graph takes
+    160 MB); on the CPU the graph itself.
 
     Example:
         >>> g = Graph.from_edges([0, 1], [1, 0])
@@ -353,7 +345,7 @@ def rank_graph(graph: Graph, device: torch.device, uva: bool = False) -> Graph:
     if device.type != "cuda":
         return graph
     with timed_step(f"copying the {_gib(graph.indptr, graph.indices):.2f} GiB graph to {device}", logger=log):
-        return _rank_graph(graph, device)
+        return graph.to(device)
 
 
 def _gib(*tensors: torch.Tensor) -> float:

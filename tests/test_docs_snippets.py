@@ -172,12 +172,31 @@ def host_syncs_check(ns):
     assert ns["loss"].requires_grad and ns["counter"].total >= 0
 
 
+def macrobatch_namespace():
+    """One process, one part: the loader runs its macrobatch path (sample 16, load their union) alone."""
+    ds = small_dataset()
+    pmap = gsplit.partition(ds.graph, 1, method="random")
+    return {"gsplit": gsplit, "graph": ds.graph, "train_idx": ds.train_idx, "pmap": pmap,
+            "sampler": gsplit.NeighborSampler([3, 3]), "feats": ds.features, "labels": ds.labels}
+
+
+def macrobatch_check(ns):
+    """The loop left the last batch; the same loader with macrobatch=1 ends on the same one."""
+    assert ns["loader"].macrobatch == 16
+    single = gsplit.DataLoader(ns["graph"], ns["train_idx"], ns["sampler"], partition=ns["pmap"], use_ddp=True,
+                               batch_size=16, features=ns["feats"], labels=ns["labels"])
+    *_, (_, last_output, last_blocks) = iter(single)
+    assert torch.equal(ns["output_nodes"], last_output)
+    assert torch.equal(ns["blocks"][0].srcdata["feat"], last_blocks[0].srcdata["feat"])
+
+
 FRAGMENTS: Dict[str, Tuple[Callable[[], dict], Callable[[dict], None]]] = {
     "loop": (loop_namespace, loop_check),
     "own-layers": (own_layers_namespace, own_layers_check),
     "dataset": (dataset_namespace, dataset_check),
     "offline": (offline_namespace, offline_check),
     "host-syncs": (host_syncs_namespace, host_syncs_check),
+    "macrobatch": (macrobatch_namespace, macrobatch_check),
 }
 
 
@@ -212,6 +231,12 @@ def full_graph_check(out: str):
     assert losses[-1] < losses[0], out
 
 
+def estimate_check(out: str):
+    split_s, dp_s, choice = out.split()[:3]
+    assert float(split_s) > 0 and float(dp_s) > 0, out
+    assert choice in ("split", "dp"), out
+
+
 def no_check(out: str):
     pass
 
@@ -220,6 +245,7 @@ SCRIPTS: Dict[str, Tuple[Callable[[Path], None], Callable[[str], None]]] = {
     "": (lambda cwd: None, no_check),
     "pyg-cora": (offline_planetoid, pyg_check),
     "full-graph": (lambda cwd: None, full_graph_check),
+    "estimate": (lambda cwd: None, estimate_check),
 }
 
 

@@ -386,13 +386,13 @@ def test_final_evaluation_runs_on_the_graph_the_loaders_use(monkeypatch):
 
     device_graphs, loader_graphs, eval_graphs = [], [], []
 
-    def rank_graph(graph, device):  # what .to(cuda) returns: another Graph object than dataset.graph
+    def rank_graph(graph, device, uva=False):  # what .to(cuda) returns: another Graph object than dataset.graph
         device_graphs.append(gsplit.Graph.from_csc(graph.indptr.clone(), graph.indices.clone()))
         return device_graphs[-1]
 
     real_make_loader = systems.SplitSystem.make_loader
     real_inference = trainer.layerwise_inference
-    monkeypatch.setattr(trainer, "_rank_graph", rank_graph)
+    monkeypatch.setattr(trainer, "rank_graph", rank_graph)
     monkeypatch.setattr(systems.SplitSystem, "make_loader", lambda self, cfg, ds, graph, *a, **k: (
         loader_graphs.append(graph), real_make_loader(self, cfg, ds, graph, *a, **k))[1])
     monkeypatch.setattr(trainer, "layerwise_inference", lambda model, graph, *a, **k: (

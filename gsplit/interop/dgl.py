@@ -1,6 +1,6 @@
 """DGL interop: a ``DGLGraph`` goes into :class:`gsplit.DataLoader`, real DGL blocks come out.
 
-``pip install "gsplit[dgl]"``. DGL 2.1 (the last release on PyPI) loads only with torch 2.2.x, so a DGL
+``pip install -e ".[dgl]"`` in a clone. DGL 2.1 (the last release on PyPI) loads only with torch 2.2.x, so a DGL
 environment pins ``torch==2.2.*`` (``./dev dgl-env`` builds one); gsplit supports torch >= 2.2.
 
 * :func:`graph_from_dgl` converts a homogeneous ``DGLGraph`` once into gsplit's CSC of in-edges and

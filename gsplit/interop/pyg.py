@@ -1,6 +1,6 @@
 """PyTorch Geometric interop: ``Data`` in, PyG layers on gsplit blocks, PyG's fanout order.
 
-Three things a PyG user needs (``pip install "gsplit[pyg]"``):
+Three things a PyG user needs (``pip install -e ".[pyg]"`` in a clone):
 
 * :func:`from_pyg` turns a ``torch_geometric.data.Data`` (``edge_index``, ``x``, ``y``, ``train_mask`` /
   ``val_mask`` / ``test_mask``) into a :class:`gsplit.datasets.Dataset`; :func:`to_pyg` goes back.

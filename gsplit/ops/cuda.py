@@ -79,10 +79,11 @@ def cupy_install_hint(torch_cuda: Optional[str], driver_cuda: Optional[int], ins
 
     Example:
         >>> cupy_install_hint("12.4", 12040, ["cupy-cuda13x"])  # doctest: +ELLIPSIS
-        'torch here is built for CUDA 12.4 ... pip uninstall cupy-cuda13x && pip install "gsplit[gpu-cuda12]" ...'
+        'torch here is built for CUDA 12.4 ... pip uninstall cupy-cuda13x && pip install "cupy-cuda12x>=13" ...'
     """
     if not torch_cuda:
-        return "torch here has no CUDA build: install a CUDA build of torch first, then gsplit[gpu-cuda12] or [gpu-cuda13]"
+        return ("torch here has no CUDA build: install a CUDA build of torch first, then the CuPy of its CUDA "
+                "(cupy-cuda12x or cupy-cuda13x: gsplit's gpu-cuda12 / gpu-cuda13 extras)")
     major = int(str(torch_cuda).split(".")[0])
     driver = f"the driver supports CUDA {driver_cuda // 1000}.{driver_cuda % 1000 // 10}" if driver_cuda else \
         "the driver's CUDA version is unknown"
@@ -92,11 +93,11 @@ def cupy_install_hint(torch_cuda: Optional[str], driver_cuda: Optional[int], ins
     extra, package, min_driver = _CUPY_FOR_CUDA[major]
     wrong = [p for p in installed if p != package]
     hint = f"torch here is built for CUDA {torch_cuda} ({driver}), so CuPy must be {package}: "
-    hint += (f"pip uninstall {' '.join(wrong)} && " if wrong else "") + f'pip install "gsplit[{extra}]"'
+    hint += (f"pip uninstall {' '.join(wrong)} && " if wrong else "") + f'pip install "{package}>=13"'
     hint += f" (needs NVIDIA driver {min_driver} or newer and CUDA {major}'s NVRTC, e.g. a CUDA {major} toolkit)"
     if driver_cuda and driver_cuda // 1000 < major:
         hint += (f"; this driver is too old for CUDA {major}: upgrade it to {min_driver}+ or use a torch built for "
-                 f"CUDA {driver_cuda // 1000} with the matching gsplit extra")
+                 f"CUDA {driver_cuda // 1000} with that CUDA's CuPy")
     return hint
 
 
