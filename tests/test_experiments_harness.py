@@ -20,7 +20,7 @@ import pytest
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 HARNESS = EXPERIMENTS / "harness"
 LIBRARIES = {"layer_ops_models": "bench_layer_ops.py's block file and timing loop, shared with its DGL peer",
-             "common": "the harness before issue 32; only bench_folder_checks.py still imports it"}
+             "common": "the harness's names under the module name before it; only bench_folder_checks.py imports it"}
 """Modules of experiments/ that are no script (no ``__main__``), and what they are."""
 NO_JSON = {"gpu_first_run": "writes a Markdown report; the JSON is gpu_bench.py's, which it runs"}
 """Scripts whose output is not the harness's JSON, and why."""
@@ -44,7 +44,8 @@ def _scripts():
             continue
         tree = ast.parse(path.read_text())
         main_guard = any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in tree.body)
-        assert main_guard, f"experiments/{path.name} has no `if __name__ == '__main__'`: a script, or add it to LIBRARIES"
+        assert main_guard, (f"experiments/{path.name} has no `if __name__ == '__main__'`: a script, "
+                            "or add it to LIBRARIES")
         out.append(path)
     return out
 
@@ -116,7 +117,8 @@ def test_script_takes_its_arguments_and_writes_its_output_through_the_harness(pa
         assert not hits, f"{path.name} calls {hits}: use {use}"
     assert (None, "ArgumentParser") not in calls, f"{path.name}: arguments through setup.make_parser"
     assert not _writes_json_text(tree), f"{path.name} writes a JSON file itself: use report.write_json"
-    copies = sorted(_harness_functions() & {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))})
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    copies = sorted(_harness_functions() & defined)
     assert not copies, f"{path.name} defines {copies}, which the harness has: use the harness's"
 
 
