@@ -96,7 +96,10 @@ def rank_body(rank, world_size, data_path, warmup, iters, overlap):
 
     ops.sample_neighbors = timed("sample", ops.sample_neighbors)
     ops.relabel = timed("relabel", ops.relabel)
-    split_sampling.exchange_ids = timed("exchange", split_sampling.exchange_ids)
+    # the id exchange sp_sample calls, once per layer (exchange_ids_many since macrobatches; a tree from before
+    # them calls exchange_ids)
+    name = "exchange_ids_many" if hasattr(split_sampling, "exchange_ids_many") else "exchange_ids"
+    setattr(split_sampling, name, timed("exchange", getattr(split_sampling, name)))
     split_sampling.plan_overlap = timed("plan", split_sampling.plan_overlap)
     communicator.Communicator._all_to_all = timed("a2a", communicator.Communicator._all_to_all)
 
