@@ -120,8 +120,8 @@ def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner) 
 
     deliver, largest, saved, largest_saved = loader_module.DataLoader._deliver, [0], {}, [0]
 
-    def counting_deliver(self, item):
-        batch = deliver(self, item)
+    def counting_deliver(self, *args):  # (macrobatch, k) since macrobatches; (item) before
+        batch = deliver(self, *args)
         largest[0] = max(largest[0], sum(t.numel() * t.element_size() for t in batch.tensors()))
         saved.clear()  # a new iteration: count its saved activations afresh
         in_batch.clear()
