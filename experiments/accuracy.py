@@ -17,39 +17,37 @@ from __future__ import annotations
 
 import sys
 
-import common
+from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 from gsplit.trainer import TrainConfig
 
 
 def main(argv=None) -> int:
-    p = common.make_parser(__doc__.splitlines()[0])
+    p = setup.make_parser(__doc__.splitlines()[0])
     p.add_argument("--datasets", default="cora,synthetic")
-    p.add_argument("--nodes", type=int, default=0, help="synthetic graph size (default 10000 quick, 50000 full)")
+    p.add_sized("--nodes", quick=10_000, full=50_000, type=int,
+                help="synthetic graph size (default 10000 quick, 50000 full)")
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--model", default="sage")
-    p.add_argument("--fanouts", default="15,10,5")
-    p.add_argument("--epochs", type=int, default=0, help="synthetic graph (default 10 quick, 15 full)")
-    p.add_argument("--cora-epochs", type=int, default=0, help="Cora (default 30 quick, 60 full)")
+    p.add_argument("--fanouts", default="15,10,5", type=setup.int_list)
+    p.add_sized("--epochs", quick=10, full=15, type=int, help="synthetic graph (default 10 quick, 15 full)")
+    p.add_sized("--cora-epochs", quick=30, full=60, type=int, help="Cora (default 30 quick, 60 full)")
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--cora-batch-size", type=int, default=32, help="per rank; Cora has 140 training vertices")
     p.add_argument("--batch-size", type=int, default=1024, help="per rank, synthetic graph")
     args = p.parse_args(argv)
-    nodes = args.nodes or (10_000 if args.quick else 50_000)
-    epochs = args.epochs or (10 if args.quick else 15)
-    cora_epochs = args.cora_epochs or (30 if args.quick else 60)
-    fanouts = [int(x) for x in args.fanouts.split(",")]
-    stem = common.output_stem(args, "accuracy")
+    fanouts = args.fanouts
+    stem = report.output_stem(args, "accuracy")
 
     results, rows, data_info = [], [], {}
-    for key, label, ds in common.each_dataset(args.datasets, nodes, args.seed, data_info):
+    for key, label, ds in setup.each_dataset(args.datasets, args.nodes, args.seed, data_info):
         batch = args.cora_batch_size if key == "cora" else args.batch_size
-        n_epochs = cora_epochs if key == "cora" else epochs  # Cora's epochs are 3 tiny iterations
+        n_epochs = args.cora_epochs if key == "cora" else args.epochs  # Cora's epochs are 3 tiny iterations
         print(f"  {n_epochs} epochs", flush=True)
-        pmap, prep, _ = common.make_map(ds, args.world, "gsplit", fanouts, batch, args.seed, 5)
+        pmap, prep, _ = setup.make_map(ds, args.world, "gsplit", fanouts, batch, args.seed, 5)
         jobs = [(TrainConfig(model=args.model, fanouts=fanouts, batch_size=batch, epochs=n_epochs, lr=args.lr,
                              system=system, seed=args.seed, eval_every=1, device="cpu", log_iterations=False),
                  pmap.assignment if system == "split" else None) for system in ("split", "dp")]
-        logs = common.run_jobs(ds, args.world, jobs)
+        logs = runs.run_jobs(ds, args.world, jobs)
         for system, log in zip(("split", "dp"), logs):
             keep = ("epoch", "loss", "val_acc", "test_acc", "epoch_s")
             curve = [{k: rec.get(k) for k in keep} for rec in log["epochs"]]
@@ -70,20 +68,20 @@ def main(argv=None) -> int:
 
     headers = ["graph", "system", "ranks", "epochs", "final loss", "final test acc", "best val acc",
                "test acc @ best val", "best epoch"]
-    table = common.format_table(headers, rows, ".4f")
+    table = report.format_table(headers, rows, ".4f")
     print(f"\n{args.model}, fanouts {fanouts}, lr {args.lr}")
     print(table)
-    common.save_json(stem, {"experiment": "accuracy per epoch (paper Fig. 7)", "datasets": data_info,
+    report.save_json(stem, {"experiment": "accuracy per epoch (paper Fig. 7)", "datasets": data_info,
                             "model": args.model, "fanouts": fanouts, "lr": args.lr, "results": results,
                             "table": table})
-    fig, axes = common.figure(len(data_info))
+    fig, axes = report.figure(len(data_info))
     for ax, label in zip(axes, data_info):
         curves = {}
         for r in results:
             if r["dataset"] == label:
                 curves[r["system"]] = ([e["epoch"] for e in r["epochs"]], [e["test_acc"] for e in r["epochs"]])
-        common.line_panel(ax, curves, "epoch", "test accuracy", f"{label}, {args.model}, {args.world} ranks")
-    common.save_figure(fig, stem)
+        report.line_panel(ax, curves, "epoch", "test accuracy", f"{label}, {args.model}, {args.world} ranks")
+    report.save_figure(fig, stem)
     return 0
 
 

@@ -38,50 +38,43 @@ import subprocess
 import sys
 from pathlib import Path
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 
 from gsplit.io import read_run_log
 
-GSPLIT = [sys.executable, "-m", "gsplit.cli"]
-
 
 def parse_args(argv=None):
-    p = common.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=0, help="vertices of the synthetic graph (default 100000; quick 20000)")
+    p = setup.make_parser(__doc__.splitlines()[0])
+    p.add_sized("--nodes", quick=20_000, full=100_000, type=int,
+                help="vertices of the synthetic graph (default 100000; quick 20000)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--model", default="sage", choices=["sage", "gat"])
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanouts", default="15,10,5")
     p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--max-iters", type=int, default=0, help="iterations per epoch (default all; quick 5)")
-    p.add_argument("--busy", default="", help="comma-separated busy-loop process counts, one run each "
-                   "(default 0,1; quick 0)")
-    args = p.parse_args(argv)
-    args.nodes = args.nodes or (20_000 if args.quick else 100_000)
-    args.max_iters = args.max_iters or (5 if args.quick else 0)
-    args.busy = [int(x) for x in (args.busy or ("0" if args.quick else "0,1")).split(",")]
-    return args
+    p.add_sized("--max-iters", quick=5, full=0, type=int, help="iterations per epoch (default all; quick 5)")
+    p.add_sized("--busy", quick=[0], full=[0, 1], type=setup.int_list,
+                help="comma-separated busy-loop process counts, one run each (default 0,1; quick 0)")
+    return p.parse_args(argv)
 
 
 def run_once(args, busy: int, scratch: Path) -> dict:
     log = scratch / f"balance-{args.model}-w{args.ranks}-n{args.nodes}-busy{busy}.json"
-    cmd = GSPLIT + ["train", "--dataset", "synthetic", "-D", f"num_nodes={args.nodes}", "--num-ranks", args.ranks,
-                    "--system", "split", "--device", "cpu", "--model", args.model, "--fanouts", args.fanouts,
-                    "--batch-size", args.batch_size, "--hidden", args.hidden, "--epochs", 2, "--eval-every", 0,
-                    "--seed", args.seed, "--log", log, "--partition", scratch / f"map-n{args.nodes}-w{args.ranks}"]
+    cmd = setup.GSPLIT_CLI + ["train", "--dataset", "synthetic", "-D", f"num_nodes={args.nodes}", "--num-ranks",
+                              args.ranks, "--system", "split", "--device", "cpu", "--model", args.model, "--fanouts",
+                              args.fanouts, "--batch-size", args.batch_size, "--hidden", args.hidden, "--epochs", 2,
+                              "--eval-every", 0, "--seed", args.seed, "--log", log,
+                              "--partition", scratch / f"map-n{args.nodes}-w{args.ranks}"]
     if args.max_iters:
         cmd += ["--max-iters", args.max_iters]
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
-    load_before = common.machine_info()["load_average_end"]
+    load_before = report.load_average()
     try:
-        with open(log.with_suffix(".log"), "w") as f:
-            proc = subprocess.run([str(c) for c in cmd], cwd=common.REPO, stdout=f, stderr=subprocess.STDOUT)
+        rounds.run_command(cmd, log=log.with_suffix(".log"), cwd=setup.REPO)
     finally:
         for h in hogs:  # only the processes started here, by their handles
             h.kill()
             h.wait()
-    if proc.returncode:
-        raise SystemExit(f"gsplit train failed (exit {proc.returncode}); see {log.with_suffix('.log')}")
     epoch = read_run_log(log)["epochs"][-1]
     b = epoch["balance"]
     ranks = epoch["ranks"]
@@ -107,7 +100,7 @@ def run_once(args, busy: int, scratch: Path) -> dict:
            "layer_s_max_over_mean": b["layer_s_max_over_mean"], "layer_gap_s": b["layer_gap_s"],
            "layer_map_part_s": b["layer_edges_gap_s"], "layer_noise_part_s": b["layer_noise_gap_s"],
            "layer_fwd_s_mean": b["layer_fwd_s_mean"], "layer_bwd_s_mean": b["layer_bwd_s_mean"],
-           "torch_threads": [r.get("torch_threads") for r in ranks], "log": common._rel(log)}
+           "torch_threads": [r.get("torch_threads") for r in ranks], "log": report.rel(log)}
     print(f"busy {busy}: epoch {row['epoch_s']:.2f}s, step {step:.2f}s of which in collectives "
           f"{row['in_collectives_s']:.2f}s; gap {row['gap_s']:.3f}s = map {row['map_part_s']:.3f}s + noise "
           f"{row['noise_part_s']:.3f}s; per layer gap {_layers(row['layer_gap_s'])} s = map "
@@ -121,12 +114,11 @@ def _layers(values, digits: int = 3) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    stem = common.output_stem(args, f"bench_balance_{args.model}")
-    scratch = Path(args.out) / "scratch" / "bench_balance"
-    scratch.mkdir(parents=True, exist_ok=True)
+    stem = report.output_stem(args, f"bench_balance_{args.model}")
+    scratch = setup.scratch(args.out, "bench_balance")
     rows = [run_once(args, busy, scratch) for busy in args.busy]
     f = lambda x: f"{x:.3f}"  # noqa: E731
-    table = common.format_table(
+    table = report.format_table(
         ["busy procs", "load avg", "iterations", "epoch s", "step s", "in collectives s", "compute s",
          "compute max/mean", "edges max/mean per layer", "gap s", "map part s", "noise part s",
          "shuffles transfer s", "shuffles wait s", "all-reduce s", "ids s", "features s",
@@ -141,8 +133,8 @@ def main(argv=None) -> int:
             f"/rank, fanouts {args.fanouts}, hidden {args.hidden}; epoch 1, seconds summed over its iterations "
             "(mean over ranks)")
     print(f"\n{head}\n{table}")
-    common.save_json(stem, {"experiment": "balance: map imbalance vs shared-core noise (issue 20 item 6)",
-                            "settings": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows,
+    report.save_json(stem, {"experiment": "balance: map imbalance vs shared-core noise (issue 20 item 6)",
+                            "settings": report.settings(args), "rows": rows,
                             "table": table, "heading": head})
     return 0
 

@@ -22,15 +22,11 @@ interleaved in each of ``--rounds`` rounds; the median over rounds is reported. 
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import numpy as np
 import torch
 
@@ -39,11 +35,10 @@ from layer_ops_models import read_blocks, time_and_profile
 
 def save_blocks(path: Path, args) -> dict:
     """Sample the batches and write them to ``path``; returns their sizes."""
-    from gsplit import datasets
     from gsplit.sampling import NeighborSampler
 
-    ds = datasets.load("synthetic", num_nodes=args.nodes, seed=args.seed)
-    fanouts = [int(f) for f in args.fanouts.split(",")]
+    ds = setup.load_named("synthetic", args.nodes, args.seed)
+    fanouts = setup.int_list(args.fanouts)
     sampler = NeighborSampler(fanouts, seed=args.seed)
     perm = ds.train_idx[torch.randperm(ds.train_idx.numel(), generator=torch.Generator().manual_seed(args.seed))]
     arrays = {"meta": np.array([args.batches, len(fanouts), ds.features.shape[1], ds.num_classes])}
@@ -92,13 +87,6 @@ def gsplit_side(blocks_path: Path, models, args) -> dict:
     return out
 
 
-def run_peer(cmd, env=None) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
-        target = fh.name
-    subprocess.run([str(c) for c in cmd] + ["--json", target], check=True, env=env)
-    return json.loads(Path(target).read_text())
-
-
 def side_args(args):
     return ["--models", args.models, "--threads", args.threads, "--repeats", args.repeats, "--hidden", args.hidden,
             "--heads", args.heads, "--dropout", args.dropout]
@@ -113,21 +101,21 @@ def print_tables(results: dict, models, top: int) -> None:
         ref = rows[-1][3]
         for r in rows:
             r.append(r[3] / ref)
-        print(common.format_table(["side", "forward", "backward", "total", f"/ {sides[-1]}"], rows, ".4g"))
+        print(report.format_table(["side", "forward", "backward", "total", f"/ {sides[-1]}"], rows, ".4g"))
         for s in sides:
             ops = results[s][m]["ops"]
             best = sorted(ops.items(), key=lambda kv: -kv[1]["self_ms"])[:top]
             print(f"\n{s}: top ops by self time (ms per iteration, profiled pass)")
-            print(common.format_table(["op", "self ms", "total ms", "calls"],
+            print(report.format_table(["op", "self ms", "total ms", "calls"],
                                       [[k[:70], v["self_ms"], v["total_ms"], v["calls"]] for k, v in best], ".3g"))
 
 
-def main() -> None:
-    p = common.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=0, help="vertices (default 100000; quick 20000)")
+def main(argv=None) -> None:
+    p = setup.make_parser(__doc__.splitlines()[0])
+    p.add_sized("--nodes", quick=20_000, full=100_000, type=int, help="vertices (default 100000; quick 20000)")
     p.add_argument("--fanouts", default="15,10,5")
     p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--batches", type=int, default=0, help="mini-batches (default 4; quick 2)")
+    p.add_sized("--batches", quick=2, full=4, type=int, help="mini-batches (default 4; quick 2)")
     p.add_argument("--models", default="sage,gat")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2, help="timed passes per side and round")
@@ -136,44 +124,43 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--top", type=int, default=18, help="ops per table")
-    p.add_argument("--dgl-python", default="", help="interpreter of the DGL venv: adds DGL's side")
+    setup.add_dgl_python(p, default="", help="interpreter of the DGL venv: adds DGL's side")
     p.add_argument("--baseline-repo", default="", help="another gsplit checkout: adds its side (e.g. /work/main)")
     p.add_argument("--baseline-extension-dir", default=str(Path.home() / ".cache" / "gsplit" / "extensions"),
                    help="the baseline's compiled-kernel cache (its kernels differ from this checkout's: give this "
                         "run another GSPLIT_EXTENSION_DIR, or the two rebuild over each other)")
     p.add_argument("--blocks", default="", help="(internal) time this checkout on saved blocks and write --json")
     p.add_argument("--json", default="", help="(internal, with --blocks)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     if args.blocks:  # subprocess mode: the baseline checkout's side
-        Path(args.json).write_text(json.dumps(gsplit_side(Path(args.blocks), models, args)))
+        report.write_json(args.json, gsplit_side(Path(args.blocks), models, args))
         return
-    args.nodes = args.nodes or (20_000 if args.quick else 100_000)
-    args.batches = args.batches or (2 if args.quick else 4)
-    stem = common.output_stem(args, "bench_layer_ops")
+    stem = report.output_stem(args, "bench_layer_ops")
     blocks_path = stem.with_suffix(".blocks.npz")
     info = save_blocks(blocks_path, args)
-    print(f"blocks (src, dst, edges per layer): {info['blocks_src_dst_edges'][0]} ... -> {common._rel(blocks_path)}")
+    print(f"blocks (src, dst, edges per layer): {info['blocks_src_dst_edges'][0]} ... -> {report.rel(blocks_path)}")
     # Each side runs in its own process, the sides interleaved in every round, so that load drifts on a
     # shared machine hit them alike; per side the median over rounds is reported (the last round's profile).
     sides = {}
     if args.baseline_repo:
-        env = {**os.environ, "PYTHONPATH": str(Path(args.baseline_repo).resolve()),
-               "GSPLIT_EXTENSION_DIR": args.baseline_extension_dir}
-        sides["baseline"] = ([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)], env)
+        sides["baseline"] = ([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)],
+                             rounds.checkout_env(args.baseline_repo, GSPLIT_EXTENSION_DIR=args.baseline_extension_dir))
     sides["gsplit"] = ([sys.executable, __file__, "--blocks", blocks_path, *side_args(args)],
-                       {**os.environ, "PYTHONPATH": str(common.REPO)})
+                       rounds.checkout_env(setup.REPO))
     if args.dgl_python:
         sides["dgl"] = ([args.dgl_python, Path(__file__).with_name("dgl_layer_ops_peer.py"), "--blocks", blocks_path,
-                         *side_args(args)], None)
-    rounds = {s: [] for s in sides}
-    for r in range(args.rounds):
-        for s, (cmd, env) in sides.items():
-            rounds[s].append(run_peer(cmd, env))
-            print(f"round {r + 1}: {s} " + ", ".join(f"{m} {rounds[s][-1][m]['forward_ms'] + rounds[s][-1][m]['backward_ms']:.0f} ms"
+                         *side_args(args)], rounds.peer_env())
+    by_side = {s: [] for s in sides}
+    for r, order in rounds.orders(list(sides), args.rounds, alternate_order=False):
+        for s in order:
+            cmd, env = sides[s]
+            got = rounds.run_json(cmd, env=env)
+            by_side[s].append(got)
+            print(f"round {r + 1}: {s} " + ", ".join(f"{m} {got[m]['forward_ms'] + got[m]['backward_ms']:.0f} ms"
                                                      for m in models), flush=True)
     results = {}
-    for s, runs in rounds.items():
+    for s, runs in by_side.items():
         results[s] = {}
         for m in models:
             last = dict(runs[-1][m])
@@ -183,7 +170,7 @@ def main() -> None:
             results[s][m] = last
     print_tables(results, models, args.top)
     blocks_path.unlink()  # large; rerunning samples the same blocks again
-    common.save_json(stem, {"blocks": info, "results": results, "sides": list(results)})
+    report.save_json(stem, {"blocks": info, "results": results, "sides": list(results)})
 
 
 if __name__ == "__main__":

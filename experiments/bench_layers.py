@@ -33,7 +33,7 @@ import statistics
 import time
 import warnings
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
 from gsplit.ops import aggregate
@@ -65,10 +65,8 @@ def time_fwd_bwd(fn, inputs, grad_out):
     sensitive to other processes than wall time."""
     for t in inputs:
         t.grad = None
-    t0, c0 = time.perf_counter(), time.process_time()
-    out = fn(*inputs)
-    out.backward(grad_out)
-    return time.perf_counter() - t0, time.process_time() - c0
+    _, wall, cpu = rounds.timed_call(lambda: fn(*inputs).backward(grad_out))
+    return wall, cpu
 
 
 def run_case(name: str, methods: dict, inputs: list, out_shape: tuple, repeats: int, seed: int) -> dict:
@@ -94,18 +92,17 @@ def run_case(name: str, methods: dict, inputs: list, out_shape: tuple, repeats: 
             for m, v in times.items()}
 
 
-def main() -> None:
-    p = common.make_parser(__doc__.splitlines()[0])
+def main(argv=None) -> None:
+    p = setup.make_parser(__doc__.splitlines()[0])
     p.add_argument("--src", type=int, default=100_000, help="source rows")
-    p.add_argument("--dst", type=int, default=None, help="destinations (default 60,000; 6,000 with --quick)")
+    p.add_sized("--dst", quick=6_000, full=60_000, type=int, help="destinations (default 60,000; 6,000 with --quick)")
     p.add_argument("--fanout", type=int, default=15, help="edges per destination")
     p.add_argument("--widths", default="64,256", help="row widths, comma-separated")
     p.add_argument("--heads", type=int, default=4, help="GAT heads")
-    p.add_argument("--repeats", type=int, default=None, help="timed runs per method (default 7; 3 with --quick)")
+    p.add_sized("--repeats", quick=3, full=7, type=int, help="timed runs per method (default 7; 3 with --quick)")
     p.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads")
-    args = p.parse_args()
-    num_dst = args.dst or (6_000 if args.quick else 60_000)
-    repeats = args.repeats or (3 if args.quick else 7)
+    args = p.parse_args(argv)
+    num_dst, repeats = args.dst, args.repeats
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", message=".*[Ss]parse.*")  # torch's beta / invariant-check notes
     t0 = time.perf_counter()
@@ -144,12 +141,12 @@ def main() -> None:
                              t["cpu_median_ms"], t["cpu_median_ms"] / base["cpu_median_ms"]])
                 print(f"  {r['op']} width {width}: {m}: {t['median_ms']:.1f} ms (min {t['min_ms']:.1f}, "
                       f"CPU {t['cpu_median_ms']:.1f})", flush=True)
-    table = common.format_table(["op", "width", "method", "wall ms (median)", "wall ms (min)", "wall vs previous",
+    table = report.format_table(["op", "width", "method", "wall ms (median)", "wall ms (min)", "wall vs previous",
                                  "CPU ms (median)", "CPU vs previous"], rows, ".3g")
     print(table)
     print(f"DGL update_all(copy_u, sum), width 64, quoted from the issue (quiet machine): {DGL_SUM64_MS:.0f} ms")
-    stem = common.output_stem(args, "bench_layers")
-    common.save_json(stem, {"num_src": args.src, "num_dst": num_dst, "num_edges": int(edge_src.numel()),
+    stem = report.output_stem(args, "bench_layers")
+    report.save_json(stem, {"num_src": args.src, "num_dst": num_dst, "num_edges": int(edge_src.numel()),
                             "threads": args.threads, "repeats": repeats, "extension": compiled,
                             "extension_ready_s": build_s, "dgl_sum64_ms_quoted": DGL_SUM64_MS,
                             "results": results, "table": table})

@@ -34,7 +34,7 @@ import sys
 import time
 from types import SimpleNamespace
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
 import gsplit
@@ -94,6 +94,15 @@ def uniform_graph(num_nodes: int, num_edges: int, seed: int) -> gsplit.Graph:
     return gsplit.Graph.from_edges(src, dst, num_nodes, symmetric=True, remove_self_loops=True)
 
 
+def make_graph(name: str, nodes: int, edges: int, seed: int) -> gsplit.Graph:
+    """The benchmark's graphs: ``uniform`` (:func:`uniform_graph`) or ``synthetic`` (power law, communities)."""
+    if name == "uniform":
+        return uniform_graph(nodes, edges, seed)
+    if name == "synthetic":
+        return synthetic_graph(nodes, avg_degree=edges / nodes, seed=seed)[0]
+    raise SystemExit(f"--graphs: unknown graph {name!r}; use uniform and/or synthetic")
+
+
 @contextlib.contextmanager
 def torch_kernels_only():
     """Run gsplit's plain-torch kernels inside the block (the documented ``GSPLIT_NO_EXTENSIONS`` switch)."""
@@ -108,12 +117,6 @@ def torch_kernels_only():
             os.environ["GSPLIT_NO_EXTENSIONS"] = before
 
 
-def _time_one(sample, seeds, epoch, iteration):
-    w, c = time.perf_counter(), time.process_time()
-    out = sample(seeds, epoch, iteration)
-    return out, time.perf_counter() - w, time.process_time() - c
-
-
 def time_interleaved(graph, targets, runners: dict, batch_size: int, num_batches: int, seed: int, warmup: int = 2):
     """Wall and CPU seconds per batch of every runner, batch by batch on the same seeds, alternating the order."""
     wall = {k: [] for k in runners}
@@ -123,10 +126,9 @@ def time_interleaved(graph, targets, runners: dict, batch_size: int, num_batches
     it, epoch = 0, 0
     while len(next(iter(wall.values()))) < num_batches:
         for seeds in global_batches(targets, batch_size, seed, epoch, drop_last=True):
-            names = list(runners) if it % 2 == 0 else list(reversed(list(runners)))
             outs = {}
-            for name in names:
-                out, dw, dc = _time_one(runners[name], seeds, epoch, it)
+            for name in rounds.alternate(list(runners), it):
+                out, dw, dc = rounds.timed_call(runners[name], seeds, epoch, it)
                 outs[name] = out
                 if it >= warmup:
                     wall[name].append(dw)
@@ -218,13 +220,13 @@ def bench_graph(name: str, graph, targets, args, fanouts) -> dict:
 
 
 def main(argv=None) -> int:
-    p = common.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=0, help="default 100000 quick, 1000000 full")
+    p = setup.make_parser(__doc__.splitlines()[0])
+    p.add_sized("--nodes", quick=100_000, full=1_000_000, type=int, help="default 100000 quick, 1000000 full")
     p.add_argument("--edges", type=int, default=0, help="directed edges, default 20 x nodes")
     p.add_argument("--graphs", default="uniform,synthetic")
     p.add_argument("--batch-size", type=int, default=1024)
-    p.add_argument("--fanouts", default="15,10,5")
-    p.add_argument("--batches", type=int, default=0, help="timed batches (default 10 quick, 20 full)")
+    p.add_argument("--fanouts", default="15,10,5", type=setup.int_list)
+    p.add_sized("--batches", quick=10, full=20, type=int, help="timed batches (default 10 quick, 20 full)")
     p.add_argument("--threads", type=int, default=2, help="torch threads for sampling, pre-sampling and partitioning")
     p.add_argument("--sort-key-baseline", action="store_true", help="also time the sort-key baseline (slow on power-law graphs)")
     p.add_argument("--layers", action="store_true", help="also print CPU ms per layer for sampling and relabelling")
@@ -232,11 +234,9 @@ def main(argv=None) -> int:
     p.add_argument("--presample-epochs", type=int, default=1)
     p.add_argument("--skip-partition", action="store_true")
     args = p.parse_args(argv)
-    nodes = args.nodes or (100_000 if args.quick else 1_000_000)
+    nodes, fanouts = args.nodes, args.fanouts
     edges = args.edges or 20 * nodes
-    args.batches = args.batches or (10 if args.quick else 20)
-    fanouts = [int(x) for x in args.fanouts.split(",")]
-    stem = common.output_stem(args, "bench_sampler")
+    stem = report.output_stem(args, "bench_sampler")
     torch.set_num_threads(args.threads)
 
     t = time.perf_counter()
@@ -251,12 +251,7 @@ def main(argv=None) -> int:
     results = []
     for name in args.graphs.split(","):
         t = time.perf_counter()
-        if name == "uniform":
-            graph = uniform_graph(nodes, edges, args.seed)
-        elif name == "synthetic":
-            graph, _ = synthetic_graph(nodes, avg_degree=edges / nodes, seed=args.seed)
-        else:
-            raise ValueError(f"unknown graph {name!r}; use uniform and/or synthetic")
+        graph = make_graph(name, nodes, edges, args.seed)
         targets = random_split(nodes, (0.6, 0.2, 0.2), seed=args.seed)[0]
         print(f"{name}: {graph.num_nodes:,} vertices, {graph.num_edges:,} edges, generated in "
               f"{time.perf_counter() - t:.1f}s", flush=True)
@@ -273,13 +268,13 @@ def main(argv=None) -> int:
                          r["ms_min"], r["cpu_ms_per_batch"], round(r["edges_per_batch"]),
                          r["ms_per_batch"] / cpp["ms_per_batch"], r["cpu_ms_per_batch"] / cpp["cpu_ms_per_batch"],
                          "-" if dgl is None else f"{r['ms_per_batch'] / dgl:.2f}"])
-    table = common.format_table(["graph", "vertices / edges", "sampler", "ms/batch (median)", "ms (min)",
+    table = report.format_table(["graph", "vertices / edges", "sampler", "ms/batch (median)", "ms (min)",
                                  "CPU ms (median)", "edges/batch", "this/C++ (wall)", "this/C++ (CPU)",
                                  "this/DGL quoted"], rows, ".1f")
     off_rows = [[r["graph"], r["offline"]["presample_epochs"], r["offline"]["presample_batches"],
                  r["offline"]["presample_s"], r["offline"]["presample_ms_per_batch"], r["offline"]["partition_s"],
                  r["offline"]["total_s"]] for r in results if "offline" in r]
-    off_table = common.format_table(["graph", "presample epochs", "batches", "presample s", "ms/batch",
+    off_table = report.format_table(["graph", "presample epochs", "batches", "presample s", "ms/batch",
                                      f"METIS ({args.parts} parts) s", "total s"], off_rows, ".1f")
     print(f"\nbatch {args.batch_size}, fanouts {fanouts}, {args.threads} threads, median of {args.batches} batches; "
           f"DGL: issue 10's figures (not measured here): {DGL_MS['uniform']:.0f} ms uniform, "
@@ -287,28 +282,28 @@ def main(argv=None) -> int:
     print(table)
     layer_rows = [[res["graph"], label] + [steps.get(k, float("nan")) for k in LAYER_COLUMNS]
                   for res in results for label, steps in res.get("layer_cpu_ms", {}).items()]
-    layer_table = common.format_table(["graph", "sampler"] + [f"{k} (CPU ms)" for k in LAYER_COLUMNS], layer_rows, ".2f")
+    layer_table = report.format_table(["graph", "sampler"] + [f"{k} (CPU ms)" for k in LAYER_COLUMNS], layer_rows, ".2f")
     if layer_rows:
         print(f"\nCPU ms per step, median of {args.batches} batches, {args.threads} threads")
         print(layer_table)
     if off_rows:
         print(f"\noffline half ({args.threads} threads)")
         print(off_table)
-    common.save_json(stem, {"experiment": "sampler benchmark (issues 2 and 10)", "batch_size": args.batch_size,
+    report.save_json(stem, {"experiment": "sampler benchmark (issues 2 and 10)", "batch_size": args.batch_size,
                             "fanouts": fanouts, "threads": args.threads,
                             "extension_available": ext is not None, "extension_ready_s": ext_s,
                             "dgl_ms_quoted_from_issue_10": DGL_MS, "gsplit_ms_quoted_from_issue_10": ISSUE_GSPLIT_MS,
                             "results": results, "table": table, "layer_table": layer_table,
                             "offline_table": off_table})
-    fig, axes = common.figure(len(results))
+    fig, axes = report.figure(len(results))
     for ax, res in zip(axes, results):
         labels = [label.replace(" ", "\n") for label in res["runs"]]
-        common.bar_panel(ax, labels, {"median ms per mini-batch": [r["ms_per_batch"] for r in res["runs"].values()]},
+        report.bar_panel(ax, labels, {"median ms per mini-batch": [r["ms_per_batch"] for r in res["runs"].values()]},
                          "ms per mini-batch", f"{res['graph']}: {res['num_nodes']:,} v, {res['num_edges']:,} e")
         if full_size and res["graph"] in DGL_MS:
             ax.axhline(DGL_MS[res["graph"]], color="gray", linestyle="--", label="DGL, issue 10's figure (not measured)")
             ax.legend(fontsize=7)
-    common.save_figure(fig, stem)
+    report.save_figure(fig, stem)
     return 0
 
 

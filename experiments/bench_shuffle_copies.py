@@ -24,16 +24,12 @@ shared machine); per side the median over rounds is reported, with a checksum of
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
 import gsplit
@@ -47,13 +43,7 @@ PARTS = ("feature shuffle", "layer shuffles fwd+bwd (plain path)", "overlapped a
 def _timed(comm, fn, repeats: int):
     """``(fastest, median)`` seconds of ``fn()`` over ``repeats`` runs after one warm-up, ranks starting together.
     On a machine shared with other work the fastest run is the one least disturbed by it."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        comm.barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    times = rounds.time_repeats(fn, repeats, before=comm.barrier)
     return min(times), statistics.median(times)
 
 
@@ -63,7 +53,7 @@ def side_rank(rank, world_size, graph_args, owner, batches: int, repeats: int):
     from gsplit.overlap import AsyncRows, _Assemble, _SendBoundary
 
     torch.set_num_threads(1)
-    ds = common.load_named("synthetic", *graph_args)
+    ds = setup.load_named("synthetic", *graph_args)
     loader = gsplit.DataLoader(ds.graph, ds.train_idx, gsplit.NeighborSampler(FANOUTS, seed=0), partition=owner,
                                use_ddp=True, batch_size=BATCH, shuffle=True, features=ds.features, labels=ds.labels,
                                overlap=True)
@@ -127,24 +117,23 @@ def run_side(args) -> dict:
     return {"ranks": per_rank}
 
 
-def main():
-    p = common.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=0, help="vertices of the synthetic graph (default 100k, quick 20k)")
-    p.add_argument("--batches", type=int, default=0, help="batches per side (default 4, quick 2)")
+def main(argv=None):
+    p = setup.make_parser(__doc__.splitlines()[0])
+    p.add_sized("--nodes", quick=20_000, full=100_000, type=int,
+                help="vertices of the synthetic graph (default 100k, quick 20k)")
+    p.add_sized("--batches", quick=2, full=4, type=int, help="batches per side (default 4, quick 2)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline-repo", default="", help="another gsplit checkout: adds its side (e.g. /tmp/old)")
     p.add_argument("--owner", default="", help="(internal) the partition map's assignment, saved by the parent")
     p.add_argument("--json", default="", help="(internal, with --owner)")
-    args = p.parse_args()
-    args.nodes = args.nodes or (20_000 if args.quick else 100_000)
-    args.batches = args.batches or (2 if args.quick else 4)
+    args = p.parse_args(argv)
     if args.owner:  # subprocess mode: one side
-        Path(args.json).write_text(json.dumps(run_side(args)))
+        report.write_json(args.json, run_side(args))
         return
-    ds = common.load_named("synthetic", args.nodes, args.seed)
-    pmap, _, _ = common.make_map(ds, 2, "edge", FANOUTS, BATCH, args.seed)
-    stem = common.output_stem(args, "bench_shuffle_copies")
+    ds = setup.load_named("synthetic", args.nodes, args.seed)
+    pmap, _, _ = setup.make_map(ds, 2, "edge", FANOUTS, BATCH, args.seed)
+    stem = report.output_stem(args, "bench_shuffle_copies")
     with tempfile.TemporaryDirectory() as tmp:
         owner_path = Path(tmp) / "owner.pt"
         torch.save(pmap.assignment, owner_path)
@@ -152,19 +141,16 @@ def main():
                      args.repeats, "--seed", args.seed]
         sides = {}
         if args.baseline_repo:
-            sides["baseline"] = {**os.environ, "PYTHONPATH": str(Path(args.baseline_repo).resolve())}
-        sides["this checkout"] = {**os.environ, "PYTHONPATH": str(common.REPO)}
-        rounds = {s: [] for s in sides}
-        for r in range(args.rounds):
-            for s, env in sides.items():
-                target = Path(tmp) / f"{len(rounds[s])}_{s.replace(' ', '_')}.json"
-                subprocess.run([sys.executable, __file__, *[str(a) for a in side_args], "--json", str(target)],
-                               check=True, env=env)
-                rounds[s].append(json.loads(target.read_text()))
-                ms = rounds[s][-1]["ranks"][0]["ms"]
+            sides["baseline"] = rounds.checkout_env(args.baseline_repo)
+        sides["this checkout"] = rounds.checkout_env(setup.REPO)
+        by_side = {s: [] for s in sides}
+        for r, order in rounds.orders(list(sides), args.rounds, alternate_order=False):
+            for s in order:
+                by_side[s].append(rounds.run_json([sys.executable, __file__, *side_args], env=sides[s]))
+                ms = by_side[s][-1]["ranks"][0]["ms"]
                 print(f"round {r + 1}: {s}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items()), flush=True)
     results = {}
-    for s, runs in rounds.items():
+    for s, runs in by_side.items():
         results[s] = {"ms": {part: statistics.median(run["ranks"][0]["ms"][part] for run in runs) for part in PARTS},
                       "ms_rounds": [run["ranks"][0]["ms"] for run in runs],
                       "ms_median_of_repeats_rounds": [run["ranks"][0]["ms_median_of_repeats"] for run in runs],
@@ -180,10 +166,10 @@ def main():
             row += [round(vals[0] - vals[-1], 1), round(vals[-1] / vals[0], 2)]
         rows.append(row)
     headers = ["rank 0, ms per iteration"] + names + (["saved", "ratio"] if "baseline" in results else [])
-    print(common.format_table(headers, rows))
+    print(report.format_table(headers, rows))
     for s in names:
         print(f"{s}: checksums per round and rank {results[s]['checksums']}")
-    common.save_json(stem, {"config": {"nodes": args.nodes, "batches": args.batches, "repeats": args.repeats,
+    report.save_json(stem, {"config": {"nodes": args.nodes, "batches": args.batches, "repeats": args.repeats,
                                        "rounds": args.rounds, "hidden": HIDDEN, "fanouts": FANOUTS, "batch_size": BATCH,
                                        "baseline_repo": args.baseline_repo}, "results": results})
 

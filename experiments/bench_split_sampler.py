@@ -1,7 +1,7 @@
 """Issue 20: split sampling alone (``gsplit.split.sp_sample``) on 2 CPU ranks, per layer, and an A/B of two code trees.
 
 Setup (as ``profile_iteration.py``): synthetic 100k (``--quick``: 20k) vertices, the ``edge`` map of
-``experiments/common.make_map`` for 2 ranks, fanouts 15,10,5, 1024 targets per rank (global batches of
+``harness.setup.make_map`` for 2 ranks, fanouts 15,10,5, 1024 targets per rank (global batches of
 2048 of the training targets, epoch 0), one torch thread per rank (``gsplit.launch``'s default on 2 cores).
 Also the CPU time of the sampling thread per batch (``time.thread_time``: what it computed, not what it
 waited; less sensitive to other jobs on the cores than wall time). Every iteration starts after a barrier
@@ -30,19 +30,17 @@ every batch is identical in both trees (a SHA-256 of every block's edges, vertic
 
 from __future__ import annotations
 
+import argparse
 import hashlib
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
 FANOUTS = [15, 10, 5]
 PHASES = ["sample", "relabel", "before", "exchange", "a2a", "wait", "around", "before cpu", "around cpu"]
 
@@ -98,7 +96,10 @@ def rank_body(rank, world_size, data_path, warmup, iters, overlap):
 
     ops.sample_neighbors = timed("sample", ops.sample_neighbors)
     ops.relabel = timed("relabel", ops.relabel)
-    split_sampling.exchange_ids = timed("exchange", split_sampling.exchange_ids)
+    # the id exchange sp_sample calls, once per layer (exchange_ids_many since macrobatches; a tree from before
+    # them calls exchange_ids)
+    name = "exchange_ids_many" if hasattr(split_sampling, "exchange_ids_many") else "exchange_ids"
+    setattr(split_sampling, name, timed("exchange", getattr(split_sampling, name)))
     split_sampling.plan_overlap = timed("plan", split_sampling.plan_overlap)
     communicator.Communicator._all_to_all = timed("a2a", communicator.Communicator._all_to_all)
 
@@ -186,8 +187,8 @@ def worker(args) -> int:
            "layers": layer_phases(ranks), "digests": [r["digests"] for r in ranks],
            "sizes": [r["sizes"] for r in ranks],
            "cpu_ms": [r["cpu_ms"] for r in ranks], "after_ms": [r["after_ms"] for r in ranks],
-           "plan_ms": [r["plan_ms"] for r in ranks], "load": os.getloadavg()}
-    Path(args.result).write_text(json.dumps(res))
+           "plan_ms": [r["plan_ms"] for r in ranks], "load": report.load_average()}
+    report.write_json(args.result, res)
     return 0
 
 
@@ -195,19 +196,16 @@ def worker(args) -> int:
 def make_data(path: Path, nodes: int, seed: int) -> None:
     if path.exists():
         return
-    ds = common.load_named("synthetic", nodes, seed)
-    pmap, _, _ = common.make_map(ds, 2, "edge", FANOUTS, 1024, seed)
+    ds = setup.load_named("synthetic", nodes, seed)
+    pmap, _, _ = setup.make_map(ds, 2, "edge", FANOUTS, 1024, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"graph": ds.graph, "owner": pmap.assignment.long(), "train": ds.train_idx}, path)
 
 
 def run_tree(tree: Path, args, data: Path, scratch: Path, tag: str) -> dict:
-    result = scratch / f"result_{tag}.json"
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--data", str(data), "--result", str(result),
-           "--warmup", str(args.warmup), "--iters", str(args.iters)] + (["--overlap"] if args.overlap else [])
-    subprocess.run(cmd, env=env, check=True)
-    return json.loads(result.read_text())
+    cmd = [sys.executable, Path(__file__).resolve(), "--worker", "--data", data, "--warmup", args.warmup,
+           "--iters", args.iters] + (["--overlap"] if args.overlap else [])
+    return rounds.run_json(cmd, flag="--result", path=scratch / f"result_{tag}.json", env=rounds.checkout_env(tree))
 
 
 def print_layers(label: str, res: dict) -> list:
@@ -219,31 +217,30 @@ def print_layers(label: str, res: dict) -> list:
 
 
 def main(argv=None) -> int:
-    p = common.make_parser(__doc__.splitlines()[0])
+    p = setup.make_parser(__doc__.splitlines()[0])
     p.add_argument("--old", default=None, help="the other code tree to compare with (its root folder)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--overlap", action="store_true", help="sample with overlap=True (interior-first frontiers)")
-    p.add_argument("--worker", action="store_true", help=argparse_hidden())
-    p.add_argument("--data", default=None, help=argparse_hidden())
-    p.add_argument("--result", default=None, help=argparse_hidden())
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--data", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         return worker(args)
     nodes = 20_000 if args.quick else 100_000
-    stem = common.output_stem(args, "bench_split_sampler")
-    scratch = Path(args.out) / "scratch" / "bench_split_sampler"
+    stem = report.output_stem(args, "bench_split_sampler")
+    scratch = setup.scratch(args.out, "bench_split_sampler")
     data = scratch / f"synthetic_{nodes}_seed{args.seed}.pt"
     make_data(data, nodes, args.seed)
-    trees = {"new": REPO} if args.old is None else {"old": Path(args.old).resolve(), "new": REPO}
-    rounds = args.rounds if args.old else 1
+    trees = {"new": setup.REPO} if args.old is None else {"old": Path(args.old).resolve(), "new": setup.REPO}
+    n_rounds = args.rounds if args.old else 1
     runs = {k: [] for k in trees}
     loads = []
-    for rnd in range(rounds):
-        order = list(trees) if rnd % 2 == 0 else list(reversed(list(trees)))
+    for rnd, order in rounds.orders(list(trees), n_rounds):
         for name in order:
-            loads.append(os.getloadavg()[0])
+            loads.append(report.load_average()[0])
             res = run_tree(trees[name], args, data, scratch, name)
             runs[name].append(res)
             print(f"round {rnd}: {name}: ms per batch (rank 0, rank 1, max) "
@@ -261,7 +258,7 @@ def main(argv=None) -> int:
              s["batch_ms_max"] / summary[list(trees)[0]]["batch_ms_max"], s["cpu_ms_rank"][0], s["cpu_ms_rank"][1],
              sum(s["cpu_ms_rank"]) / sum(summary[list(trees)[0]]["cpu_ms_rank"]), max(s["after_last_exchange_ms"]),
              max(s["plan_overlap_ms"])] for name, s in summary.items()]
-    table = common.format_table(["tree", "rank 0 ms/batch", "rank 1 ms/batch", "max over ranks ms",
+    table = report.format_table(["tree", "rank 0 ms/batch", "rank 1 ms/batch", "max over ranks ms",
                                  f"ratio to {list(trees)[0]}", "rank 0 thread CPU ms", "rank 1 thread CPU ms",
                                  "CPU ratio", "after last exchange ms", "of which plan_overlap ms"],
                                 rows, ".2f")
@@ -275,9 +272,9 @@ def main(argv=None) -> int:
                       for lay in rs[0]["layers"][str(r)]} for r in range(2)}
         summary[name]["layers"] = merged
         layer_rows += print_layers(name, {"layers": merged})
-    layer_table = common.format_table(["tree", "rank", "layer"] + [f"{p} ms" for p in PHASES], layer_rows, ".2f")
+    layer_table = report.format_table(["tree", "rank", "layer"] + [f"{p} ms" for p in PHASES], layer_rows, ".2f")
     print(f"\nsplit sampling, synthetic {nodes:,}, 2 ranks, fanouts {FANOUTS}, 1024 targets per rank, "
-          f"{args.iters} iterations x {rounds} round(s), medians; load average {min(loads):.2f}-{max(loads):.2f}")
+          f"{args.iters} iterations x {n_rounds} round(s), medians; load average {min(loads):.2f}-{max(loads):.2f}")
     print(table)
     if identical is not None:
         print(f"every batch identical in both trees: {identical}")
@@ -287,18 +284,13 @@ def main(argv=None) -> int:
             for b in reversed(blocks)))
     print("\nper layer (L2 first), median ms")
     print(layer_table)
-    common.save_json(stem, {"experiment": "split sampling alone, 2 ranks (issue 20)", "nodes": nodes,
-                            "fanouts": FANOUTS, "iters": args.iters, "rounds": rounds, "overlap": args.overlap,
+    report.save_json(stem, {"experiment": "split sampling alone, 2 ranks (issue 20)", "nodes": nodes,
+                            "fanouts": FANOUTS, "iters": args.iters, "rounds": n_rounds, "overlap": args.overlap,
                             "trees": {k: str(v) for k, v in trees.items()}, "loads": loads,
                             "identical_batches": identical, "summary": summary, "table": table,
                             "layer_table": layer_table,
                             "sizes_last_batch": runs["new"][0]["sizes"]})
     return 0
-
-
-def argparse_hidden():
-    import argparse
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":

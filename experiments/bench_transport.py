@@ -41,11 +41,10 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 import uuid
 from pathlib import Path
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 import torch.distributed as dist
 
@@ -64,19 +63,17 @@ def parse_size(text: str) -> int:
 
 
 def parse_args(argv=None):
-    p = common.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--ranks", default="", help="comma-separated world sizes (default 2,3; quick 2)")
-    p.add_argument("--sizes", default="", help="bytes each rank sends per exchange, comma-separated "
-                   "(default 64K,256K,1M,4M,8M,16M,32M; quick 64K,512K,2M)")
-    p.add_argument("--iters", type=int, default=0, help="exchanges per timed block (default 20; quick 5)")
-    p.add_argument("--repeats", type=int, default=0, help="timed blocks per figure (default 7; quick 3)")
+    p = setup.make_parser(__doc__.splitlines()[0])
+    p.add_sized("--ranks", quick=[2], full=[2, 3], type=setup.int_list,
+                help="comma-separated world sizes (default 2,3; quick 2)")
+    p.add_sized("--sizes", quick="64K,512K,2M", full="64K,256K,1M,4M,8M,16M,32M",
+                help="bytes each rank sends per exchange, comma-separated "
+                     "(default 64K,256K,1M,4M,8M,16M,32M; quick 64K,512K,2M)")
+    p.add_sized("--iters", quick=5, full=20, type=int, help="exchanges per timed block (default 20; quick 5)")
+    p.add_sized("--repeats", quick=3, full=7, type=int, help="timed blocks per figure (default 7; quick 3)")
     p.add_argument("--sync-iters", type=int, default=200, help="synchronisations timed for the latency rows")
     args = p.parse_args(argv)
-    args.ranks = [int(x) for x in (args.ranks or ("2" if args.quick else "2,3")).split(",")]
-    args.sizes = [parse_size(x) for x in (args.sizes or ("64K,512K,2M" if args.quick
-                                                         else "64K,256K,1M,4M,8M,16M,32M")).split(",")]
-    args.iters = args.iters or (5 if args.quick else 20)
-    args.repeats = args.repeats or (3 if args.quick else 7)
+    args.sizes = [parse_size(x) for x in args.sizes.split(",")]
     if min(args.ranks) < 2:
         raise SystemExit(f"--ranks {args.ranks}: an exchange needs at least 2 ranks")
     return args
@@ -145,15 +142,9 @@ class ShmExchange:
 
 def timed(fn, iters: int, repeats: int) -> float:
     """Median over ``repeats`` blocks of seconds per call, each block of ``iters`` calls after a barrier."""
-    out = []
     fn()  # warm-up (first-touch of buffers, gloo's pairs)
-    for _ in range(repeats):
-        dist.barrier()
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        out.append((time.perf_counter() - t) / iters)
-    return statistics.median(out)
+    blocks = rounds.time_repeats(lambda: [fn() for _ in range(iters)], repeats, warmup=0, before=dist.barrier)
+    return statistics.median(t / iters for t in blocks)
 
 
 def bench_rank(rank: int, world: int, args, token: str) -> dict:
@@ -197,7 +188,7 @@ def bench_rank(rank: int, world: int, args, token: str) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    stem = common.output_stem(args, "bench_transport")
+    stem = report.output_stem(args, "bench_transport")
     results = {}
     for world in args.ranks:
         token = f"gsplit-bench-{uuid.uuid4().hex[:12]}"
@@ -217,10 +208,10 @@ def main(argv=None) -> int:
                  *[f"{table[size][m] / table[size]['gloo']:.2f}" for m in METHODS[1:]]] for size in sizes]
         print(f"\n{world} ranks (1 torch thread each), per exchange, slowest rank, median of {args.repeats} x "
               f"{args.iters}; sync alone: barrier {sync['barrier']:.3f} ms, spin {sync['spin']:.3f} ms")
-        print(common.format_table(["bytes sent per rank", *[f"{m} ms" for m in METHODS],
+        print(report.format_table(["bytes sent per rank", *[f"{m} ms" for m in METHODS],
                                    *[f"{m} GB/s" for m in METHODS], *[f"{m}/gloo" for m in METHODS[1:]]], rows))
-    common.save_json(stem, {"experiment": "intra-host transport (issue 20 item 5)",
-                            "settings": {k: v for k, v in vars(args).items() if k != "out"},
+    report.save_json(stem, {"experiment": "intra-host transport (issue 20 item 5)",
+                            "settings": report.settings(args),
                             "results": {str(w): {**r, "exchange_ms": {str(s): v for s, v in r["exchange_ms"].items()}}
                                         for w, r in results.items()}})
     return 0

@@ -1,7 +1,7 @@
 """DGL peer of ``experiments/full_graph.py``: DGL's single-process full-graph GCN on the same graph and split.
 
-Runs under the DGL environment (``/work/main/.venv-dgl``: DGL needs its own torch, so this script never
-imports gsplit). The loop follows DGL's ``examples/pytorch/gcn/train.py``: the whole graph in one
+Runs under the DGL environment (``.venv-dgl``, built by ``./dev dgl-env``: DGL needs its own torch, so this
+script never imports gsplit). The loop follows DGL's ``examples/pytorch/gcn/train.py``: the whole graph in one
 ``DGLGraph``, ``model(g, features)`` over every vertex, ``F.cross_entropy(logits[train_mask],
 labels[train_mask])``, Adam, evaluation with the model in eval mode on the whole graph. The model is
 gsplit's ``GCN`` (``gsplit.nn.GCN``) written with ``dgl.nn.GraphConv``: ``norm="right"`` (mean over
@@ -9,7 +9,7 @@ in-edges; gsplit refuses ``norm="both"`` on split blocks), no self loops added, 
 layers, no dropout on the input, no weight decay, so the two train the same model (their dropout masks
 and initial weights come from different random streams, so accuracy agrees only statistically).
 
-    DGLBACKEND=pytorch /work/main/.venv-dgl/bin/python experiments/dgl_full_graph_peer.py --data DIR --json out.json
+    .venv-dgl/bin/python experiments/dgl_full_graph_peer.py --data DIR --json out.json
 
 ``DIR`` holds ``indptr``, ``indices`` (CSC in-edges), ``features``, ``labels``, ``train_idx``, ``val_idx``
 and ``test_idx`` as ``.npy`` files (written by ``full_graph.py``). Reported: median epoch time after the
@@ -19,26 +19,14 @@ validation and test accuracy after the last epoch.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import threading
 import time
-from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("DGLBACKEND", "pytorch")
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+from harness import peer  # noqa: I001 - first: it sets OpenMP's wait policy and DGL's backend before torch loads
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 
 class GCN(nn.Module):
@@ -59,42 +47,26 @@ class GCN(nn.Module):
         return h
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data", required=True)
+def main(argv=None) -> int:
+    p = peer.make_parser(__doc__.split("\n")[0])
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--dropout", type=float, default=0.5)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     import dgl
 
-    folder = Path(args.data)
-    load = lambda name: torch.from_numpy(np.load(folder / f"{name}.npy"))  # noqa: E731
-    indptr, indices = load("indptr").long(), load("indices").long()
-    n = indptr.numel() - 1
-    g = dgl.graph((indices, torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])), num_nodes=n)
-    g.create_formats_()
+    g = peer.csc_graph(args.data)
+    load = lambda name: peer.load(args.data, name)  # noqa: E731
     feats, labels = load("features").float(), load("labels").long()
     train, val, test = load("train_idx").long(), load("val_idx").long(), load("test_idx").long()
     torch.manual_seed(args.seed)
     model = GCN(feats.shape[1], args.hidden, int(labels.max()) + 1, args.layers, args.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    peak = [rss()]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], rss())
-            time.sleep(0.002)
-
-    start = rss()
-    peak[0] = start
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
+    rss = peer.PeakRSS()
+    start = rss.reset()
     epoch_s = []
     for _ in range(args.epochs):
         t = time.perf_counter()
@@ -105,18 +77,17 @@ def main() -> int:
         loss.backward()
         opt.step()
         epoch_s.append(time.perf_counter() - t)
-    stop.set()
-    thread.join()
+    peak = rss.stop()
     model.eval()
     with torch.no_grad():
         pred = model(g, feats).argmax(1)
     acc = lambda idx: float((pred[idx] == labels[idx]).float().mean()) if idx.numel() else float("nan")  # noqa: E731
     timed = epoch_s[1:] if len(epoch_s) > 1 else epoch_s
-    out = {"epoch_s": statistics.median(timed), "first_epoch_s": epoch_s[0], "peak_rss_mib": peak[0] / 2**20,
-           "train_extra_mib": (peak[0] - start) / 2**20, "val_acc": acc(val), "test_acc": acc(test),
+    out = {"epoch_s": statistics.median(timed), "first_epoch_s": epoch_s[0], "peak_rss_mib": peak / 2**20,
+           "train_extra_mib": (peak - start) / 2**20, "val_acc": acc(val), "test_acc": acc(test),
            "final_loss": float(loss.detach()), "dgl": dgl.__version__, "torch": torch.__version__,
            "threads": torch.get_num_threads()}
-    Path(args.json).write_text(json.dumps(out, indent=1))
+    peer.write_json(args.json, out)
     print(json.dumps(out))
     return 0
 

@@ -7,30 +7,23 @@ Runs under ``.venv-dgl`` (never imports gsplit); ``bench_layer_ops.py --dgl-pyth
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
+from harness import peer  # noqa: I001 - first: it sets OpenMP's wait policy and DGL's backend before torch loads
+import torch
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("DGLBACKEND", "pytorch")
-
-import torch  # noqa: E402
-
-from dgl_peer import GAT, SAGE  # noqa: E402  (same folder: the vs_dgl peer's models)
-from layer_ops_models import read_blocks, time_and_profile  # noqa: E402
+from dgl_peer import GAT, SAGE  # same folder: the vs_dgl peer's models
+from layer_ops_models import read_blocks, time_and_profile
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--blocks", required=True)
+def main(argv=None) -> None:
+    p = peer.make_parser(__doc__.splitlines()[0], data_flag="--blocks",
+                         data_help="the blocks file (.npz) bench_layer_ops.py wrote")
     p.add_argument("--models", default="sage,gat")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.5)
-    p.add_argument("--json", required=True)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     import dgl
 
     torch.set_num_threads(args.threads)
@@ -48,8 +41,7 @@ def main() -> None:
         else:
             model = GAT(data["in_feats"], args.hidden, data["num_classes"], data["num_layers"], args.dropout, args.heads)
         out[name] = time_and_profile(model, batches, lambda m, b: m(b["blocks"], b["feat"]), args.repeats)
-    with open(args.json, "w") as fh:
-        json.dump(out, fh)
+    peer.write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -43,42 +43,29 @@ vertex ``v`` are ``indices[indptr[v]:indptr[v+1]]``), ``features`` (float32), ``
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import socket
 import sys
 import time
 from pathlib import Path
 
-# Before torch (and its OpenMP) loads, so the parent and the spawned ranks (which inherit the
-# environment) sleep instead of spinning while waiting, as gsplit's CPU ranks do.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("DGLBACKEND", "pytorch")  # else DGL's first import writes ~/.dgl/config.json and says so
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+# Before torch (and its OpenMP) loads: the package sets OMP_WAIT_POLICY=PASSIVE, so the parent and the spawned
+# ranks (which inherit the environment) sleep instead of spinning while waiting, as gsplit's CPU ranks do.
+from harness import peer  # noqa: I001
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
 
 
-def load_graph(folder: Path):
+def load_graph(folder):
     """The DGL graph (in-edges from the CSC arrays) with ``feat`` and ``label``, plus ``train_idx``."""
-    import dgl
-
-    indptr = torch.from_numpy(np.load(folder / "indptr.npy")).long()
-    indices = torch.from_numpy(np.load(folder / "indices.npy")).long()
-    n = indptr.numel() - 1
-    dst = torch.repeat_interleave(torch.arange(n), indptr[1:] - indptr[:-1])
-    g = dgl.graph((indices, dst), num_nodes=n)
-    g.ndata["feat"] = torch.from_numpy(np.load(folder / "features.npy"))
-    g.ndata["label"] = torch.from_numpy(np.load(folder / "labels.npy")).long()
-    train_idx = torch.from_numpy(np.load(folder / "train_idx.npy")).long()
-    # As the example: build every sparse format once in the parent, not in each rank.
-    g.create_formats_()
-    return g, train_idx
+    g = peer.csc_graph(folder)  # as the example: every sparse format built once in the parent, not in each rank
+    g.ndata["feat"] = peer.load(folder, "features")
+    g.ndata["label"] = peer.load(folder, "labels").long()
+    return g, peer.load(folder, "train_idx").long()
 
 
 class SAGE(nn.Module):
@@ -132,7 +119,7 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
     from dgl.dataloading import DataLoader, NeighborSampler
 
     if "OMP_NUM_THREADS" not in os.environ:  # as gsplit's launcher: an explicit setting wins
-        torch.set_num_threads(max(1, cpu_cores() // world))
+        torch.set_num_threads(max(1, peer.cpu_cores() // world))
     # DGL's C++ kernels and sampler run on their own OpenMP runtime (the system's libgomp, not torch's),
     # which would otherwise use every core in every rank; give them the same share.
     dgl.utils.set_num_threads(torch.get_num_threads())
@@ -204,8 +191,7 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
             print(f"dgl {args.model} {world} ranks epoch {epoch}: {e['epoch_s']:.2f}s (sample {e['sample_s']:.2f} "
                   f"/ fwd-bwd {e['train_s']:.2f}), {e['iterations']} it, loss {e['loss']:.4f}", flush=True)
     if rank == 0:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({**header, "epochs": epochs}, indent=1))
+        peer.write_json(args.json, {**header, "epochs": epochs})
     if not distributed:
         return
     dist.barrier()
@@ -229,10 +215,6 @@ def summarise(epoch: int, per_rank) -> dict:
             "loss": sum(r["loss"] for r in per_rank) / len(per_rank), "ranks": per_rank}
 
 
-def cpu_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -240,9 +222,8 @@ def free_port() -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True, help="folder with indptr/indices/features/labels/train_idx .npy")
-    p.add_argument("--json", required=True, help="write the per-epoch records here")
+    p = peer.make_parser(__doc__.splitlines()[0], data_help="folder with indptr/indices/features/labels/train_idx .npy",
+                         json_help="write the per-epoch records here")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--model", default="sage", choices=["sage", "gat"])
     p.add_argument("--fanouts", default="15,10,5", help="neighbours per layer from the input up")
@@ -264,13 +245,13 @@ def main(argv=None) -> int:
     folder = Path(args.data)
     t = time.perf_counter()
     g, train_idx = load_graph(folder)
-    meta = json.loads((folder / "meta.json").read_text()) if (folder / "meta.json").exists() else {}
+    meta = peer.read_json(folder / "meta.json") if (folder / "meta.json").exists() else {}
     num_classes = int(meta.get("num_classes", int(g.ndata["label"].max()) + 1))
     print(f"dgl {dgl.__version__} / torch {torch.__version__}: {g.num_nodes():,} vertices, {g.num_edges():,} "
           f"edges, {train_idx.numel():,} train, loaded in {time.perf_counter() - t:.1f}s", flush=True)
-    header = {"system": "dgl", "dgl": dgl.__version__, "torch": torch.__version__, "cores": cpu_cores(),
+    header = {"system": "dgl", "dgl": dgl.__version__, "torch": torch.__version__, "cores": peer.cpu_cores(),
               "threads_per_rank": torch.get_num_threads() if "OMP_NUM_THREADS" in os.environ
-              else max(1, cpu_cores() // args.ranks), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+              else max(1, peer.cpu_cores() // args.ranks), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
               "config": vars(args), "num_nodes": g.num_nodes(), "num_edges": g.num_edges(),
               "train": int(train_idx.numel())}
     t = time.perf_counter()

@@ -21,44 +21,41 @@ from __future__ import annotations
 
 import sys
 
-import common
+from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 from gsplit.sampling.batches import num_iterations
 from gsplit.trainer import TrainConfig
 
 
 def main(argv=None) -> int:
-    p = common.make_parser(__doc__.splitlines()[0])
+    p = setup.make_parser(__doc__.splitlines()[0])
     p.add_argument("--datasets", default="synthetic", help="synthetic and/or bio")
-    p.add_argument("--nodes", type=int, default=0, help="synthetic graph size (default 20000 quick, 100000 full)")
-    p.add_argument("--worlds", default="2,4")
+    p.add_sized("--nodes", quick=20_000, full=100_000, type=int,
+                help="synthetic graph size (default 20000 quick, 100000 full)")
+    p.add_argument("--worlds", default="2,4", type=setup.int_list)
     p.add_argument("--systems", default="split,split-overlap,dp",
                    help="comma-separated: split (--no-overlap), split-overlap (--overlap), dp")
     p.add_argument("--models", default="sage,gat")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
-    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--fanouts", default="15,10,5", type=setup.int_list)
     p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--iters", type=int, default=0, help="iterations per run (default 4 quick, 10 full)")
-    p.add_argument("--presample-epochs", type=int, default=0, help="default 2 quick, 5 full")
-    p.add_argument("--repeats", type=int, default=0,
-                   help="runs of every job, order alternated (default 1 quick, 2 full)")
+    p.add_sized("--iters", quick=4, full=10, type=int, help="iterations per run (default 4 quick, 10 full)")
+    p.add_sized("--presample-epochs", quick=2, full=5, type=int, help="default 2 quick, 5 full")
+    p.add_sized("--repeats", quick=1, full=2, type=int,
+                help="runs of every job, order alternated (default 1 quick, 2 full)")
     args = p.parse_args(argv)
-    nodes = args.nodes or (20_000 if args.quick else 100_000)
-    iters = args.iters or (4 if args.quick else 10)
-    pre_epochs = args.presample_epochs or (2 if args.quick else 5)
-    repeats = args.repeats or (1 if args.quick else 2)
-    fanouts = [int(x) for x in args.fanouts.split(",")]
-    worlds = [int(x) for x in args.worlds.split(",")]
+    iters, pre_epochs, repeats, fanouts = args.iters, args.presample_epochs, args.repeats, args.fanouts
+    worlds = args.worlds
     models = args.models.split(",")
     systems = [x for x in args.systems.split(",") if x]
     unknown = sorted(set(systems) - {"split", "split-overlap", "dp"})
     if unknown or not systems:
         p.error(f"--systems {args.systems!r}: use a subset of split, split-overlap, dp")
-    stem = common.output_stem(args, "end_to_end")
+    stem = report.output_stem(args, "end_to_end")
 
     results, rows, data_info = [], [], {}
-    for _, label, ds in common.each_dataset(args.datasets, nodes, args.seed, data_info):
+    for _, label, ds in setup.each_dataset(args.datasets, args.nodes, args.seed, data_info):
         for world in worlds:
-            pmap, prep, _ = common.make_map(ds, world, "gsplit", fanouts, args.batch_size, args.seed, pre_epochs)
+            pmap, prep, _ = setup.make_map(ds, world, "gsplit", fanouts, args.batch_size, args.seed, pre_epochs)
             print(f"  {world} ranks: gsplit map in {prep['presample_s'] + prep['partition_s']:.1f}s", flush=True)
             jobs = {(model, system): (TrainConfig(model=model, fanouts=fanouts, batch_size=args.batch_size,
                                                   hidden=args.hidden, epochs=1, system=system.split("-")[0],
@@ -67,16 +64,16 @@ def main(argv=None) -> int:
                                                   input_features="shuffle"),  # the paper's loading
                                       pmap.assignment if system != "dp" else None)
                     for model in models for system in systems}
-            logs = common.run_repeated(ds, world, jobs, repeats)
+            logs = runs.run_repeated(ds, world, jobs, repeats)
             per_epoch = num_iterations(ds.train_idx.numel(), args.batch_size, world)
             by_key = {}
             for model in models:
                 for system in systems:
-                    runs = logs[(model, system)]
-                    c = common.epoch_counters(runs[0])  # counters are identical across repeats (same batches)
-                    t = common.iteration_times(runs)
+                    job_logs = logs[(model, system)]
+                    c = runs.epoch_counters(job_logs[0])  # counters are identical across repeats (same batches)
+                    t = runs.iteration_times(job_logs)
                     n = c["iterations"]
-                    res = {"dataset": label, "world": world, "model": model, "system": system, "repeats": len(runs),
+                    res = {"dataset": label, "world": world, "model": model, "system": system, "repeats": len(job_logs),
                            "iterations_run": n, "iterations_per_epoch": per_epoch, "iteration_times": t,
                            "epoch_s_est": t["total_s"] * per_epoch,
                            "phases_epoch_s_est": {ph: t[f"{ph}_s"] * per_epoch for ph in ("sample", "load", "train")},
@@ -99,23 +96,23 @@ def main(argv=None) -> int:
 
     headers = ["graph", "model", "ranks", "system", "sample s", "load s", "fwd-bwd s", "epoch s", "features/it",
                "edges/it", "shuffle+ids MiB/it", "DP/this", "split/this"]
-    table = common.format_table(headers, rows, ".2f")
+    table = report.format_table(headers, rows, ".2f")
     print(f"\nepoch time = median time per iteration x iterations per epoch; {repeats} run(s) of {iters} iterations "
           f"per job (first of each excluded); batch {args.batch_size}/rank, "
           f"fanouts {fanouts}, hidden {args.hidden}")
     print(table)
-    common.save_json(stem, {"experiment": "end-to-end epoch time (paper Table 3)", "datasets": data_info,
+    report.save_json(stem, {"experiment": "end-to-end epoch time (paper Table 3)", "datasets": data_info,
                             "fanouts": fanouts, "batch_size": args.batch_size, "hidden": args.hidden,
                             "iterations": iters, "repeats": repeats, "presample_epochs": pre_epochs, "results": results,
                             "table": table})
     panels = [(lab, m) for lab in data_info for m in models]
-    fig, axes = common.figure(len(panels))
+    fig, axes = report.figure(len(panels))
     for ax, (lab, model) in zip(axes, panels):
         sub = [r for r in results if r["dataset"] == lab and r["model"] == model]
-        common.stacked_panel(ax, [f"{r['system']} x{r['world']}" for r in sub],
-                             {label: [r["phases_epoch_s_est"][ph] for r in sub] for ph, label in common.PHASES},
+        report.stacked_panel(ax, [f"{r['system']} x{r['world']}" for r in sub],
+                             {label: [r["phases_epoch_s_est"][ph] for r in sub] for ph, label in runs.PHASES},
                              "epoch time (s, estimated)", f"{lab}, {model}")
-    common.save_figure(fig, stem)
+    report.save_figure(fig, stem)
     return 0
 
 

@@ -29,12 +29,11 @@ Writes ``OUT/estimate_calibration[_quick].json`` (raw timings, fits, and ``devic
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
 import gsplit
@@ -52,23 +51,21 @@ TRANSPORT_SIZES = [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
 
 
 def parse_args(argv=None):
-    p = common.make_parser(__doc__.splitlines()[0])
+    p = setup.make_parser(__doc__.splitlines()[0])
     p.add_argument("--parts", default="calibrate,measure,report")
-    p.add_argument("--nodes", default="", help="graph sizes, comma-separated (default 100000,1000000; quick 20000)")
-    p.add_argument("--worlds", default="", help="rank counts (default 2,4; quick 2)")
-    p.add_argument("--models", default="", help="default sage,gat; quick sage")
-    p.add_argument("--iters", type=int, default=0, help="iterations per measured run (default 8; quick 4)")
-    p.add_argument("--shares-iters", type=int, default=0, help="mini-batches per world size in calibration (default 2)")
+    p.add_sized("--nodes", quick=[20_000], full=[100_000, 1_000_000], type=setup.int_list,
+                help="graph sizes, comma-separated (default 100000,1000000; quick 20000)")
+    p.add_sized("--worlds", quick=[2], full=[2, 4], type=setup.int_list, help="rank counts (default 2,4; quick 2)")
+    p.add_sized("--models", quick=["sage"], full=["sage", "gat"], type=lambda text: [m for m in text.split(",") if m],
+                help="default sage,gat; quick sage")
+    p.add_sized("--iters", quick=4, full=8, type=int, help="iterations per measured run (default 8; quick 4)")
+    p.add_sized("--shares-iters", quick=1, full=2, type=int,
+                help="mini-batches per world size in calibration (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="timings per share (median)")
     p.add_argument("--measured", default="estimate_measured",
                    help="name of the measured runs' JSON in --out (a second measure pass under another name shows "
                         "the runs' own spread; report reads this one)")
     args = p.parse_args(argv)
-    args.nodes = [int(x) for x in (args.nodes or ("20000" if args.quick else "100000,1000000")).split(",")]
-    args.worlds = [int(x) for x in (args.worlds or ("2" if args.quick else "2,4")).split(",")]
-    args.models = (args.models or ("sage" if args.quick else "sage,gat")).split(",")
-    args.iters = args.iters or (4 if args.quick else 8)
-    args.shares_iters = args.shares_iters or (1 if args.quick else 2)
     args.parts = args.parts.split(",")
     return args
 
@@ -77,22 +74,16 @@ def say(message: str) -> None:
     print(message, flush=True)
 
 
-def dataset(nodes: int, seed: int):
-    return gsplit.datasets.load("synthetic", num_nodes=nodes, seed=seed)
-
-
 def shape_of(ds, model: str) -> ModelShape:
     return ModelShape(model, ds.feature_dim, HIDDEN, ds.num_classes, len(FANOUTS))
 
 
 def owner_map(ds, nodes: int, world: int, seed: int) -> torch.Tensor:
     """The gsplit map for ``world`` ranks, made once and kept in results/scratch (calibration and runs share it)."""
-    scratch = common.RESULTS / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    path = scratch / f"estimate_map_{nodes}_{world}_{seed}.pt"
+    path = setup.scratch(setup.RESULTS) / f"estimate_map_{nodes}_{world}_{seed}.pt"
     if path.exists():
         return torch.load(path)
-    pmap, info, _ = common.make_map(ds, world, "gsplit", FANOUTS, BATCH, seed)
+    pmap, info, _ = setup.make_map(ds, world, "gsplit", FANOUTS, BATCH, seed)
     say(f"  map for {world} ranks: {info['presample_s'] + info['partition_s']:.1f}s")
     torch.save(pmap.assignment, path)
     return pmap.assignment
@@ -106,14 +97,14 @@ def run_config(model: str, system: str, iters: int, seed: int) -> TrainConfig:
 # ------------------------------------------------------------------------------------------- calibrate
 def calibrate(args) -> dict:
     torch.set_num_threads(1)  # a rank's share of this host at 2 and 4 ranks (gsplit.launch.limit_threads)
-    cores = common.machine_info()["cores"]
+    cores = report.cpu_cores()
     sampler = gsplit.NeighborSampler(FANOUTS, seed=args.seed)
     shares = {m: [] for m in args.models}
     steps = {m: [] for m in args.models}
     shapes = {}
     t0 = time.perf_counter()
     for nodes in args.nodes:
-        ds = dataset(nodes, args.seed)
+        ds = setup.load_named("synthetic", nodes, args.seed)
         say(f"synthetic-{nodes // 1000}k: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges")
         owners = {1: None, **{w: owner_map(ds, nodes, w, args.seed) for w in args.worlds}}
         for model in args.models:
@@ -162,38 +153,38 @@ def fit(cal: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------- measure
 def measure(args) -> dict:
-    runs = []
+    measured = []
     for nodes in args.nodes:
-        ds = dataset(nodes, args.seed)
+        ds = setup.load_named("synthetic", nodes, args.seed)
         say(f"synthetic-{nodes // 1000}k: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges")
         for world in args.worlds:
             owner = owner_map(ds, nodes, world, args.seed)
             keys = [(m, s) for m in args.models for s in ("split", "dp")]
             jobs = {k: (run_config(k[0], k[1], args.iters, args.seed), owner if k[1] == "split" else None) for k in keys}
-            logs = common.run_repeated(ds, world, jobs)
-            for (model, system), log in logs.items():
-                times = common.iteration_times(log, skip_first=1)
+            logs = runs.run_repeated(ds, world, jobs)
+            for (model, system), job_logs in logs.items():
+                times = runs.iteration_times(job_logs, skip_first=1)
                 per_it = [max(sum(r) for r in row) for row in times["per_iteration"]]
-                runs.append({"nodes": nodes, "world": world, "model": model, "system": system,
-                             "iteration_s": times["total_s"], "per_iteration_s": per_it,
-                             "sample_s": times["sample_s"], "load_s": times["load_s"], "train_s": times["train_s"],
-                             "edges": log[0]["epochs"][0]["edges"] if isinstance(log, list) else log["epochs"][0]["edges"],
-                             "input_rows": (log[0] if isinstance(log, list) else log)["epochs"][0]["input_rows"]})
+                first = job_logs[0]["epochs"][0]
+                measured.append({"nodes": nodes, "world": world, "model": model, "system": system,
+                                 "iteration_s": times["total_s"], "per_iteration_s": per_it,
+                                 "sample_s": times["sample_s"], "load_s": times["load_s"], "train_s": times["train_s"],
+                                 "edges": first["edges"], "input_rows": first["input_rows"]})
                 say(f"  {model} {system} {world} ranks: {times['total_s'] * 1e3:.0f} ms per iteration "
                     f"(sample {times['sample_s'] * 1e3:.0f}, load {times['load_s'] * 1e3:.0f}, "
                     f"train {times['train_s'] * 1e3:.0f})")
-    return {"runs": runs}
+    return {"runs": measured}
 
 
 # ------------------------------------------------------------------------------------------- report
-def report(args, cal: dict, meas: dict) -> dict:
+def report_table(args, cal: dict, meas: dict) -> dict:
     device = DeviceProfile.from_dict(cal["device"])
     link = LinkProfile.from_dict(cal["link"])
     sampler = gsplit.NeighborSampler(FANOUTS, seed=args.seed)
     rows, records = [], []
     by_key = {(r["nodes"], r["world"], r["model"], r["system"]): r for r in meas["runs"]}
     for nodes in args.nodes:
-        ds = dataset(nodes, args.seed)
+        ds = setup.load_named("synthetic", nodes, args.seed)
         iters_per_epoch = None
         for world in args.worlds:
             owner = owner_map(ds, nodes, world, args.seed)
@@ -231,7 +222,7 @@ def report(args, cal: dict, meas: dict) -> dict:
     headers = ["graph", "model", "ranks", "system", "measured ms/it", "predicted ms/it", "measured epoch s",
                "predicted epoch s", "error %", "split/dp measured", "split/dp predicted", "ratio side right",
                "largest predicted terms"]
-    table = common.format_table(headers, rows, floatfmt=".1f")
+    table = report.format_table(headers, rows, floatfmt=".1f")
     errors = [abs(r["error"]) for r in records]
     summary = {"records": len(records), "within_20pct": sum(e <= 0.20 for e in errors),
                "max_abs_error": max(errors) if errors else None,
@@ -244,26 +235,24 @@ def report(args, cal: dict, meas: dict) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    suffix = "_quick" if args.quick else ""
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    cal_path, meas_path = out / f"estimate_calibration{suffix}.json", out / f"{args.measured}{suffix}.json"
+    cal_stem, meas_stem = report.output_stem(args, "estimate_calibration"), report.output_stem(args, args.measured)
+    cal_path, meas_path = Path(f"{cal_stem}.json"), Path(f"{meas_stem}.json")
     settings = {"nodes": args.nodes, "worlds": args.worlds, "models": args.models, "iters": args.iters,
                 "fanouts": FANOUTS, "batch_size": BATCH, "hidden": HIDDEN, "seed": args.seed}
     if "calibrate" in args.parts:
-        common.save_json(cal_path.with_suffix(""), {"settings": settings, **calibrate(args)})
+        report.save_json(cal_stem, {"settings": settings, **calibrate(args)})
     if "refit" in args.parts:  # the fits again from the stored raw timings (no new measurement)
-        cal = json.loads(cal_path.read_text())
+        cal = report.read_json(cal_path)
         cal.update(fit(cal))
-        cal_path.write_text(json.dumps(cal, indent=1, default=float))
+        report.write_json(cal_path, cal)
         print(f"refitted {cal_path}")
     if "measure" in args.parts:
-        common.save_json(meas_path.with_suffix(""), {"settings": settings, **measure(args)})
+        report.save_json(meas_stem, {"settings": settings, **measure(args)})
     if "report" in args.parts:
-        cal, meas = json.loads(cal_path.read_text()), json.loads(meas_path.read_text())
-        result = report(args, cal, meas)
+        cal, meas = report.read_json(cal_path), report.read_json(meas_path)
+        result = report_table(args, cal, meas)
         name = "estimate_validation" + args.measured[len("estimate_measured"):]  # e.g. _repeat for a second pass
-        common.save_json(common.output_stem(args, name),
+        report.save_json(report.output_stem(args, name),
                          {"settings": settings, "calibration_file": cal_path.name, "measured_file": meas_path.name,
                           "calibration_machine": cal["machine"], "measured_machine": meas["machine"], **result})
     return 0

@@ -19,8 +19,8 @@ reports, from the code path itself:
 ``--overlap both`` with ``FullGraphLoader(overlap=True)`` and ``loader.forward(model)`` (G3's boundary-first
 order, the shuffles overlapped with the interior rows' compute).
 ``--dgl`` runs the same model with DGL's full-graph training on one process
-(``experiments/dgl_full_graph_peer.py`` under ``/work/main/.venv-dgl`` or ``--dgl-python``), on the same
-graph and split, and reports the same columns.
+(``experiments/dgl_full_graph_peer.py`` under ``.venv-dgl``, ``./dev dgl-env``, or ``--dgl-python``), on the
+same graph and split, and reports the same columns.
 
     python experiments/full_graph.py --quick
     python experiments/full_graph.py --sizes 100000 --ranks 1,2 --epochs 10 --recompute both --dgl
@@ -28,61 +28,26 @@ graph and split, and reports the same columns.
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
-import numpy as np
+from harness import memory, report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
 import gsplit
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients
 from gsplit.nn import build_model
 
-DGL_PYTHON = Path("/work/main/.venv-dgl/bin/python")
 PEER = Path(__file__).with_name("dgl_full_graph_peer.py")
-
-
-class PeakRSS:
-    """The process's resident set size, sampled by a thread: ``now()``, and the peak since ``reset()``."""
-
-    def __init__(self, interval_s: float = 0.002):
-        self.interval_s = interval_s
-        self.peak = self.now()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def now() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.now())
-            time.sleep(self.interval_s)
-
-    def reset(self) -> int:
-        self.peak = self.now()
-        return self.peak
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._thread.join()
-        return max(self.peak, self.now())
 
 
 def rank_run(rank: int, world: int, ds, owner, cfg: dict) -> dict:
     """Train on one rank; everything measured here."""
     mib = lambda b: b / 2**20  # noqa: E731
-    rss = PeakRSS()
+    rss = memory.PeakRSS()
     before_build = rss.now()
     torch.manual_seed(cfg["seed"])
     model = build_model(cfg["model"], ds.feature_dim, cfg["hidden"], ds.num_classes, num_layers=cfg["layers"],
@@ -158,43 +123,25 @@ def run_case(ds, world: int, cfg: dict) -> dict:
             "val_acc": per_rank[0]["val_acc"], "test_acc": per_rank[0]["test_acc"], "per_rank": per_rank}
 
 
-def write_peer_data(ds, folder: Path) -> None:
-    g = ds.graph
-    arrays = {"indptr": g.indptr, "indices": g.indices, "features": ds.features, "labels": ds.labels,
-              "train_idx": ds.train_idx, "val_idx": ds.val_idx, "test_idx": ds.test_idx}
-    for name, t in arrays.items():
-        np.save(folder / f"{name}.npy", t.cpu().numpy())
-
-
 def run_dgl(ds, cfg: dict, python: Path) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        write_peer_data(ds, folder)
-        out = folder / "peer.json"
-        cmd = [str(python), str(PEER), "--data", str(folder), "--epochs", str(cfg["epochs"]), "--hidden",
-               str(cfg["hidden"]), "--layers", str(cfg["layers"]), "--dropout", str(cfg["dropout"]), "--lr",
-               str(cfg["lr"]), "--seed", str(cfg["seed"]), "--json", str(out)]
-        env = dict(os.environ, DGLBACKEND="pytorch")
-        env.pop("PYTHONPATH", None)  # the DGL environment has its own torch; gsplit is not imported there
-        subprocess.run(cmd, check=True, env=env, timeout=1800)
-        import json
-
-        return json.loads(out.read_text())
+        folder = setup.export_arrays(tmp, {"indptr": ds.graph.indptr, "indices": ds.graph.indices,
+                                           "features": ds.features, "labels": ds.labels, "train_idx": ds.train_idx,
+                                           "val_idx": ds.val_idx, "test_idx": ds.test_idx})
+        return rounds.run_json([python, PEER, "--data", folder, "--epochs", cfg["epochs"], "--hidden", cfg["hidden"],
+                                "--layers", cfg["layers"], "--dropout", cfg["dropout"], "--lr", cfg["lr"],
+                                "--seed", cfg["seed"]], path=folder / "peer.json", env=rounds.peer_env(),
+                               timeout=1800)
 
 
 def load_graphs(args):
-    for size in [int(s) for s in args.sizes.split(",") if s]:
-        yield f"synthetic-{size // 1000}k", gsplit.datasets.load("synthetic", num_nodes=size, seed=args.seed)
-    for name in [s for s in args.real.split(",") if s]:
-        path = Path(args.data_dir) / f"{name}.npz"
-        if not path.exists():
-            print(f"note: {path} is absent; skipping {name}", file=sys.stderr)
-        else:
-            yield name, gsplit.datasets.load(f"npz:{path}", split="planetoid", split_seed=args.seed)
+    for size in setup.int_list(args.sizes):
+        yield from setup.each_dataset("synthetic", size, args.seed, data_dir=args.data_dir)
+    yield from setup.each_dataset(args.real, 0, args.seed, data_dir=args.data_dir)
 
 
-def main() -> int:
-    p = common.make_parser(__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    p = setup.make_parser(__doc__.split("\n")[0], name="full_graph")
     p.add_argument("--sizes", default="100000", help="synthetic graph sizes, comma-separated (default 100000)")
     p.add_argument("--real", default="cora,citeseer", help="graphs of ../shared/data (default cora,citeseer)")
     p.add_argument("--ranks", default="1,2", help="rank counts, comma-separated (default 1,2)")
@@ -208,19 +155,17 @@ def main() -> int:
     p.add_argument("--recompute", default="off", choices=["off", "on", "both"])
     p.add_argument("--overlap", default="off", choices=["off", "on", "both"],
                    help="boundary-first order with the shuffles overlapped (FullGraphLoader(overlap=True))")
-    p.add_argument("--data-dir", default=str(common.DATA), help=f"folder of cora.npz etc. (default {common.DATA})")
+    p.add_argument("--data-dir", default=str(setup.DATA), help=f"folder of cora.npz etc. (default {setup.DATA})")
     p.add_argument("--dgl", action="store_true", help="also run DGL's single-process full-graph training")
-    p.add_argument("--dgl-python", default=str(DGL_PYTHON))
-    p.add_argument("--name", default="full_graph", help="output file stem under --out (default full_graph)")
-    args = p.parse_args()
+    setup.add_dgl_python(p)
+    args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.epochs = "20000", min(args.epochs, 5)
     choice = {"off": [False], "on": [True], "both": [False, True]}
     settings = [(r, o) for r in choice[args.recompute] for o in choice[args.overlap]]
     rows, results = [], []
-    for label, ds in load_graphs(args):
-        print(f"{label}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train", flush=True)
-        for world in [int(r) for r in args.ranks.split(",")]:
+    for _, label, ds in load_graphs(args):
+        for world in setup.int_list(args.ranks):
             for recompute, overlap in settings:
                 cfg = {"model": args.model, "layers": args.layers, "hidden": args.hidden, "heads": args.heads,
                        "dropout": args.dropout, "lr": args.lr, "epochs": args.epochs, "seed": args.seed,
@@ -232,17 +177,17 @@ def main() -> int:
                              res["shuffle_mib_per_epoch"], res["peak_rss_mib_max_rank"],
                              res["train_extra_mib_max_rank"], res["estimate_mib_max_rank"], res["val_acc"],
                              res["test_acc"]])
-                print(common.format_table(HEADERS, rows[-1:]), flush=True)
+                print(report.format_table(HEADERS, rows[-1:]), flush=True)
         if args.dgl:
             peer = run_dgl(ds, {"hidden": args.hidden, "layers": args.layers, "dropout": args.dropout,
                                 "lr": args.lr, "epochs": args.epochs, "seed": args.seed}, Path(args.dgl_python))
             results.append({"graph": label, "system": "dgl", "ranks": 1, **peer})
             rows.append([label, "dgl", 1, "no", "no", peer["epoch_s"], 0.0, peer["peak_rss_mib"], peer["train_extra_mib"],
                          float("nan"), peer["val_acc"], peer["test_acc"]])
-            print(common.format_table(HEADERS, rows[-1:]), flush=True)
-    print(common.format_table(HEADERS, rows))
-    stem = common.output_stem(args, args.name)
-    common.save_json(stem, {"config": vars(args), "results": results, "table": [dict(zip(HEADERS, r)) for r in rows]})
+            print(report.format_table(HEADERS, rows[-1:]), flush=True)
+    print(report.format_table(HEADERS, rows))
+    stem = report.output_stem(args)
+    report.save_json(stem, {"config": vars(args), "results": results, "table": [dict(zip(HEADERS, r)) for r in rows]})
     return 0
 
 

@@ -72,16 +72,16 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+from harness import memory, report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness.rounds import Budget, median_ms, run_command
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(setup.REPO))  # this checkout's gsplit on a host where it is not installed
 
 import gsplit  # noqa: E402
 from gsplit.feature_store import FeatureStore  # noqa: E402
 from gsplit.ops import cuda, sample_cuda, torch_ops  # noqa: E402
 from gsplit.sampling import counter_rng  # noqa: E402
-from gpu_first_run import Budget  # noqa: E402  (experiments/ is this script's folder)
 
 ROWS = ((1024, (15, 10, 5)), (4096, (15, 10, 5)), (1024, (30, 30, 30)))
 """(targets, fanouts) of the issue's rows."""
@@ -92,19 +92,6 @@ HIDDEN = 256
 PROBE_KINDS = ("anonymous", "private-file", "shared-file-read-only", "dev-shm")
 VMSTAT_KEYS = ("nr_foll_pin_acquired", "nr_foll_pin_released", "pgmigrate_success", "pgmigrate_fail", "pgfault",
                "pgmajfault", "thp_fault_alloc", "thp_split_page", "compact_stall", "nr_dirty", "nr_writeback")
-
-
-def median_ms(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
-    """Median wall ms of ``fn`` over ``repeats`` runs after one warm-up, with ``sync()`` after each run."""
-    fn()  # warm-up (compilation, allocator)
-    sync()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
 
 
 # ---------------------------------------------------------------------------------------- 1. the machine
@@ -145,8 +132,8 @@ def system_facts(dev: torch.device, workdir: Path) -> dict:
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)
         if shutil.which("nvidia-smi"):
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30).stdout.strip()
+            out = run_command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=30,
+                              check=False).output.strip()
             info["driver"] = out.splitlines()[0] if out else ""
         try:
             import cupy
@@ -161,12 +148,8 @@ def system_facts(dev: torch.device, workdir: Path) -> dict:
 # ---------------------------------------------------------------------------------------- 2. the pin probe
 def _status() -> Dict[str, int]:
     """This process's resident memory by kind, in bytes (``/proc/self/status``)."""
-    out = {}
-    for line in _read("/proc/self/status").splitlines():
-        key = line.split(":")[0]
-        if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
-            out[key] = int(line.split()[1]) * 1024
-    return out
+    kinds = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+    return {k: kb * 1024 for k, kb in memory.proc_status_kb().items() if k in kinds}
 
 
 def _vmstat() -> Dict[str, int]:
@@ -760,8 +743,8 @@ def shares(ds, dev: torch.device, iters: int, budget: Budget, out: str) -> dict:
     profile, load, quality = fit_device(f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}",
                                         records, shapes, steps, source=f"experiments/gpu_bench.py --parts shares on {dev}")
     path = Path(out).with_name(Path(out).stem + "_profile.json")
-    path.write_text(json.dumps({"device": profile.to_dict(), "load": load, "fit_quality": quality, "steps": steps,
-                                "records": records}, indent=1))
+    report.write_json(path, {"device": profile.to_dict(), "load": load, "fit_quality": quality, "steps": steps,
+                             "records": records})
     return {"profile_file": str(path), "load": load,
             "fit_median_error_pct": {k: round(v["median_pct"], 1) for k, v in quality.items()},
             "step_ms": {m: round(v["step_s"] * 1e3, 2) for m, v in steps.items()},
@@ -853,39 +836,34 @@ def print_table(result: dict) -> None:
 
 # ---------------------------------------------------------------------------------------- driver
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = setup.make_parser(__doc__.splitlines()[0], out_file=setup.RESULTS / "gpu_bench.json", seed=False,
+                          quick_help="small sizes (a CPU dry run; what the tests run)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--quick", action="store_true", help="small sizes (a CPU dry run; what the tests run)")
-    p.add_argument("--nodes", type=int, default=None, help="vertices of the benchmark graph (default 2,000,000; "
-                                                            "--quick 10,000)")
-    p.add_argument("--full-nodes", type=int, default=None, help="vertices of the full-graph comparison "
-                                                                 "(default 500,000; --quick 2,000)")
+    p.add_sized("--nodes", quick=10_000, full=2_000_000, type=int,
+                help="vertices of the benchmark graph (default 2,000,000; --quick 10,000)")
+    p.add_sized("--full-nodes", quick=2_000, full=500_000, type=int,
+                help="vertices of the full-graph comparison (default 500,000; --quick 2,000)")
     p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--iters", type=int, default=None, help="timed iterations per row (default 40; --quick 2)")
-    p.add_argument("--profile-iters", type=int, default=None, help="profiled iterations per row (default 10)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats of each kernel timing (default 10)")
+    p.add_sized("--iters", quick=2, full=40, type=int, help="timed iterations per row (default 40; --quick 2)")
+    p.add_sized("--profile-iters", quick=1, full=10, type=int, help="profiled iterations per row (default 10)")
+    p.add_sized("--repeats", quick=2, full=10, type=int, help="repeats of each kernel timing (default 10)")
     p.add_argument("--parts", default="system,pin_probe,first_iteration,bandwidth,kernels,layers,train,full_graph,"
                                       "macrobatch")
     p.add_argument("--macrobatches", default="1,16", help="mini-batches per macrobatch in the macrobatch part")
     p.add_argument("--budget", type=float, default=270.0, help="seconds for everything (default 270)")
     p.add_argument("--probe-mib", type=int, default=256)
     p.add_argument("--probe-timeout", type=float, default=30.0, help="seconds each probe process may take")
-    p.add_argument("--workdir", default=str(ROOT / "experiments" / "results" / "scratch" / "gpu_bench"),
+    p.add_argument("--workdir", default=str(setup.RESULTS / "scratch" / "gpu_bench"),
                    help="where the dataset folder and the probe's files go")
     p.add_argument("--probe-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--probe-backend", default="cuda", help=argparse.SUPPRESS)
-    p.add_argument("--out", default=str(ROOT / "experiments" / "results" / "gpu_bench.json"))
     args = p.parse_args(argv)
     if args.probe_worker:
         probe_worker(args.probe_worker, args.probe_mib << 20, args.workdir, args.probe_backend)
         return 0
-    quick = args.quick
-    nodes = args.nodes or (10_000 if quick else 2_000_000)
-    full_nodes = args.full_nodes or (2_000 if quick else 500_000)
+    quick, nodes, full_nodes, iters = args.quick, args.nodes, args.full_nodes, args.iters
     warmup = args.warmup if args.warmup is not None else (0 if quick else 10)
-    iters = args.iters or (2 if quick else 40)
-    profile_iters = args.profile_iters or (1 if quick else 10)
-    repeats = args.repeats or (2 if quick else 10)
+    profile_iters, repeats = args.profile_iters, args.repeats
     dev = torch.device(args.device)
     if dev.type == "cuda":
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -894,12 +872,11 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     parts = [s for s in args.parts.split(",") if s]
-    result = {"command": " ".join([Path(sys.argv[0]).name] + (argv if argv is not None else sys.argv[1:])),
-              "quick": quick, "nodes": nodes, "parts": {}}
+    result = {"quick": quick, "nodes": nodes, "parts": {}}
+    stem = report.output_stem(args)
 
-    def save():
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+    def save():  # after every part: a run stopped early keeps what it measured
+        report.save_json(stem, result, announce=False)
 
     ds = None
     rates: Dict[str, float] = {}
@@ -910,7 +887,7 @@ def main(argv=None) -> int:
         t0 = time.monotonic()
         try:
             if part in ("first_iteration", "kernels", "layers", "train", "shares", "macrobatch") and ds is None:
-                ds = gsplit.datasets.load("synthetic", num_nodes=nodes, feature_dim=128, seed=0)
+                ds = setup.load_named("synthetic", nodes, 0, feature_dim=128)
                 result["generate_s"] = time.monotonic() - t0
                 print(f"generated {nodes:,} vertices, {ds.graph.num_edges:,} edges in {result['generate_s']:.1f} s",
                       flush=True)
@@ -955,7 +932,7 @@ def main(argv=None) -> int:
     result["total_s"] = args.budget - budget.left()
     save()
     print_table(result)
-    print(f"wrote {args.out}")
+    print(f"wrote {report.rel(f'{stem}.json')}")
     return 1 if any("error" in v for v in result["parts"].values()) else 0
 
 

@@ -24,7 +24,6 @@ the end) goes to ``--report``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -38,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+from harness import rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+
 NO_GPU = "skipped: no CUDA GPU on this machine"
 SKIPPED = "skipped: --skip"
 PARTS = ("environment", "gpu-tests", "sanitizer", "suite", "cpu-kernel-timings", "gpu-bench")
@@ -66,16 +66,6 @@ class Part:
     only tails and lost the names of two failing tests)."""
 
 
-class Budget:
-    """Seconds left of the overall budget; each part gets at most its cap and what is left."""
-
-    def __init__(self, total: float):
-        self.deadline = time.monotonic() + total
-
-    def left(self) -> float:
-        return max(0.0, self.deadline - time.monotonic())
-
-
 def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
@@ -83,18 +73,14 @@ def _tail(text: str, lines: int = 25) -> str:
 def _run(part: Part, argv: List[str], timeout: float, env: Optional[dict] = None) -> None:
     """Run ``argv`` for ``part`` with a timeout (its whole process group is stopped at the limit)."""
     part.command = " ".join(argv)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=max(1.0, timeout))
-        part.status = "passed" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+    done = rounds.run_command(argv, cwd=setup.REPO, env={**os.environ, **(env or {})}, timeout=max(1.0, timeout),
+                              check=False, own_group=True)
+    if done.returncode is None:
         part.status = f"FAILED (incomplete: stopped at its time cap, {timeout:.0f} s)"
-    part.seconds = time.monotonic() - t0
-    part.log = out or ""
+    else:
+        part.status = "passed" if done.returncode == 0 else f"FAILED (exit {done.returncode})"
+    part.seconds = done.seconds
+    part.log = done.output
     part.output = _tail(part.log)
 
 
@@ -120,9 +106,9 @@ def environment() -> Part:
              gpus=torch.cuda.device_count() if torch.cuda.is_available() else 0, cpus=os.cpu_count(),
              driver_cuda=cuda.driver_cuda_version())
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_mode",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=60)
-        n["nvidia_smi"] = smi.stdout.strip().splitlines()
+        smi = rounds.run_command(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_mode",
+                                  "--format=csv,noheader"], timeout=60, check=False)
+        n["nvidia_smi"] = smi.output.strip().splitlines()
     try:
         import cupy
 
@@ -166,11 +152,11 @@ def write_report(path: Path, parts: List[Part], gpu: bool, started: float, args)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--report", default=str(ROOT / "experiments" / "results" / "gpu_first_run.md"))
+    p = setup.make_parser(__doc__.splitlines()[0], out=False, seed=False,
+                          quick_help="stand-in suite (one file), no slow CPU parts")
+    p.add_argument("--report", default=str(setup.RESULTS / "gpu_first_run.md"))
     p.add_argument("--budget", type=float, default=570.0, help="seconds for everything (default 570)")
     p.add_argument("--big-nodes", type=int, default=2_000_000, help="vertices of gpu-bench's graph")
-    p.add_argument("--quick", action="store_true", help="stand-in suite (one file), no slow CPU parts")
     p.add_argument("--require-gpu", action="store_true", help="a machine without a GPU is a failure")
     p.add_argument("--skip", default="", help="comma-separated parts not to run (e.g. cpu-kernel-timings,sanitizer)")
     p.add_argument("--suite-workers", type=int, default=0,
@@ -178,7 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("--cap", type=float, default=150.0, help="seconds at most for each of gpu-tests and sanitizer")
     args = p.parse_args(argv)
     started = time.monotonic()
-    budget = Budget(args.budget)
+    budget = rounds.Budget(args.budget)
     skip = {name.strip() for name in args.skip.split(",") if name.strip()}
     unknown = skip - set(PARTS)
     if unknown:
@@ -207,8 +193,8 @@ def main(argv=None) -> int:
     if "suite" in skip:
         suite.status = SKIPPED
     else:
-        suite_proc = subprocess.Popen(suite_argv, cwd=ROOT, stdout=suite_log, stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True, env=suite_env)
+        suite_proc = subprocess.Popen(suite_argv, cwd=setup.REPO, stdout=suite_log, stderr=subprocess.STDOUT,
+                                      text=True, start_new_session=True, env=suite_env)
 
     gpu_tests = Part("gpu-tests")
     if "gpu-tests" in skip:

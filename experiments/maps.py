@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 import time
 
-import common
+from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import gsplit
 from gsplit.partitioning import METHODS
 from gsplit.sampling.batches import num_iterations
@@ -29,7 +29,7 @@ def run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, 
     L = len(fanouts)
     maps, weights = {}, None
     for method in METHODS:
-        pmap, info, weights = common.make_map(ds, world, method, fanouts, args.batch_size, args.seed,
+        pmap, info, weights = setup.make_map(ds, world, method, fanouts, args.batch_size, args.seed,
                                               pre_epochs, weights)
         t = time.perf_counter()
         stats = gsplit.split_stats(ds.graph, pmap, sampler, ds.train_idx, args.batch_size * world,
@@ -43,19 +43,19 @@ def run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, 
                             seed=args.seed, eval_every=0, max_iters=iters, device="cpu",
                             input_features="shuffle"), maps[m][0].assignment)  # rows loaded per GPU, as the paper
             for m in METHODS}
-    logs = common.run_repeated(ds, world, jobs, args.repeats)
+    logs = runs.run_repeated(ds, world, jobs, args.repeats)
     per_epoch = num_iterations(ds.train_idx.numel(), args.batch_size, world)
     for method in METHODS:
         pmap, info, stats = maps[method]
-        c = common.epoch_counters(logs[method][0])  # counters are identical across repeats (same batches)
-        times = common.iteration_times(logs[method])
-        shuffle = common.shuffle_bytes_per_layer(c["traffic_bytes_by_tag"], L)
+        c = runs.epoch_counters(logs[method][0])  # counters are identical across repeats (same batches)
+        times = runs.iteration_times(logs[method])
+        shuffle = runs.shuffle_bytes_per_layer(c["traffic_bytes_by_tag"], L)
         res = {"dataset": label, "world": world, "method": method, "map": info, "split_stats": stats.to_dict(),
                "run": {**c, "iteration_times": times, "iterations_per_epoch": per_epoch,
                        "epoch_s_est": times["total_s"] * per_epoch,
                        "shuffle_bytes_per_iteration": sum(shuffle) / c["iterations"],
                        "shuffle_bytes_per_layer_per_iteration": [b / c["iterations"] for b in shuffle],
-                       "id_bytes_per_iteration": common.id_bytes(c["traffic_bytes_by_tag"]) / c["iterations"]}}
+                       "id_bytes_per_iteration": runs.id_bytes(c["traffic_bytes_by_tag"]) / c["iterations"]}}
         results.append(res)
         r = res["run"]
         rows.append([label, method, world, "/".join(f"{x:.2f}" for x in stats.cross_edge_fraction),
@@ -92,95 +92,93 @@ def main_compare(args, fanouts, worlds, nodes) -> int:
     """``--presample-compare``: expected vs sampled pre-sampling weights, time and map quality."""
     pre_epochs = args.presample_epochs or 10
     stats_batches = args.stats_batches or 20
-    stem = common.output_stem(args, "presample_compare")
+    stem = report.output_stem(args, "presample_compare")
     sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
     results, rows, data_info = [], [], {}
     for key in args.datasets.split(","):
         if key == "synthetic-1m":  # the 1M-vertex / 20M-edge graph of the offline-time target
-            ds = gsplit.datasets.load("synthetic", num_nodes=1_000_000, avg_degree=20, seed=args.seed)
-            label = "synthetic-1M/20M"
-            data_info[label] = common.describe_dataset(ds)
-            datasets = [(key, label, ds)]
+            ds = setup.load_named("synthetic", 1_000_000, args.seed, avg_degree=20)
+            setup.announce("synthetic-1M/20M", ds, data_info)
+            datasets = [(key, "synthetic-1M/20M", ds)]
         else:
-            datasets = list(common.each_dataset(key, nodes, args.seed, data_info))
+            datasets = list(setup.each_dataset(key, nodes, args.seed, data_info))
         for _, label, ds in datasets:
             for world in worlds:
                 compare_presampling(ds, label, world, args, fanouts, pre_epochs, stats_batches, sampler, results, rows)
     headers = ["graph", "parts", "weights", "weights s", "partition s", "cross-edges %", "cross % L0/L1/L2",
                "edge imb. L0/L1/L2", "vertex imb. L0/L1/L2", "input imb."]
-    table = common.format_table(headers, rows, ".2f")
+    table = report.format_table(headers, rows, ".2f")
     print(f"\ngsplit maps, batch {args.batch_size}/rank, fanouts {fanouts}; split statistics over {stats_batches} "
           f"held-out mini-batches (the same for both maps)")
     print(table)
-    common.save_json(stem, {"experiment": "expected vs sampled pre-sampling weights", "datasets": data_info,
+    report.save_json(stem, {"experiment": "expected vs sampled pre-sampling weights", "datasets": data_info,
                             "fanouts": fanouts, "batch_size": args.batch_size, "presample_epochs": pre_epochs,
                             "stats_batches": stats_batches, "results": results, "table": table})
     return 0
 
 
 def main(argv=None) -> int:
-    p = common.make_parser(__doc__.splitlines()[0])
+    p = setup.make_parser(__doc__.splitlines()[0])
     p.add_argument("--datasets", default="synthetic,bio", help="synthetic and/or bio (the bio-pathways PPI graph)")
-    p.add_argument("--nodes", type=int, default=0, help="synthetic graph size (default 20000 quick, 100000 full)")
-    p.add_argument("--worlds", default="", help="rank counts (default 2 quick, 2,4 full)")
+    p.add_sized("--nodes", quick=20_000, full=100_000, type=int,
+                help="synthetic graph size (default 20000 quick, 100000 full)")
+    p.add_sized("--worlds", quick=[2], full=[2, 4], type=setup.int_list,
+                help="rank counts (default 2 quick, 2,4 full)")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
-    p.add_argument("--fanouts", default="15,10,5")
+    p.add_argument("--fanouts", default="15,10,5", type=setup.int_list)
     p.add_argument("--model", default="sage")
-    p.add_argument("--iters", type=int, default=0, help="training iterations per map (default 4 quick, 10 full)")
+    p.add_sized("--iters", quick=4, full=10, type=int, help="training iterations per map (default 4 quick, 10 full)")
     p.add_argument("--presample-epochs", type=int, default=0, help="default 2 quick, 5 full")
     p.add_argument("--stats-batches", type=int, default=0, help="held-out batches for split_stats (default 5 / 20)")
-    p.add_argument("--repeats", type=int, default=0, help="runs per map, order alternated (default 1 quick, 2 full)")
+    p.add_sized("--repeats", quick=1, full=2, type=int,
+                help="runs per map, order alternated (default 1 quick, 2 full)")
     p.add_argument("--presample-compare", action="store_true",
                    help="instead: gsplit maps from expected vs sampled (--presample-epochs, default 10) weights; "
                         "--datasets may also name cora and synthetic-1m (1M vertices, 20M edges)")
     args = p.parse_args(argv)
-    args.repeats = args.repeats or (1 if args.quick else 2)
-    nodes = args.nodes or (20_000 if args.quick else 100_000)
-    worlds = [int(x) for x in (args.worlds or ("2" if args.quick else "2,4")).split(",")]
-    iters = args.iters or (4 if args.quick else 10)
-    pre_epochs = args.presample_epochs or (2 if args.quick else 5)
-    stats_batches = args.stats_batches or (5 if args.quick else 20)
-    fanouts = [int(x) for x in args.fanouts.split(",")]
+    nodes, worlds, iters, fanouts = args.nodes, args.worlds, args.iters, args.fanouts
     if args.presample_compare:
         return main_compare(args, fanouts, worlds, nodes)
-    stem = common.output_stem(args, "maps")
+    pre_epochs = args.presample_epochs or (2 if args.quick else 5)
+    stats_batches = args.stats_batches or (5 if args.quick else 20)
+    stem = report.output_stem(args, "maps")
 
     sampler = gsplit.NeighborSampler(fanouts, seed=args.seed)
     results, rows, data_info = [], [], {}
-    for _, label, ds in common.each_dataset(args.datasets, nodes, args.seed, data_info):
+    for _, label, ds in setup.each_dataset(args.datasets, nodes, args.seed, data_info):
         for world in worlds:
             run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, sampler, results, rows)
 
     headers = ["graph", "map", "ranks", "cross-edge frac L0/L1/L2", "edge imb. (stats)", "edge imb. (run)",
                "shuffle MiB/it", "ids MiB/it", "sample ms", "load ms", "fwd-bwd ms", "iter ms", "epoch s (est.)",
                "prep s"]
-    table = common.format_table(headers, rows, ".1f")
+    table = report.format_table(headers, rows, ".1f")
     print(f"\n{args.model}, batch {args.batch_size}/rank, fanouts {fanouts}; "
           f"stats over {stats_batches} held-out batches; times: median over {args.repeats} run(s) of {iters} "
           f"iterations (first of each excluded); epoch = median iteration x iterations per epoch")
     print(table)
-    common.save_json(stem, {"experiment": "partition maps (paper Fig. 5, Table 3 Node/Edge/Rand)",
+    report.save_json(stem, {"experiment": "partition maps (paper Fig. 5, Table 3 Node/Edge/Rand)",
                             "datasets": data_info, "fanouts": fanouts, "batch_size": args.batch_size,
                             "model": args.model, "iterations": iters, "repeats": args.repeats,
                             "presample_epochs": pre_epochs,
                             "stats_batches": stats_batches, "results": results, "table": table})
 
     panels = sorted({(r["dataset"], r["world"]) for r in results}, key=lambda k: (list(data_info).index(k[0]), k[1]))
-    fig, axes = common.figure(4, len(panels))
+    fig, axes = report.figure(4, len(panels))
     for i, (label, world) in enumerate(panels):
         sub = [r for r in results if (r["dataset"], r["world"]) == (label, world)]
         layers = [f"layer {l}" for l in range(len(fanouts))]
         ax, name = axes[4 * i:4 * i + 4], f"{label}, {world} ranks"
-        common.bar_panel(ax[0], layers, {r["method"]: r["split_stats"]["cross_edge_fraction"] for r in sub},
+        report.bar_panel(ax[0], layers, {r["method"]: r["split_stats"]["cross_edge_fraction"] for r in sub},
                          "cross-split edge fraction", name)
-        common.bar_panel(ax[1], layers, {r["method"]: r["split_stats"]["edge_imbalance"] for r in sub},
+        report.bar_panel(ax[1], layers, {r["method"]: r["split_stats"]["edge_imbalance"] for r in sub},
                          "edge load imbalance (max/mean)", name)
         mib = {r["method"]: [b / 2**20 for b in r["run"]["shuffle_bytes_per_layer_per_iteration"]] for r in sub}
-        common.bar_panel(ax[2], layers, mib, "shuffle MiB / iteration (fwd+bwd)", name + " (run)")
-        common.stacked_panel(ax[3], [r["method"] for r in sub],
+        report.bar_panel(ax[2], layers, mib, "shuffle MiB / iteration (fwd+bwd)", name + " (run)")
+        report.stacked_panel(ax[3], [r["method"] for r in sub],
                              {label: [1e3 * r["run"]["iteration_times"][f"{ph}_s"] for r in sub]
-                              for ph, label in common.PHASES}, "ms / iteration (median)", name + " (run)")
-    common.save_figure(fig, stem)
+                              for ph, label in runs.PHASES}, "ms / iteration (median)", name + " (run)")
+    report.save_figure(fig, stem)
     return 0
 
 

@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import threading
 import time
 from typing import Dict
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import memory, report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import psutil
 import torch
 
@@ -114,53 +113,6 @@ def papers100m(rank_process_bytes: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- measurement
-class Monitor:
-    """Samples RSS / PSS / USS of this process and its children every ``interval`` seconds."""
-
-    def __init__(self, interval: float = 0.5):
-        self.interval = interval
-        self.peak_host_pss = 0
-        self.peak: Dict[int, Dict[str, int]] = {}
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = 0
-            for proc in [me] + me.children(recursive=True):
-                try:
-                    info = proc.memory_full_info()
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    continue
-                total += info.pss
-                peak = self.peak.setdefault(proc.pid, {"rss": 0, "pss": 0, "uss": 0, "parent": proc.pid == me.pid})
-                for k in ("rss", "pss", "uss"):
-                    peak[k] = max(peak[k], getattr(info, k))
-            self.peak_host_pss = max(self.peak_host_pss, total)
-            self.samples += 1
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
-def _vm_hwm() -> int:
-    """This process's peak RSS (``VmHWM``). Not ``getrusage``'s ``ru_maxrss``: Linux keeps that across
-    ``execve``, so a spawned rank would report its launcher's RSS at the moment it was forked."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
 def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner) -> dict:
     """Train, then report this rank's peak RSS (the kernel's own high-water mark), its pid and the bytes of
     the largest mini-batch its loader delivered (every tensor of the ``MiniBatch``, features and labels too)."""
@@ -168,8 +120,8 @@ def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner) 
 
     deliver, largest, saved, largest_saved = loader_module.DataLoader._deliver, [0], {}, [0]
 
-    def counting_deliver(self, item):
-        batch = deliver(self, item)
+    def counting_deliver(self, *args):  # (macrobatch, k) since macrobatches; (item) before
+        batch = deliver(self, *args)
         largest[0] = max(largest[0], sum(t.numel() * t.element_size() for t in batch.tensors()))
         saved.clear()  # a new iteration: count its saved activations afresh
         in_batch.clear()
@@ -189,7 +141,7 @@ def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner) 
         log = train_rank(rank, world_size, cfg, dataset, owner)
     uss_end = psutil.Process().memory_full_info().uss
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # what of the private memory is only kept by the allocator
-    return {"rank": rank, "pid": os.getpid(), "peak_rss": _vm_hwm(), "uss_end": uss_end,
+    return {"rank": rank, "pid": os.getpid(), "peak_rss": memory.vm_hwm(), "uss_end": uss_end,
             "uss_after_malloc_trim": psutil.Process().memory_full_info().uss,
             "batch_bytes": largest[0], "saved_bytes": largest_saved[0],
             "iterations": sum(e["ranks"][rank]["iterations"] for e in log["epochs"]) if rank == 0 else None}
@@ -198,7 +150,7 @@ def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner) 
 def run(num_nodes: int, ranks: int, cfg: TrainConfig, seed: int) -> dict:
     t0 = time.perf_counter()
     parent_before = psutil.Process().memory_info().rss
-    ds = gsplit.datasets.load("synthetic", num_nodes=num_nodes, feature_dim=128, seed=seed)
+    ds = setup.load_named("synthetic", num_nodes, seed, feature_dim=128)
     generate_s = time.perf_counter() - t0
     owner = gsplit.partition(ds.graph, ranks, method="random", seed=seed).assignment
     tensors = {"indptr": ds.graph.indptr, "indices": ds.graph.indices, "features": ds.features, "labels": ds.labels,
@@ -208,7 +160,7 @@ def run(num_nodes: int, ranks: int, cfg: TrainConfig, seed: int) -> dict:
     nbytes = {k: t.numel() * t.element_size() for k, t in tensors.items()}
     parent_loaded = psutil.Process().memory_info().rss
     t1 = time.perf_counter()
-    with Monitor() as mon:
+    with memory.ProcessTree() as mon:
         results = gsplit.launch(measured_rank, ranks, args=(cfg, ds, owner), devices="cpu", backend="gloo", timeout=600)
     train_s = time.perf_counter() - t1
     pids = {r["pid"]: r["rank"] for r in results}
@@ -216,8 +168,8 @@ def run(num_nodes: int, ranks: int, cfg: TrainConfig, seed: int) -> dict:
                  "saved_bytes": r["saved_bytes"], "uss_end": r["uss_end"],
                  "uss_after_malloc_trim": r["uss_after_malloc_trim"], **{f"peak_{k}": mon.peak.get(r["pid"], {}).get(k, 0)
                                                                   for k in ("pss", "uss")}} for r in results]
-    parent = next((v for v in mon.peak.values() if v["parent"]), {})
-    others = sum(v["pss"] for pid, v in mon.peak.items() if pid not in pids and not v["parent"])
+    parent = {**{k: v for k, v in mon.root_peak().items() if k in ("rss", "pss", "uss")}, "parent": True}
+    others = sum(v["pss"] for pid, v in mon.peak.items() if pid not in pids and not v["root"])
     return {"num_nodes": ds.graph.num_nodes, "num_edges": ds.graph.num_edges, "feature_dim": 128, "ranks": ranks,
             "generate_s": generate_s, "train_s": train_s, "iterations": results[0]["iterations"], "bytes": nbytes,
             "parent_rss_before_data": parent_before, "parent_rss_with_data": parent_loaded,
@@ -226,13 +178,13 @@ def run(num_nodes: int, ranks: int, cfg: TrainConfig, seed: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = common.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=0, help="vertices of the measured graph (default 4M; 300k quick)")
+    p = setup.make_parser(__doc__.splitlines()[0])
+    p.add_sized("--nodes", quick=300_000, full=4_000_000, type=int,
+                help="vertices of the measured graph (default 4M; 300k quick)")
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--iters", type=int, default=0, help="training iterations (default 20; 5 quick)")
+    p.add_sized("--iters", quick=5, full=20, type=int, help="training iterations (default 20; 5 quick)")
     args = p.parse_args(argv)
-    nodes = args.nodes or (300_000 if args.quick else 4_000_000)
-    iters = args.iters or (5 if args.quick else 20)
+    nodes, iters = args.nodes, args.iters
     torch.set_num_threads(1)
     cfg = TrainConfig(fanouts=[15, 10, 5], batch_size=1024, epochs=1, max_iters=iters, eval_every=0, device="cpu",
                       log_iterations=False, seed=args.seed)
@@ -268,15 +220,15 @@ def main(argv=None) -> int:
     rows.append(["launching process: RSS after making the data (before the launch)", (shared + parent_private) / GB,
                  big["parent_rss_with_data"] / GB])
     rows.append(["host: sum of PSS of every process (peak)", predicted_host / GB, big["host_peak_pss"] / GB])
-    table = common.format_table(["quantity (GB)", "model", "measured"], rows, floatfmt=".2f")
+    table = report.format_table(["quantity (GB)", "model", "measured"], rows, floatfmt=".2f")
     print(table)
     paper = papers100m(rank_process)  # its mini-batch working set is on the GPUs: not a host term
     print("\nPapers100M, 8 ranks, symmetric graph (as gsplit loads it), GB:")
     for section in ("host_shared", "rank_host", "rank_gpu"):
         for k, v in paper["symmetric"][section].items():
             print(f"  {section:11s} {k:60s} {v / GB:8.2f}")
-    stem = common.output_stem(args, "memory")
-    common.save_json(stem, {"baseline": base, "measured": big, "model_measured_graph": model,
+    stem = report.output_stem(args, "memory")
+    report.save_json(stem, {"baseline": base, "measured": big, "model_measured_graph": model,
                             "predicted_host_bytes": predicted_host, "predicted_rank_rss_bytes": [rss_low, rss_high],
                             "rank_process_bytes": rank_process, "papers100m": paper, "table": table})
     return 0

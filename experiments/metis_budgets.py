@@ -7,32 +7,30 @@ edge of the graph, after the refinement), METIS's own pages at their peak (the f
 private memory, ``gsplit.resources.HostMemoryMeter``), the entries METIS was given and the weight they kept.
 
     python experiments/metis_budgets.py --nodes 4000000 --budgets 8,10,12,0    # ~15 min, ~10 GB at its peak
+    python experiments/metis_budgets.py --quick                                 # 50k vertices, seconds
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
-from pathlib import Path
 
-import common  # noqa: F401,I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import numpy as np
 
-from gsplit import NeighborSampler, datasets
+from gsplit import NeighborSampler
 from gsplit.partitioning import presample
 from gsplit.partitioning.strategies import partition
 from gsplit.resources import HostMemoryMeter
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=4_000_000)
+def main(argv=None) -> None:
+    p = setup.make_parser(__doc__.splitlines()[0], out_file=setup.RESULTS / "metis_budgets")
+    p.add_sized("--nodes", quick=50_000, full=4_000_000, type=int, help="vertices (default 4000000; quick 50000)")
     p.add_argument("--budgets", default="8,10,12,0", help="entries per vertex; 0: every edge")
     p.add_argument("--parts", type=int, default=4)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "metis_budgets"))
-    args = p.parse_args()
-    ds = datasets.load("synthetic", num_nodes=args.nodes, avg_degree=15, feature_dim=1)
+    args = p.parse_args(argv)
+    ds = setup.load_named("synthetic", args.nodes, args.seed, avg_degree=15, feature_dim=1)
     g, sampler = ds.graph, NeighborSampler([15, 10, 5])
     w = presample(g, ds.train_idx, sampler, batch_size=1024, num_parts=args.parts, method="expected")
     ew = w.edge_weights.numpy().astype(np.float64)
@@ -52,12 +50,12 @@ def main() -> None:
                      "entries": md.get("metis_adjacency_entries"), "weight_kept": md.get("metis_weight_kept"),
                      "seconds": round(time.perf_counter() - t, 1), "stage_seconds": md.get("stage_seconds")})
         print(json.dumps(rows[-1]), flush=True)
-    Path(args.out + ".json").write_text(json.dumps({"nodes": args.nodes, "edges": g.num_edges, "parts": args.parts,
-                                                    "rows": rows}, indent=1))
-    print(f"{'budget':>7} {'cut share':>9} {'METIS MB':>9} {'entries':>11} {'weight kept':>11}")
-    for r in rows:
-        print(f"{r['budget'] or 'all':>7} {r['cut_share']:>9} {r['metis_private_mb']:>9} {r['entries']:>11,} "
-              f"{r['weight_kept'] if r['weight_kept'] is not None else 1.0:>11}")
+    table = report.format_table(["budget", "cut share", "METIS MB", "entries", "weight kept"],
+                                [[str(r["budget"] or "all"), str(r["cut_share"]), r["metis_private_mb"], r["entries"],
+                                  str(r["weight_kept"] if r["weight_kept"] is not None else 1.0)] for r in rows])
+    print(table)
+    report.save_json(report.output_stem(args, suffix="_quick" if args.quick else ""),
+                     {"nodes": args.nodes, "edges": g.num_edges, "parts": args.parts, "rows": rows, "table": table})
 
 
 if __name__ == "__main__":

@@ -7,26 +7,25 @@ layer shuffles per repetition (blocking all-to-alls: transfer plus waiting; over
 the end of each part), and each overlapped layer's (interior, boundary) destination counts.
 
     python experiments/overlap_probe.py --model sage --nodes 100000
+    python experiments/overlap_probe.py --quick        # 20k vertices, 2 repetitions
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
-import time
 
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
-import common  # noqa: F401  (puts the repository on sys.path)
 import gsplit
 from gsplit.launch import launch
 from gsplit.loader import DataLoader
 from gsplit.nn import build_model, split_cross_entropy
 
 
-def probe(rank, world, model_name, nodes, reps, hidden):
-    ds = gsplit.datasets.make_synthetic(num_nodes=nodes, seed=0)
+def probe(rank, world, model_name, nodes, reps, hidden, seed):
+    ds = gsplit.datasets.make_synthetic(num_nodes=nodes, seed=seed)
     owner = torch.arange(ds.num_nodes) * world // ds.num_nodes  # contiguous id ranges
     out = {}
     for overlap in (False, True):
@@ -34,20 +33,20 @@ def probe(rank, world, model_name, nodes, reps, hidden):
                             use_ddp=True, batch_size=1024, shuffle=True, features=ds.features, labels=ds.labels,
                             overlap=overlap)
         _, _, blocks = next(iter(loader))
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = build_model(model_name, ds.features.shape[1], hidden, ds.num_classes, 3, dropout=0.5)
-        times = []
-        for k in range(reps + 1):
-            if k == 1:
-                loader.comm.traffic.reset()
-            t0 = time.perf_counter()
+
+        def step(model=model, blocks=blocks, loader=loader):
             logits = model(blocks, blocks[0].srcdata["feat"], loader.comm)
             split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1]).backward()
             loader.comm.barrier()
-            times.append(time.perf_counter() - t0)
+
+        step()  # warm-up, outside the traffic counted below
+        loader.comm.traffic.reset()
+        times = rounds.time_repeats(step, reps, warmup=0)
         shuffle_s = sum(v for t, v in loader.comm.traffic.seconds.items() if t.startswith(("shuffle/layer1/",
                                                                                               "shuffle/layer2/")))
-        out["overlap" if overlap else "plain"] = {"s_per_rep": statistics.median(times[1:]),
+        out["overlap" if overlap else "plain"] = {"s_per_rep": statistics.median(times),
                                                   "layer_shuffle_s_per_rep": shuffle_s / reps}
         if overlap:
             out["parts"] = [(b.overlap.num_interior, b.overlap.boundary_block.num_dst) for b in blocks[:-1]]
@@ -55,16 +54,19 @@ def probe(rank, world, model_name, nodes, reps, hidden):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = setup.make_parser(__doc__.splitlines()[0])
     p.add_argument("--model", default="sage", help="sage, gat or gcn")
-    p.add_argument("--nodes", type=int, default=100_000, help="vertices of the synthetic graph")
-    p.add_argument("--reps", type=int, default=5, help="measured repetitions (after one warm-up)")
+    p.add_sized("--nodes", quick=20_000, full=100_000, type=int,
+                help="vertices of the synthetic graph (default 100000; quick 20000)")
+    p.add_sized("--reps", quick=2, full=5, type=int, help="measured repetitions (after one warm-up; default 5, quick 2)")
     p.add_argument("--hidden", type=int, default=128)
     args = p.parse_args(argv)
-    for rank, r in enumerate(launch(probe, 2, args=(args.model, args.nodes, args.reps, args.hidden))):
+    ranks = launch(probe, 2, args=(args.model, args.nodes, args.reps, args.hidden, args.seed))
+    for rank, r in enumerate(ranks):
         print(f"rank {rank}: plain {r['plain']['s_per_rep']:.3f} s (layer shuffles {r['plain']['layer_shuffle_s_per_rep']:.3f} s), "
               f"overlap {r['overlap']['s_per_rep']:.3f} s (waits {r['overlap']['layer_shuffle_s_per_rep']:.3f} s); "
               f"(interior, boundary) per layer {r['parts']}")
+    report.save_json(report.output_stem(args, "overlap_probe"), {"settings": report.settings(args), "ranks": ranks})
     return 0
 
 

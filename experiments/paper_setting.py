@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 
 from gsplit.estimate import Collective, ModelShape, get_device, get_link
 from gsplit.estimate.model import TERMS
@@ -37,17 +37,14 @@ PAPER = {"speedup_over_dgl_4_v100": "up to 4.4x, 2.4x on average (over DGL, all 
 
 
 def parse_args(argv=None):
-    p = common.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=0, help="vertices of each stand-in (default 1000000; quick 100000)")
-    p.add_argument("--gpus", default="2,4,8")
-    p.add_argument("--iterations", type=int, default=0, help="mini-batches counted per setting (default 4; quick 2)")
-    p.add_argument("--batch-sizes", default="", help="also sweep these batch sizes at the largest GPU count (H100)")
-    args = p.parse_args(argv)
-    args.nodes = args.nodes or (100_000 if args.quick else 1_000_000)
-    args.gpus = [int(x) for x in args.gpus.split(",")]
-    args.iterations = args.iterations or (2 if args.quick else 4)
-    args.batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x]
-    return args
+    p = setup.make_parser(__doc__.splitlines()[0])
+    p.add_sized("--nodes", quick=100_000, full=1_000_000, type=int,
+                help="vertices of each stand-in (default 1000000; quick 100000)")
+    p.add_argument("--gpus", default="2,4,8", type=setup.int_list)
+    p.add_sized("--iterations", quick=2, full=4, type=int, help="mini-batches counted per setting (default 4; quick 2)")
+    p.add_argument("--batch-sizes", default="", type=setup.int_list,
+                   help="also sweep these batch sizes at the largest GPU count (H100)")
+    return p.parse_args(argv)
 
 
 def _scaled_link(link, latency=1.0, bandwidth=1.0):
@@ -78,7 +75,7 @@ def _sensitivity(args, records_for) -> str:
                 row.append(f"{est.epoch_s('dp') / est.epoch_s('split'):.2f} ({est.epoch_s('split'):.2f} s)")
         rows.append(row)
     headers = ["change"] + [f"{name} {model}" for name, _, _ in records_for for model in ("sage", "gat")]
-    return common.format_table(headers, rows)
+    return report.format_table(headers, rows)
 
 
 def main(argv=None) -> int:
@@ -132,9 +129,9 @@ def main(argv=None) -> int:
     sensitivity = _sensitivity(args, records_for=sensitivity_inputs) if sensitivity_inputs else ""
     headers = ["graph", "model", "GPUs", "split epoch s", "dp epoch s", "dp/split (speedup)", "feature rows dp/split",
                "edges dp/split", "split: largest terms", "dp: largest terms", "paper (4 x V100, over DGL)"]
-    table = common.format_table(headers, rows, floatfmt=".2f")
+    table = report.format_table(headers, rows, floatfmt=".2f")
     terms_headers = ["graph", "model", "device", "system", "ms/it"] + list(TERMS)
-    terms_table = common.format_table(terms_headers, terms_rows, floatfmt=".2f")
+    terms_table = report.format_table(terms_headers, terms_rows, floatfmt=".2f")
     print(table)
     print(f"\nAt {max(args.gpus)} GPUs, ms per iteration by term:")
     print(terms_table)
@@ -146,12 +143,12 @@ def main(argv=None) -> int:
         print(sensitivity)
         out["sensitivity_table"] = sensitivity
     if sweep_rows:
-        sweep = common.format_table(["graph", "model", "batch/GPU", "split epoch s", "dp epoch s", "dp/split",
+        sweep = report.format_table(["graph", "model", "batch/GPU", "split epoch s", "dp epoch s", "dp/split",
                                      "split: largest terms"], sweep_rows, floatfmt=".2f")
         print(f"\nBatch size at {max(args.gpus)} x H100:")
         print(sweep)
         out["batch_sweep_table"] = sweep
-    common.save_json(common.output_stem(args, "paper_setting"), out)
+    report.save_json(report.output_stem(args, "paper_setting"), out)
     return 0
 
 

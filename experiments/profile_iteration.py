@@ -18,7 +18,7 @@ import cProfile
 import pstats
 import time
 
-import common  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+from harness import report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import gsplit
 from gsplit.trainer import TrainConfig, train_rank
 
@@ -90,20 +90,19 @@ def profiled_rank(rank, world_size, cfg, dataset, owner, report_rank):
             if epochs else None, "epoch": epochs[0] if epochs else None}
 
 
-def main():
-    p = common.make_parser(__doc__.splitlines()[0])
+def main(argv=None):
+    p = setup.make_parser(__doc__.splitlines()[0], name="profile_iteration")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--model", default="sage")
     p.add_argument("--rank", type=int, default=0, help="which rank's profile to report")
     p.add_argument("--macrobatch", type=int, default=1, help="mini-batches sampled and loaded together (issue 33)")
-    p.add_argument("--name", default="profile_iteration", help="file name of the JSON in --out")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     num_nodes = 20_000 if args.quick else 100_000
     iters = 5 if args.quick else args.iters
-    ds = common.load_named("synthetic", num_nodes, args.seed)
+    ds = setup.load_named("synthetic", num_nodes, args.seed)
     fanouts = [15, 10, 5]
-    pmap, _, _ = common.make_map(ds, args.ranks, "edge", fanouts, 1024, args.seed)
+    pmap, _, _ = setup.make_map(ds, args.ranks, "edge", fanouts, 1024, args.seed)
     results = {}
     for system in ("split", "dp"):
         cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=1024, hidden=256, dropout=0.5, epochs=1,
@@ -123,12 +122,12 @@ def main():
             rows.append([label] + [("-" if v is None else round(v, 1)) for v in vals])
     rows.append(["iteration (epoch time / iterations)"] + [round(1e3 * results[s]["epoch_s"] / results[s]["iterations"], 1)
                                                          for s in ("split", "dp")])
-    print(common.format_table(["part (rank %d, ms per iteration)" % args.rank, "split", "dp"], rows))
-    stem = common.output_stem(args, args.name)
-    common.save_json(stem, {"config": {"num_nodes": num_nodes, "ranks": args.ranks, "iters": iters,
+    print(report.format_table(["part (rank %d, ms per iteration)" % args.rank, "split", "dp"], rows))
+    stem = report.output_stem(args)
+    report.save_json(stem, {"config": {"num_nodes": num_nodes, "ranks": args.ranks, "iters": iters,
                                        "macrobatch": args.macrobatch,
                                        "model": args.model, "fanouts": fanouts, "batch_size": 1024, "hidden": 256},
-                            "results": results, "machine": common.machine_info()})
+                            "results": results})
 
 
 if __name__ == "__main__":

@@ -11,19 +11,18 @@ its loaders are built and after iterations 1, 5 and 19 (with the next batch load
 
     python experiments/rank_memory.py                    # 200k-vertex base, k = 1 and 4 (~2 min)
     python experiments/rank_memory.py --nodes 50000 --copies 1,2,4
+    python experiments/rank_memory.py --quick            # 20k-vertex base, k = 1 and 2
 
-Writes ``results/rank_memory.json`` and prints a table.
+Writes ``results/rank_memory.json`` (``--out``: another path; ``_quick`` with ``--quick``) and prints a table.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import tempfile
 from pathlib import Path
 
-import common  # noqa: F401,I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
 import gsplit
@@ -77,39 +76,41 @@ def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner, 
     loader_module.DataLoader.__init__ = init
     loader_module.DataLoader.__iter__ = counted_iter
     result = train_rank(rank, world_size, cfg, dataset, owner)
-    Path(f"{out}.{rank}.json").write_text(json.dumps(marks))
+    report.write_json(f"{out}.{rank}.json", marks)
     return result if rank == 0 else {}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=200_000, help="vertices of the base graph")
-    p.add_argument("--copies", default="1,4", help="numbers of disjoint copies to compare")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results" / "rank_memory"))
-    args = p.parse_args()
-    base = datasets.load("synthetic", num_nodes=args.nodes, avg_degree=15, feature_dim=128)
+def main(argv=None) -> None:
+    p = setup.make_parser(__doc__.splitlines()[0], out_file=setup.RESULTS / "rank_memory")
+    p.add_sized("--nodes", quick=20_000, full=200_000, type=int,
+                help="vertices of the base graph (default 200000; quick 20000)")
+    p.add_sized("--copies", quick=[1, 2], full=[1, 4], type=setup.int_list,
+                help="numbers of disjoint copies to compare (default 1,4; quick 1,2)")
+    args = p.parse_args(argv)
+    base = setup.load_named("synthetic", args.nodes, args.seed, avg_degree=15, feature_dim=128)
     owner0 = (torch.arange(args.nodes) % 2).to(torch.int8)  # the same split of every copy
     cfg = TrainConfig(fanouts=[15, 10, 5], batch_size=1024, epochs=1, max_iters=20, eval_every=0, device="cpu")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for k in [int(x) for x in args.copies.split(",")]:
+        for k in args.copies:
             folder = Path(tmp) / f"copies{k}"
             datasets.save_folder(copies(base, k), folder)
             ds = datasets.load_folder(folder)
             marks_file = str(Path(tmp) / f"marks{k}")
             gsplit.launch(measured_rank, 2, args=(cfg, ds, owner0.repeat(k), marks_file), backend="gloo")
             for rank in (0, 1):
-                marks = json.loads(Path(f"{marks_file}.{rank}.json").read_text())
+                marks = report.read_json(f"{marks_file}.{rank}.json")
                 rows.append({"copies": k, "num_nodes": ds.graph.num_nodes, "num_edges": ds.graph.num_edges,
                              "rank": rank, "marks": marks})
-    Path(args.out + ".json").write_text(json.dumps({"base_nodes": args.nodes, "config": vars(cfg), "rows": rows},
-                                                   indent=1, default=str))
-    print(f"{'copies':>6} {'vertices':>10} {'rank':>4}  " + "  ".join(f"{m['step']:>22}" for m in rows[0]["marks"]))
-    for r in rows:
-        print(f"{r['copies']:>6} {r['num_nodes']:>10,} {r['rank']:>4}  " + "  ".join(
-            f"{m['anon_mb']:>14} MB" + (f" {m['input_rows']:>6}" if "input_rows" in m else " " * 7)
-            for m in r["marks"]))
-    print(f"wrote {args.out}.json (private memory: Anonymous of /proc/self/smaps_rollup; rows: distinct input rows)")
+    steps = [m["step"] for m in rows[0]["marks"]]
+    cell = lambda m: f"{m['anon_mb']} MB" + (f" {m['input_rows']}" if "input_rows" in m else "")  # noqa: E731
+    table = report.format_table(["copies", "vertices", "rank"] + steps,
+                                [[r["copies"], r["num_nodes"], r["rank"]] + [cell(m) for m in r["marks"]] +
+                                 [""] * (len(steps) - len(r["marks"])) for r in rows])
+    print(table)
+    print("private memory: Anonymous of /proc/self/smaps_rollup; after the MB: distinct input rows")
+    report.save_json(report.output_stem(args, suffix="_quick" if args.quick else ""),
+                     {"base_nodes": args.nodes, "config": vars(cfg), "rows": rows, "table": table})
 
 
 if __name__ == "__main__":

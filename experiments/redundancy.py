@@ -17,10 +17,11 @@ counters (summed over ranks) equal these counts, iteration by iteration.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import sys
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
 import gsplit
@@ -87,12 +88,12 @@ def measure(ds, world: int, batch_size: int, fanouts, iters: int, seed: int) -> 
 
 def confirm_with_trainer(ds, world: int, batch_size: int, fanouts, iters: int, seed: int) -> dict:
     """Run both systems through ``gsplit.trainer`` and compare its per-iteration counters with the offline counts."""
-    pmap, _, _ = common.make_map(ds, world, "edge", fanouts, batch_size, seed)
+    pmap, _, _ = setup.make_map(ds, world, "edge", fanouts, batch_size, seed)
     jobs = [(TrainConfig(model="sage", fanouts=list(fanouts), batch_size=batch_size, hidden=32, epochs=1,
                          system=system, seed=seed, eval_every=0, max_iters=iters, device="cpu",
                          input_features="shuffle"),  # the paper's rows loaded: each by one GPU
              pmap.assignment if system == "split" else None) for system in ("split", "dp")]
-    logs = common.run_jobs(ds, world, jobs)
+    logs = runs.run_jobs(ds, world, jobs)
     sampler = gsplit.NeighborSampler(fanouts, seed=seed)
     order = epoch_permutation(ds.train_idx, seed, 0, True)
     gb = world * batch_size
@@ -115,29 +116,20 @@ def confirm_with_trainer(ds, world: int, batch_size: int, fanouts, iters: int, s
 
 
 def main(argv=None) -> int:
-    p = common.make_parser(__doc__.splitlines()[0])
+    p = setup.make_parser(__doc__.splitlines()[0])
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration (default 1024)")
-    p.add_argument("--fanouts", default="15,10,5")
-    p.add_argument("--iters", type=int, default=0, help="iterations averaged (default 4 quick, 10 full)")
-    p.add_argument("--synthetic-nodes", default="",
-                   help="comma-separated sizes (default 20000 quick, 100000,1000000 full)")
-    p.add_argument("--worlds", default="2,4")
+    p.add_argument("--fanouts", default="15,10,5", type=setup.int_list)
+    p.add_sized("--iters", quick=4, full=10, type=int, help="iterations averaged (default 4 quick, 10 full)")
+    p.add_sized("--synthetic-nodes", quick=[20_000], full=[100_000, 1_000_000], type=setup.int_list,
+                help="comma-separated sizes (default 20000 quick, 100000,1000000 full)")
+    p.add_argument("--worlds", default="2,4", type=setup.int_list)
     args = p.parse_args(argv)
-    fanouts = [int(x) for x in args.fanouts.split(",")]
-    iters = args.iters or (4 if args.quick else 10)
-    sizes = [int(x) for x in (args.synthetic_nodes or ("20000" if args.quick else "100000,1000000")).split(",")]
-    worlds = [int(x) for x in args.worlds.split(",")]
-    stem = common.output_stem(args, "redundancy")
+    fanouts, iters, worlds = args.fanouts, args.iters, args.worlds
+    stem = report.output_stem(args, "redundancy")
 
-    named = [(f"synthetic-{n // 1000}k", lambda n=n: common.load_named("synthetic", n, args.seed)) for n in sizes]
-    named.append(("bio-pathways", lambda: common.load_named("bio", 0, args.seed)))
+    keys = [("synthetic", n) for n in args.synthetic_nodes] + [("bio", 0)]
     results, rows, confirm, data_info = [], [], None, {}
-    for label, loader in named:
-        ds = loader()
-        if ds is None:
-            continue
-        data_info[label] = common.describe_dataset(ds)
-        print(f"{label}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train", flush=True)
+    for _, label, ds in itertools.chain(*(setup.each_dataset([k], n, args.seed, data_info) for k, n in keys)):
         for world in worlds:
             res = measure(ds, world, args.batch_size, fanouts, iters, args.seed)
             results.append({"dataset": label, "world": world, **res})
@@ -150,7 +142,7 @@ def main(argv=None) -> int:
         del ds
 
     headers = ["graph", "ranks", "edges DP", "edges split", "DP/split", "features DP", "features split", "DP/split"]
-    table = common.format_table(headers, rows, ".2f")
+    table = report.format_table(headers, rows, ".2f")
     print(f"\nper iteration, batch {args.batch_size} per rank, fanouts {fanouts}, mean of {iters} iterations")
     print(table)
     if confirm is not None:
@@ -159,17 +151,17 @@ def main(argv=None) -> int:
     for r in results:  # keep the JSON small: per-iteration detail only for the first configuration
         if r is not results[0]:
             r.pop("per_iteration")
-    common.save_json(stem, {"experiment": "redundancy (paper Table 1)", "batch_size": args.batch_size,
+    report.save_json(stem, {"experiment": "redundancy (paper Table 1)", "batch_size": args.batch_size,
                             "fanouts": fanouts, "iterations": iters, "datasets": data_info, "results": results,
                             "trainer_confirmation": confirm, "table": table})
-    fig, axes = common.figure(2)
+    fig, axes = report.figure(2)
     groups = [f"{r['dataset']}\n{r['world']} ranks" for r in results]
-    common.bar_panel(axes[0], groups, {"data parallel": [r["dp"]["edges"] for r in results],
+    report.bar_panel(axes[0], groups, {"data parallel": [r["dp"]["edges"] for r in results],
                                        "split": [r["split"]["edges"] for r in results]}, "edges computed / iteration")
-    common.bar_panel(axes[1], groups, {"data parallel": [r["dp"]["input_rows"] for r in results],
+    report.bar_panel(axes[1], groups, {"data parallel": [r["dp"]["input_rows"] for r in results],
                                        "split": [r["split"]["input_rows"] for r in results]},
                      "feature rows loaded / iteration")
-    common.save_figure(fig, stem)
+    report.save_figure(fig, stem)
     if confirm is not None and not confirm["all_equal"]:
         print("ERROR: the trainer's counters differ from the offline counts", file=sys.stderr)
         return 1

@@ -42,17 +42,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import memory, report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import numpy as np
-import psutil
 
 from gsplit.resources import available_memory, cpu_seconds
 
@@ -64,14 +61,6 @@ MB = 1 << 20
 
 
 # ------------------------------------------------------------------------------------------ worker side
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
 def _reset_peak() -> bool:
     """Reset this process's peak RSS (VmHWM) to its current RSS; False where the kernel refuses."""
     try:
@@ -92,13 +81,13 @@ class StageMeter:
 
     def start(self, name: str) -> None:
         self.resettable = _reset_peak() and self.resettable
-        self._open = (name, time.perf_counter(), cpu_seconds(), _status_kb("VmRSS"))
+        self._open = (name, time.perf_counter(), cpu_seconds(), memory.status_kb("VmRSS"))
 
     def stop(self) -> None:
         name, t, c, rss_before = self._open
         self.stages[name] = {"wall_s": round(time.perf_counter() - t, 3), "cpu_s": round(cpu_seconds() - c, 3),
                              "rss_before_mb": round(rss_before / 1024, 1),
-                             "peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1)}
+                             "peak_rss_mb": round(memory.status_kb("VmHWM") / 1024, 1)}
         self._open = None
 
 
@@ -167,63 +156,23 @@ def worker(nodes: int, out: str, result: str, stats_batches: int, batch_size: in
                "metis_weight_kept": prepared.pmap.metadata.get("metis_weight_kept"),
                "metis_edgecut": prepared.pmap.metadata.get("metis_edgecut"),
                "partition_substages_cpu_s": prepared.pmap.metadata.get("stage_cpu_seconds", {}),
-               "process_peak_rss_mb": round(_status_kb("VmHWM") / 1024, 1),
+               "process_peak_rss_mb": round(memory.status_kb("VmHWM") / 1024, 1),
                "partition_substages_s": prepared.report.get("partition_stage_s", {}),
                "cross_edge_fraction": prepared.report.get("stats", {}).get("cross_edge_fraction")}
-    Path(result).write_text(json.dumps(payload, indent=1))
+    report.write_json(result, payload)
 
 
 # ------------------------------------------------------------------------------------------ parent side
-class TreeMonitor:
-    """Peak RSS / PSS of a process and its descendants, and the peak of their summed PSS (the host's)."""
-
-    def __init__(self, pid: int, interval: float = 0.5):
-        self.root = psutil.Process(pid)
-        self.interval = interval
-        self.peak: Dict[int, Dict[str, float]] = {}
-        self.peak_host_pss = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            total = 0
-            try:
-                procs = [self.root] + self.root.children(recursive=True)
-            except psutil.NoSuchProcess:
-                return
-            for proc in procs:
-                try:
-                    info = proc.memory_full_info()
-                    cmd = " ".join(proc.cmdline())[:200]
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    continue
-                total += info.pss
-                p = self.peak.setdefault(proc.pid, {"rss": 0, "pss": 0, "cmd": cmd, "root": proc.pid == self.root.pid})
-                p["rss"], p["pss"] = max(p["rss"], info.rss), max(p["pss"], info.pss)
-            self.peak_host_pss = max(self.peak_host_pss, total)
-            self._stop.wait(self.interval)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def run_prepare(nodes: int, folder: Path, args) -> dict:
     result = folder / "prepare_result.json"
-    cmd = [sys.executable, __file__, "--worker", "--nodes", str(nodes), "--map", str(folder / "map"),
-           "--result", str(result), "--stats-batches", str(args.stats_batches), "--batch-size", str(args.batch_size),
-           "--fanouts", args.fanouts, "--metis-edges-per-vertex", str(args.metis_edges_per_vertex)
-           ] + ([] if args.in_memory else ["--data-folder", str(folder / "ds")])
-    load0 = os.getloadavg()
-    t = time.perf_counter()
-    proc = subprocess.run(cmd, timeout=args.timeout, capture_output=True, text=True)
-    wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise RuntimeError(f"prepare worker for {nodes} vertices failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    out = json.loads(result.read_text())
-    out.update(total_wall_s=round(wall, 2), load_before=load0, load_after=os.getloadavg())
+    cmd = [sys.executable, __file__, "--worker", "--nodes", nodes, "--map", folder / "map",
+           "--stats-batches", args.stats_batches, "--batch-size", args.batch_size,
+           "--fanouts", args.fanouts, "--metis-edges-per-vertex", args.metis_edges_per_vertex
+           ] + ([] if args.in_memory else ["--data-folder", folder / "ds"])
+    load0 = report.load_average()
+    done = rounds.run_command(cmd + ["--result", result], timeout=args.timeout)
+    out = report.read_json(result)
+    out.update(total_wall_s=round(done.seconds, 2), load_before=load0, load_after=report.load_average())
     return out
 
 
@@ -231,38 +180,26 @@ def run_train(nodes: int, folder: Path, args) -> dict:
     log = folder / "train.jsonl"
     data = (["--dataset", "synthetic", "-D", f"num_nodes={nodes}", "-D", f"avg_degree={AVG_DEGREE}", "-D",
              f"feature_dim={FEATURE_DIM}"] if args.in_memory else ["--dataset", f"folder:{folder / 'ds'}"])
-    cmd = [sys.executable, "-m", "gsplit", "train", *data, "--num-ranks", str(TRAIN_RANKS),
-           "--partition", str(folder / "map2"), "--epochs", str(args.epochs), "--max-iters", str(args.iters),
-           "--eval-every", "0", "--batch-size", str(args.batch_size), "--fanouts", args.fanouts, "--log", str(log)]
-    load0 = os.getloadavg()
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    mon = TreeMonitor(proc.pid)
-    try:
-        text, _ = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise
-    finally:
-        mon.stop()
-    wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise RuntimeError(f"gsplit train at {nodes} vertices failed ({proc.returncode}):\n{text[-3000:]}")
+    cmd = setup.GSPLIT_CLI + ["train", *data, "--num-ranks", TRAIN_RANKS, "--partition", folder / "map2",
+                              "--epochs", args.epochs, "--max-iters", args.iters, "--eval-every", 0,
+                              "--batch-size", args.batch_size, "--fanouts", args.fanouts, "--log", log]
+    load0 = report.load_average()
+    done = rounds.run_command(cmd, timeout=args.timeout, watch=memory.ProcessTree)
+    mon = done.watched
     epochs = [json.loads(line) for line in log.read_text().splitlines() if '"epoch"' in line]
     epochs = [e for e in epochs if e.get("type") == "epoch"]
     last = epochs[-1]
-    launcher = [p for p in mon.peak.values() if p["root"]]
+    launcher = mon.root_peak()
     ranks = sorted((p for p in mon.peak.values() if not p["root"] and p["rss"] > 200 * MB),
                    key=lambda p: -p["rss"])[:TRAIN_RANKS]  # the rank processes (skips tiny helpers)
-    return {"wall_s": round(wall, 2), "epochs": len(epochs), "iters_per_epoch": args.iters,
+    return {"wall_s": round(done.seconds, 2), "epochs": len(epochs), "iters_per_epoch": args.iters,
             "last_epoch_s": last["epoch_s"], "s_per_iter": last["epoch_s"] / args.iters,
             "phases_s": {k: last.get(k) for k in ("sample_s", "load_s", "train_s")},
-            "launcher_peak_rss_mb": round(launcher[0]["rss"] / MB, 1) if launcher else None,
+            "launcher_peak_rss_mb": round(launcher["rss"] / MB, 1) if launcher else None,
             "rank_peak_rss_mb": [round(p["rss"] / MB, 1) for p in ranks],
             "rank_peak_pss_mb": [round(p["pss"] / MB, 1) for p in ranks],
             "host_peak_pss_mb": round(mon.peak_host_pss / MB, 1),
-            "load_before": load0, "load_after": os.getloadavg(), "output_tail": text[-600:]}
+            "load_before": load0, "load_after": report.load_average(), "output_tail": done.output[-600:]}
 
 
 def fits(nodes: int) -> bool:
@@ -299,12 +236,12 @@ def fit(rows: List[dict]) -> dict:
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> None:
+    p = setup.make_parser(__doc__.splitlines()[0], out_file=setup.RESULTS / "scale", seed=False,
+                          quick_help="100k and 200k vertices, for a smoke test")
     p.add_argument("--sizes", default="1000000,4000000,8000000")
     p.add_argument("--metis-edges-per-vertex", default=None,
                    help="METIS's input bound passed to prepare (default: gsplit's default, auto; 0: every edge)")
-    p.add_argument("--quick", action="store_true")
     p.add_argument("--stats-batches", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanouts", default="15,10,5")
@@ -315,7 +252,6 @@ def main() -> None:
     p.add_argument("--in-memory", action="store_true",
                    help="the old path: no prepared folder; prepare on the in-memory dataset and let `gsplit train` "
                         "generate it and hand it to the ranks in shared memory (default: write the folder, map it)")
-    p.add_argument("--out", default=str(common.RESULTS / "scale"))
     p.add_argument("--workdir", default=None, help="scratch folder (default: a temporary one)")
     # worker mode
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -323,8 +259,8 @@ def main() -> None:
     p.add_argument("--map")
     p.add_argument("--result")
     p.add_argument("--data-folder")
-    args = p.parse_args()
-    fanouts = [int(f) for f in args.fanouts.split(",")]
+    args = p.parse_args(argv)
+    fanouts = setup.int_list(args.fanouts)
     if args.metis_edges_per_vertex is None:
         from gsplit.partitioning.budget import METIS_EDGES_PER_VERTEX
 
@@ -333,11 +269,11 @@ def main() -> None:
         worker(args.nodes, args.map, args.result, args.stats_batches, args.batch_size, fanouts, args.data_folder,
                args.metis_edges_per_vertex)
         return
-    sizes = [100_000, 200_000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    sizes = [100_000, 200_000] if args.quick else setup.int_list(args.sizes)
     sizes = [n for n in sizes if fits(n)]
     if not sizes:
         raise SystemExit("no size fits this machine's memory")
-    stem = Path(args.out + ("_quick" if args.quick else "") + ("_in_memory" if args.in_memory else ""))
+    stem = report.output_stem(args, suffix=("_quick" if args.quick else "") + ("_in_memory" if args.in_memory else ""))
     rows = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for nodes in sizes:
@@ -350,10 +286,10 @@ def main() -> None:
                 print(f"{nodes}: train {row['train']['s_per_iter']:.3f} s/iter, ranks "
                       f"{row['train']['rank_peak_rss_mb']} MB, host PSS {row['train']['host_peak_pss_mb']} MB", flush=True)
             rows.append(row)
-    report(rows, fit(rows), stem, args)
+    write_report(rows, fit(rows), stem, args)
 
 
-def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
+def write_report(rows: List[dict], costs: dict, stem: Path, args) -> None:
     base = rows[0]["prepare"]
     headers = ["vertices", "edges", "stage", "wall s", "CPU s", "ns/edge", "x per-edge vs smallest",
                "CPU ns/edge", "x CPU per-edge", "RSS before MB", "peak RSS MB"]
@@ -367,7 +303,7 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
             cpu_ratio = cpu_edge / max(base["stages"][stage]["cpu_s"] / base["num_edges"], 1e-12)
             table.append([pr["num_nodes"], pr["num_edges"], stage, s["wall_s"], s["cpu_s"], per_edge * 1e9,
                           ratio, cpu_edge * 1e9, cpu_ratio, s["rss_before_mb"], s["peak_rss_mb"]])
-    print(common.format_table(headers, table))
+    print(report.format_table(headers, table))
     summary = []
     for r in rows:
         pr = r["prepare"]
@@ -397,7 +333,7 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
                          "host peak PSS MB": t["host_peak_pss_mb"]})
         summary.append(line)
     keys = list(summary[0])
-    print(common.format_table(keys, [[s.get(k) for k in keys] for s in summary]))
+    print(report.format_table(keys, [[s.get(k) for k in keys] for s in summary]))
     base_ns, base_cpu = summary[0]["prepare ns/edge"], summary[0]["prepare CPU ns/edge"]
     for s in summary[1:]:
         print(f"prepare time per edge at {s['vertices']:,} vertices: {s['prepare ns/edge'] / base_ns:.2f}x wall, "
@@ -415,10 +351,10 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
                             "train_ranks": TRAIN_RANKS, "batch_size": args.batch_size, "fanouts": args.fanouts,
                             "stats_batches": args.stats_batches, "epochs": args.epochs, "iters": args.iters,
                             "data": "in memory" if args.in_memory else "prepared folder, memory-mapped"},
-                   "machine": common.machine_info(), "shared_machine_note":
+                   "shared_machine_note":
                    "the 2-core machine was shared with other jobs during the run: see load_before/load_after"}
-    print(f"wrote {common.save_json(stem, payload)}")
-    fig, axes = common.figure(2)
+    report.save_json(stem, payload)
+    fig, axes = report.figure(2)
     edges = [r["prepare"]["num_edges"] for r in rows]
     for stage in rows[0]["prepare"]["stages"]:
         axes[0].plot(edges, [r["prepare"]["stages"][stage]["wall_s"] for r in rows], "o-", label=stage)
@@ -433,7 +369,7 @@ def report(rows: List[dict], costs: dict, stem: Path, args) -> None:
         axes[1].plot(edges, [r["train"]["host_peak_pss_mb"] / 1024 for r in rows], "^-", label="train host PSS, 2 ranks")
     axes[1].set(xlabel="edges (both directions)", ylabel="GiB", title="memory", xscale="log", yscale="log")
     axes[1].legend(fontsize=7)
-    print(f"wrote {common.save_figure(fig, stem)}")
+    report.save_figure(fig, stem)
 
 
 if __name__ == "__main__":

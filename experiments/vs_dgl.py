@@ -48,28 +48,23 @@ options. Scratch files (the export, partition maps, per-run logs) go to ``OUT/sc
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
-import numpy as np
+from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 
-from gsplit import datasets
 from gsplit.io import read_run_log
 from gsplit.resources import HostMemoryMeter
 
 SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle")
+"""The compared systems, in the order of even rounds."""
 LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
           "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm", "split-shuffle": "split shuffled inputs"}
 """Column names of the main table."""
-"""The compared systems, in the order of even rounds."""
 
 ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
 """Systems that train in one process with every core and the global batch of ``ranks`` processes."""
@@ -99,12 +94,14 @@ def label(system: str) -> str:
 
 
 def parse_args(argv=None):
-    p = common.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--nodes", type=int, default=0, help="vertices of the synthetic graph (default 100000; quick 20000)")
+    p = setup.make_parser(__doc__.splitlines()[0], name="vs_dgl")
+    p.add_sized("--nodes", quick=20_000, full=100_000, type=int,
+                help="vertices of the synthetic graph (default 100000; quick 20000)")
     p.add_argument("-D", dest="dataset_opts", action="append", default=[], metavar="KEY=VALUE",
                    help="more options of the synthetic dataset, given to both sides (e.g. -D avg_degree=20)")
-    p.add_argument("--rounds", type=int, default=0, help="interleaved rounds (default 3; quick 1)")
-    p.add_argument("--ranks", default="", help="comma-separated world sizes (default 2,4; quick 2)")
+    p.add_sized("--rounds", quick=1, full=3, type=int, help="interleaved rounds (default 3; quick 1)")
+    p.add_sized("--ranks", quick=[2], full=[2, 4], type=setup.int_list,
+                help="comma-separated world sizes (default 2,4; quick 2)")
     p.add_argument("--models", default="sage,gat", help="comma-separated: sage, gat")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all)")
@@ -120,19 +117,14 @@ def parse_args(argv=None):
     p.add_argument("--max-iters", type=int, default=-1, help="iterations per epoch (default all; quick 3)")
     p.add_argument("--method", default="gsplit", choices=["gsplit", "node", "edge", "random"],
                    help="split's partition method")
-    p.add_argument("--presample-epochs", type=int, default=0, help="for the gsplit/node map (default 5; quick 1)")
-    p.add_argument("--dgl-python", default=str(common.REPO / ".venv-dgl" / "bin" / "python"),
-                   help="interpreter of the DGL venv (./dev dgl-env builds it)")
+    p.add_sized("--presample-epochs", quick=1, full=5, type=int,
+                help="for the gsplit/node map (default 5; quick 1)")
+    setup.add_dgl_python(p)
     p.add_argument("--timeout", type=float, default=1800, help="seconds allowed per run")
-    p.add_argument("--name", default="vs_dgl", help="file name of the JSON and PNG in --out (default vs_dgl)")
     args = p.parse_args(argv)
-    args.nodes = args.nodes or (20_000 if args.quick else 100_000)
-    args.rounds = args.rounds or (1 if args.quick else 3)
-    args.ranks = [int(x) for x in (args.ranks or ("2" if args.quick else "2,4")).split(",")]
     args.models = [m for m in args.models.split(",") if m]
     args.systems = [s for s in args.systems.split(",") if s]
     args.max_iters = (3 if args.quick else 0) if args.max_iters < 0 else args.max_iters
-    args.presample_epochs = args.presample_epochs or (1 if args.quick else 5)
     for m in args.models:
         if m not in ("sage", "gat"):
             raise SystemExit(f"--models: unknown model {m!r}; use sage and/or gat")
@@ -140,7 +132,7 @@ def parse_args(argv=None):
         if macrobatch_of(s)[0] not in SYSTEMS:
             raise SystemExit(f"--systems: unknown system {s!r}; use a subset of {','.join(SYSTEMS)} (or BASE-mbB "
                              f"for BASE in {', '.join(MACROBATCH_BASES)})")
-    sizes = [int(x) for x in args.macrobatch.split(",") if x]
+    sizes = setup.int_list(args.macrobatch)
     if any(b < 2 for b in sizes):
         raise SystemExit(f"--macrobatch {args.macrobatch}: pass sizes above 1 (B = 1 is the base system)")
     args.systems = [v for s in args.systems
@@ -170,33 +162,13 @@ def export_dataset(ds, folder: Path, opts: dict) -> Path:
     """Write the ``.npy`` files ``dgl_peer.py`` reads (CSC in-edges, features, labels, train_idx)."""
     meta = {"name": ds.name, "options": opts, "num_nodes": ds.num_nodes, "num_edges": ds.num_edges,
             "num_classes": ds.num_classes, "train": int(ds.train_idx.numel())}
-    if (folder / "meta.json").exists() and json.loads((folder / "meta.json").read_text()) == meta:
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    np.save(folder / "indptr.npy", ds.graph.indptr.numpy())
-    np.save(folder / "indices.npy", ds.graph.indices.numpy())
-    np.save(folder / "features.npy", ds.features.numpy())
-    np.save(folder / "labels.npy", ds.labels.numpy())
-    np.save(folder / "train_idx.npy", ds.train_idx.numpy())
-    (folder / "meta.json").write_text(json.dumps(meta, indent=1))  # last: marks a complete export
-    return folder
+    return setup.export_arrays(folder, {"indptr": ds.graph.indptr, "indices": ds.graph.indices,
+                                        "features": ds.features, "labels": ds.labels, "train_idx": ds.train_idx}, meta)
 
 
-def run(cmd, log_file: Path, timeout: float, env: Optional[dict] = None) -> float:
+def run(cmd, log_file: Path, timeout: float, env=None) -> float:
     """Run ``cmd`` from the repository root with its output in ``log_file``; its wall time, or an error."""
-    t = time.perf_counter()
-    with open(log_file, "w") as f:
-        proc = subprocess.run([str(c) for c in cmd], cwd=common.REPO, stdout=f, stderr=subprocess.STDOUT,
-                              timeout=timeout, env=env)
-    if proc.returncode != 0:
-        tail = "\n".join(log_file.read_text().splitlines()[-25:])
-        raise RuntimeError(f"exit status {proc.returncode} of\n  {' '.join(map(str, cmd))}\n"
-                           f"last lines of {log_file}:\n{tail}")
-    return time.perf_counter() - t
-
-
-GSPLIT = [sys.executable, "-m", "gsplit.cli"]
-"""The gsplit CLI of this checkout (run from the repository root), under the project's interpreter."""
+    return rounds.run_command(cmd, log=log_file, timeout=timeout, env=env, cwd=setup.REPO).seconds
 
 
 def prepare_map(args, opts, world: int, scratch: Path) -> dict:
@@ -205,17 +177,16 @@ def prepare_map(args, opts, world: int, scratch: Path) -> dict:
                       f"-f{args.fanouts.replace(',', '_')}-s{args.seed}")
     if not (pdir / "prepare.json").exists():
         shutil.rmtree(pdir, ignore_errors=True)
-        cmd = GSPLIT + ["prepare", "--dataset", "synthetic", *dash_d(opts), "--fanouts", args.fanouts,
-                                        "--batch-size", args.batch_size, "--seed", args.seed, "--num-parts", world,
-                                        "--method", args.method, "--presample-epochs", args.presample_epochs,
-                                        "--out", pdir]
+        cmd = setup.GSPLIT_CLI + ["prepare", "--dataset", "synthetic", *dash_d(opts), "--fanouts", args.fanouts,
+                                  "--batch-size", args.batch_size, "--seed", args.seed, "--num-parts", world,
+                                  "--method", args.method, "--presample-epochs", args.presample_epochs, "--out", pdir]
         wall = run(cmd, scratch / f"prepare-w{world}.log", args.timeout)
-        print(f"  partition map for {world} ranks ({args.method}) prepared in {wall:.1f}s: {common._rel(pdir)}",
+        print(f"  partition map for {world} ranks ({args.method}) prepared in {wall:.1f}s: {report.rel(pdir)}",
               flush=True)
-    report = json.loads((pdir / "prepare.json").read_text())
-    return {"dir": str(pdir), "method": report["method"], "presample_epochs": report["presample_epochs"],
-            "presample_s": report["presample_s"], "partition_s": report["partition_s"],
-            "cross_edge_fraction": report["stats"].get("cross_edge_fraction")}
+    prep = report.read_json(pdir / "prepare.json")
+    return {"dir": str(pdir), "method": prep["method"], "presample_epochs": prep["presample_epochs"],
+            "presample_s": prep["presample_s"], "partition_s": prep["partition_s"],
+            "cross_edge_fraction": prep["stats"].get("cross_edge_fraction")}
 
 
 def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, maps: dict, scratch: Path,
@@ -232,11 +203,11 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         common_args += ["--max-iters", args.max_iters]
     dgl = system.startswith("dgl")
     if dgl:
-        cmd = [args.dgl_python, common.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks",
+        cmd = [args.dgl_python, setup.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks",
                processes, "--json", log, *common_args]
     else:
         gsplit_system = "split" if system in SPLIT_VARIANTS else {"gsplit-1proc": "dp"}.get(system, system)
-        cmd = GSPLIT + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", processes,
+        cmd = setup.GSPLIT_CLI + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", processes,
                         "--system", gsplit_system, "--device", "cpu", "--log", log, "--eval-every", "0",
                         *common_args]
         if gsplit_system == "split":
@@ -244,10 +215,11 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         cmd += SPLIT_VARIANTS.get(system, [])
         if macrobatch > 1:
             cmd += ["--macrobatch", macrobatch]
-    env = {**os.environ, "GSPLIT_CPU_TRANSPORT": "shm" if system == "split-shm" else "gloo"}
-    load_before = loadavg()
+    env = (rounds.peer_env() if dgl else
+           {**os.environ, "GSPLIT_CPU_TRANSPORT": "shm" if system == "split-shm" else "gloo"})
+    load_before = report.load_average()
     with HostMemoryMeter(interval_s=1.0) as meter:
-        wall = run(cmd, log.with_suffix(".log"), args.timeout, env=env if not dgl else None)
+        wall = run(cmd, log.with_suffix(".log"), args.timeout, env=env)
     doc = read_run_log(log)  # gsplit's JSON Lines log; the DGL peer's single JSON object reads the same
     rec = doc["epochs"][-1]
     iterations = rec["iterations"] if dgl else max(r["iterations"] for r in rec["ranks"])
@@ -258,22 +230,17 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
            "peak_private_mb": max((c["private"] for c in meter.children_peak.values()), default=0) / 2**20,
            "model": model, "ranks": world, "processes": processes, "batch_per_process": batch,
            "torch_threads": threads, "transport": doc.get("transport"), "load_average_before": load_before,
-           "load_average_after": loadavg(),
+           "load_average_after": report.load_average(),
            "round": rnd, "epoch": rec["epoch"],
            "epoch_s": rec["epoch_s"], "sample_s": rec["sample_s"], "load_s": rec.get("load_s"),
            "train_s": rec["train_s"], "iterations": iterations, "edges": rec["edges"],
            "dst_vertices": rec.get("dst_vertices"), "input_rows": rec["input_rows"], "loss": rec["loss"],
            "traffic_bytes": rec.get("traffic_bytes", 0), "process_wall_s": wall,
-           "first_epoch_s": doc["epochs"][0]["epoch_s"], "log": common._rel(log)}
+           "first_epoch_s": doc["epochs"][0]["epoch_s"], "log": report.rel(log)}
     if dgl:
         out.update(dgl=doc["dgl"], torch=doc["torch"], threads_per_rank=doc["threads_per_rank"],
                    dgl_threads=[r.get("dgl_threads") for r in rec["ranks"]])
     return out
-
-
-def loadavg():
-    """The host's 1/5/15-minute load averages (other work sharing the cores), or None where unknown."""
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
 
 
 def median_of(runs, key):
@@ -326,11 +293,11 @@ def tables(summary, args):
                          *[ratio(s) for s in others], phases("split"), phases("dp"),
                          "/".join(fmt(got[s]["edges_total"] / 1e6, ".3f") if got[s] else "-" for s in SYSTEMS[:3]),
                          "/".join(fmt(got[s]["input_rows"] / 1e3, ".1f") if got[s] else "-" for s in SYSTEMS[:3])])
-    main = common.format_table(["model", "ranks", *[f"{label(s)} s" for s in args.systems],
+    main = report.format_table(["model", "ranks", *[f"{label(s)} s" for s in args.systems],
                                 *[f"{label(s)}/DGL" for s in others],
                                 "split sample/load/fwd-bwd s", "dp sample/load/fwd-bwd s",
                                 "edges M DGL/split/dp", "feature rows k DGL/split/dp"], rows)
-    detail = common.format_table(
+    detail = report.format_table(
         ["model", "ranks", "system", "processes x threads", "rounds", "epoch s (median)", "all rounds s",
          "/DGL (median of rounds)", "load avg 1 min", "sample s", "load s", "fwd-bwd s", "iterations",
          "edges per layer", "feature rows", "collectives/it", "peak private MB"],
@@ -344,47 +311,44 @@ def tables(summary, args):
 
 
 def plot(summary, args, stem: Path) -> None:
-    fig, axes = common.figure(len(args.models) + 2)
+    fig, axes = report.figure(len(args.models) + 2)
     by = {(s["model"], s["ranks"], s["system"]): s for s in summary}
     groups = [f"{w} ranks" for w in args.ranks]
     for ax, model in zip(axes, args.models):
         series = {s: [by[(model, w, s)]["epoch_s"] if (model, w, s) in by else 0.0 for w in args.ranks]
                   for s in args.systems}
-        common.bar_panel(ax, groups, series, "epoch time s (median over rounds)", f"{model.upper()}: epoch time")
+        report.bar_panel(ax, groups, series, "epoch time s (median over rounds)", f"{model.upper()}: epoch time")
     combos = [(m, w) for m in args.models for w in args.ranks]
     labels = [f"{m} {w}r" for m, w in combos]
     for ax, key, ylabel in ((axes[-2], "edges_total", "edges computed per epoch"),
                             (axes[-1], "input_rows", "feature rows loaded per epoch")):
         series = {s: [by[(m, w, s)][key] if (m, w, s) in by else 0 for m, w in combos] for s in args.systems}
-        common.bar_panel(ax, labels, series, ylabel, ylabel.replace(" per epoch", ""))
-    common.save_figure(fig, stem)
+        report.bar_panel(ax, labels, series, ylabel, ylabel.replace(" per epoch", ""))
+    report.save_figure(fig, stem)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if "dgl" in args.systems and not Path(args.dgl_python).exists():
-        raise SystemExit(f"{args.dgl_python} does not exist; build the DGL venv with ./dev dgl-env "
-                         "(or pass --dgl-python, or leave dgl out of --systems)")
-    stem = common.output_stem(args, args.name)
-    scratch = Path(args.out) / "scratch" / "vs_dgl"
-    scratch.mkdir(parents=True, exist_ok=True)
+    if any(s.startswith("dgl") for s in args.systems):
+        setup.check_python(args.dgl_python, "or pass --dgl-python, or leave dgl out of --systems")
+    stem = report.output_stem(args)
+    scratch = setup.scratch(args.out, "vs_dgl")
     opts = dataset_options(args)
 
     t = time.perf_counter()
-    ds = datasets.load("synthetic", **opts)
+    ds = setup.load_named("synthetic", **opts)
     data_dir = export_dataset(ds, scratch / f"data-{tag(opts)}", opts)
-    info = common.describe_dataset(ds)
+    info = setup.describe_dataset(ds)
     print(f"synthetic {opts}: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges, {ds.train_idx.numel():,} train; "
-          f"exported for DGL to {common._rel(data_dir)} ({time.perf_counter() - t:.1f}s)", flush=True)
+          f"exported for DGL to {report.rel(data_dir)} ({time.perf_counter() - t:.1f}s)", flush=True)
     del ds
     maps = ({w: prepare_map(args, opts, w, scratch) for w in args.ranks}
             if set(SPLIT_VARIANTS) & {macrobatch_of(s)[0] for s in args.systems} else {})
 
     runs = []
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = report.cpu_cores()
     configs = [(m, w) for m in args.models for w in args.ranks]
-    for rnd in range(args.rounds):
-        order = args.systems if rnd % 2 == 0 else args.systems[::-1]
+    for rnd, order in rounds.orders(args.systems, args.rounds):
         for model, world in configs:
             for system in order:
                 r = run_system(system, model, world, args, opts, data_dir, maps, scratch, rnd)
@@ -407,8 +371,8 @@ def main(argv=None) -> int:
             "DGL's sample includes its feature loading; the 1proc systems run one process with every core "
             "and the global batch of `ranks` processes; ratios are to DGL's multi-process epoch")
     print(f"\n{head}\n{main_table}\n\n{detail_table}")
-    common.save_json(stem, {"experiment": "gsplit vs DGL (issue 10)", "dataset": info, "dataset_options": opts,
-                            "settings": {k: v for k, v in vars(args).items() if k not in ("out",)},
+    report.save_json(stem, {"experiment": "gsplit vs DGL (issue 10)", "dataset": info, "dataset_options": opts,
+                            "settings": report.settings(args),
                             "maps": maps, "runs": runs, "summary": summary, "table": main_table,
                             "detail_table": detail_table, "heading": head})
     plot(summary, args, stem)

@@ -1,0 +1,114 @@
+"""Training jobs through ``gsplit.trainer`` on CPU ranks in one launch, and what their logs say.
+
+Both systems (``split`` and the data-parallel ``dp``) train through the same function,
+:func:`gsplit.trainer.train_rank`, launched with :func:`gsplit.launch`; every figure below is read from the
+trainer's own per-rank, per-iteration records.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+import gsplit
+from gsplit.trainer import TrainConfig, train_rank
+
+from . import rounds
+
+PHASES = (("sample", "sample"), ("load", "load"), ("train", "forward-backward"))
+"""The trainer's time phases (key prefix in the logs, label in figures)."""
+
+
+def rank_jobs(rank: int, world_size: int, dataset, jobs: List[Tuple[TrainConfig, Optional[torch.Tensor]]]):
+    """Rank body of :func:`run_jobs`: every job through the same trainer, in one process group."""
+    logs = [train_rank(rank, world_size, cfg, dataset, owner) for cfg, owner in jobs]
+    return logs if rank == 0 else None  # rank 0's log already holds every rank's counters
+
+
+def run_jobs(dataset, world: int, jobs: List[Tuple[TrainConfig, Optional[torch.Tensor]]]) -> List[dict]:
+    """Run training jobs ``(TrainConfig, owner)`` on ``world`` CPU ranks over gloo; returns rank 0's logs.
+
+    All jobs share one launch, so process start-up and data transfer are paid once. The first
+    iteration of every job is excluded from :func:`iteration_times` (warm-up).
+    """
+    t = time.perf_counter()
+    logs = gsplit.launch(rank_jobs, world, args=(dataset, jobs), devices="cpu", backend="gloo", timeout=600)[0]
+    print(f"  ({len(jobs)} run(s) on {world} ranks in {time.perf_counter() - t:.1f}s)", flush=True)
+    return logs
+
+
+def run_repeated(dataset, world: int, jobs: Dict[object, Tuple[TrainConfig, Optional[torch.Tensor]]],
+                 repeats: int = 1) -> Dict[object, List[dict]]:
+    """Run every job ``key -> (TrainConfig, owner)`` ``repeats`` times in one launch; returns ``key -> logs``.
+
+    Even repeats run the jobs in the given order, odd repeats in reverse (ABBA, :func:`harness.rounds.orders`),
+    so that warm-up and slow drifts of the machine's load do not favour one job.
+    """
+    keys = list(jobs)
+    order = [k for _, ks in rounds.orders(keys, repeats) for k in ks]
+    logs = run_jobs(dataset, world, [jobs[k] for k in order])
+    out: Dict[object, List[dict]] = {k: [] for k in keys}
+    for k, log in zip(order, logs):
+        out[k].append(log)
+    return out
+
+
+def iteration_times(logs, skip_first: int = 1) -> dict:
+    """Per-iteration time of one trainer log (or of several runs of the same job), from every rank's records.
+
+    For every iteration each phase (sample, load, forward-backward) is taken at its max over ranks
+    (the slowest rank sets the pace, as in the trainer's epoch records) and ``total`` is the max over
+    ranks of the sum of the three. Values are medians over iterations (robust to the spikes other jobs
+    on a shared machine cause), skipping the first ``skip_first`` iterations of every run (warm-up);
+    ``*_mean_s`` are the means and ``per_iteration`` keeps ``[sample, load, train]`` of every rank.
+    """
+    rows = []
+    for log in ([logs] if isinstance(logs, dict) else logs):
+        run_rows = []
+        for rec in log["epochs"]:
+            per_rank = [r["per_iteration"] for r in rec["ranks"]]
+            for it in range(min(len(p) for p in per_rank)):
+                run_rows.append([(p[it]["sample_s"], p[it]["load_s"], p[it]["train_s"]) for p in per_rank])
+        rows += run_rows[skip_first:] if len(run_rows) > skip_first else run_rows
+    if not rows:
+        raise ValueError("the log holds no per-iteration records; run with TrainConfig(log_iterations=True)")
+    series = {"sample_s": [max(r[0] for r in row) for row in rows],
+              "load_s": [max(r[1] for r in row) for row in rows],
+              "train_s": [max(r[2] for r in row) for row in rows],
+              "total_s": [max(sum(r) for r in row) for row in rows]}
+    out = {"iterations": len(rows)}
+    for key, xs in series.items():
+        out[key] = statistics.median(xs)
+        out[key.replace("_s", "_mean_s")] = statistics.fmean(xs)
+    out["per_iteration"] = [[[round(x, 5) for x in r] for r in row] for row in rows]
+    return out
+
+
+def epoch_counters(log: dict, epoch: int = 0) -> dict:
+    """Counters of one epoch summed over ranks, with per-layer imbalance (max / mean over ranks) of edges."""
+    rec = log["epochs"][epoch]
+    ranks = rec["ranks"]
+    per_layer_edges = list(zip(*[r["edges"] for r in ranks]))
+    imbalance = [max(col) / (sum(col) / len(col)) if sum(col) else 1.0 for col in per_layer_edges]
+    inputs = [r["input_rows"] for r in ranks]
+    iters = max(r["iterations"] for r in ranks)
+    return {"iterations": iters, "input_rows": rec["input_rows"], "edges": rec["edges"],
+            "dst_vertices": rec["dst_vertices"], "edge_imbalance_run": imbalance,
+            "input_imbalance_run": max(inputs) / (sum(inputs) / len(inputs)) if sum(inputs) else 1.0,
+            "traffic_bytes": rec["traffic_bytes"], "traffic_bytes_by_tag": rec["traffic_bytes_by_tag"],
+            "traffic_rows_by_tag": rec["traffic_rows_by_tag"], "epoch_s": rec["epoch_s"],
+            "sample_s": rec["sample_s"], "load_s": rec["load_s"], "train_s": rec["train_s"]}
+
+
+def shuffle_bytes_per_layer(traffic_bytes_by_tag: Dict[str, int], num_layers: int) -> List[int]:
+    """Shuffle bytes (forward + backward, all ranks) per layer from a trainer record's per-tag traffic."""
+    return [sum(n for tag, n in traffic_bytes_by_tag.items() if tag.startswith(f"shuffle/layer{layer}/"))
+            for layer in range(num_layers)]
+
+
+def id_bytes(traffic_bytes_by_tag: Dict[str, int]) -> int:
+    """Bytes of the sampling id exchanges (all layers, all ranks)."""
+    return sum(n for tag, n in traffic_bytes_by_tag.items() if tag.startswith("ids/"))
