@@ -248,3 +248,19 @@ def test_a_map_for_another_gpu_count_is_refused(capsys, tmp_path):
     rc = cli_main(["estimate", "--gpus", "4", "--dataset", "synthetic", "--partition", str(tmp_path / "map")])
     err = capsys.readouterr().err
     assert rc == 2 and "has 2 parts but --gpus is 4" in err, err
+
+
+def test_the_validation_summary_users_read_is_the_measured_one():
+    """`gsplit estimate`'s help and output quote the CPU validation; the numbers must be the result files'."""
+    import json
+    from pathlib import Path
+
+    from gsplit.cli.estimate import VALIDATION_SUMMARY
+
+    results = Path(__file__).resolve().parents[1] / "experiments" / "results"
+    fresh = json.loads((results / "estimate_validation_repeat.json").read_text())["summary"]
+    first = json.loads((results / "estimate_validation.json").read_text())["summary"]
+    assert f"{fresh['within_20pct']} of {fresh['records']} runs of a fresh pass" in VALIDATION_SUMMARY
+    assert fresh["max_abs_error"] <= 0.25 and "every error within 25 %" in VALIDATION_SUMMARY
+    assert f"median |error| {round(100 * fresh['median_abs_error'])} %" in VALIDATION_SUMMARY
+    assert f"{first['within_20pct']} of {first['records']} on the pass the model was tuned on" in VALIDATION_SUMMARY
