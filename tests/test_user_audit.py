@@ -209,3 +209,40 @@ def test_no_part_of_an_epoch_exceeds_its_total_when_the_first_sample_waits(syste
             assert record[part] <= record["epoch_s"], (part, record[part], record["epoch_s"])
     waited = log["setup_s"] if system == "full" else log["epochs"][0]["epoch_s"]
     assert waited >= 0.5
+
+
+# ---------------------------------------------------------------- finding 5a: a build inside a user's script
+def test_a_kernel_build_inside_a_users_script_says_one_warning(monkeypatch, tmp_path, caplog):
+    """What a script that never calls prepare_kernels meets at its first sampled batch: the first use
+    (``cpu_ext.load``) compiles and says so in one WARNING (what, how long, where cached); a second use loads
+    it silently. Fails if the line is logged below WARNING (a script's default logging shows nothing else)
+    or repeated per call."""
+    from pathlib import Path
+
+    import torch.utils.cpp_extension as ext
+
+    from gsplit.ops import cpu_ext
+
+    monkeypatch.delenv("GSPLIT_NO_EXTENSIONS", raising=False)
+    monkeypatch.delenv("GSPLIT_SKIP_EXTENSIONS", raising=False)
+    monkeypatch.setenv("GSPLIT_EXTENSION_DIR", str(tmp_path))
+
+    def fake_compile(name, sources, build_directory, **kwargs):
+        (Path(build_directory) / f"{name}.so").write_bytes(b"library")
+        return "module"
+
+    monkeypatch.setattr(ext, "load", fake_compile)
+    monkeypatch.setattr(cpu_ext, "_import_library", lambda name, library: "module")
+    cpu_ext._build.cache_clear()
+    cpu_ext._build_or_none.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert cpu_ext.load("gsplit_user_script_ext", ["sample_cpu.cpp"]) == "module"
+            assert cpu_ext.load("gsplit_user_script_ext", ["sample_cpu.cpp"]) == "module"
+    finally:
+        cpu_ext._build.cache_clear()
+        cpu_ext._build_or_none.cache_clear()
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    said = warnings[0].getMessage()
+    assert "building the compiled CPU kernel gsplit_user_script_ext" in said and str(tmp_path) in said
