@@ -246,3 +246,55 @@ def test_a_kernel_build_inside_a_users_script_says_one_warning(monkeypatch, tmp_
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     said = warnings[0].getMessage()
     assert "building the compiled CPU kernel gsplit_user_script_ext" in said and str(tmp_path) in said
+
+
+# ---------------------------------------------------------------- finding 7: six small ones
+class _DglStyleSage(torch.nn.Module):
+    """DGL's example SAGE in shape: no between, relu in the forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([gsplit.nn.SAGEConv(8, 8), gsplit.nn.SAGEConv(8, 4)])
+
+    def forward(self, blocks, x):
+        h = torch.relu(self.layers[0](blocks[0], x))
+        return self.layers[1](blocks[1], h)
+
+
+def test_an_inferred_between_is_said_once_where_a_script_sees_it(monkeypatch, caplog):
+    """Fails on the old main: what layer-wise inference inferred was logged at INFO only (a script with
+    default logging saw nothing) and the result did not say it."""
+    from gsplit import inference
+
+    monkeypatch.setattr(inference, "_INFERRED_SAID", set(), raising=False)
+    ds, model = _data(), _DglStyleSage()
+    with caplog.at_level("WARNING"):
+        first = gsplit.layerwise_inference(model, ds.graph, ds.features, batch_size=500)
+        again = gsplit.layerwise_inference(model, ds.graph, ds.features, batch_size=500)
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(said) == 1 and "_DglStyleSage" in said[0] and "relu between layers" in said[0], said
+    assert first.between == again.between == "inferred: relu between layers"
+    assert gsplit.layerwise_inference(model, ds.graph, ds.features, between=torch.relu).between == "given"
+    assert gsplit.layerwise_inference(gsplit.nn.SAGE(8, 8, 4), ds.graph, ds.features).between == "model.between"
+
+
+def test_a_map_made_for_a_loader_without_one_is_said_once_per_job(monkeypatch, caplog):
+    """Fails on the old main: every loader made without partition= said it at WARNING (DGL's example makes
+    a training and a validation loader: two lines); now the first says it, later ones log at INFO."""
+    from gsplit.partitioning import auto
+    from gsplit.sampling.neighbor import NeighborSampler
+
+    class RankZeroOfTwo:  # what rank 0 of a 2-rank group sees; rank 1 never logs
+        rank, world_size = 0, 2
+
+        def all_gather_object(self, obj):
+            return [obj, obj]
+
+    monkeypatch.setattr(auto, "_SAID", set(), raising=False)
+    ds = _data()
+    with caplog.at_level("WARNING"):
+        for targets in (ds.train_idx, ds.val_idx):
+            pmap = auto.default_partition(ds.graph, targets, NeighborSampler([3, 3]), 64, RankZeroOfTwo())
+            assert pmap.num_parts == 2
+    said = [r.getMessage() for r in caplog.records if "no partition map was given" in r.getMessage()]
+    assert len(said) == 1, said
