@@ -298,3 +298,36 @@ def test_a_map_made_for_a_loader_without_one_is_said_once_per_job(monkeypatch, c
             assert pmap.num_parts == 2
     said = [r.getMessage() for r in caplog.records if "no partition map was given" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_a_pyg_attention_layer_with_its_default_self_loops_says_what_to_change(caplog):
+    """Fails on the old main: BlockConv(GATConv(...)) with PyG's default add_self_loops=True trained silently
+    on self-loops the sampler never picked, where the docs build it with add_self_loops=False."""
+    pyg_nn = pytest.importorskip("torch_geometric.nn", reason="torch_geometric is not installed")
+    from gsplit.interop.pyg import BlockConv
+
+    with caplog.at_level("WARNING"):
+        BlockConv(pyg_nn.GATConv(8, 4, heads=2))
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "GATConv(..., add_self_loops=False)" in said[0], said
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        for conv in (pyg_nn.GATConv(8, 4, add_self_loops=False), pyg_nn.SAGEConv(8, 4),
+                     pyg_nn.GCNConv(8, 4, normalize=False, aggr="mean")):
+            BlockConv(conv)
+    assert caplog.records == []
+
+
+def test_pyg_loader_keywords_get_the_dataloader_spelling():
+    """Fails on the old main: `DataLoader.__init__() got an unexpected keyword argument 'input_nodes'`,
+    which does not say where the targets go."""
+    ds = _data()
+    sampler = gsplit.NeighborSampler([3, 3])
+    with pytest.raises(TypeError, match=r"input_nodes=, a PyG NeighborLoader keyword; pass the targets positionally "
+                                        r"as indices: DataLoader\(graph, indices, sampler"):
+        gsplit.DataLoader(ds.graph, input_nodes=ds.train_idx, sampler=sampler, batch_size=64)
+    with pytest.raises(TypeError, match=r"NeighborSampler.from_pyg\(num_neighbors\)"):
+        gsplit.DataLoader(ds.graph, ds.train_idx, num_neighbors=[3, 3], batch_size=64)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):   # any other keyword: Python's
+        gsplit.DataLoader(ds.graph, ds.train_idx, sampler, bogus=1)
+    assert len(gsplit.DataLoader(ds.graph, ds.train_idx, sampler, batch_size=64)) > 0
