@@ -29,6 +29,7 @@ from gsplit.counters import (EpochCounters, _book_layer_time, _book_train_time, 
                              iteration_balance)
 from gsplit.feature_store import parse_size
 from gsplit.graph import Graph
+from gsplit.interop.dgl import SPLIT_FIX  # imports no dgl
 from gsplit.model_io import save_model
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
@@ -374,8 +375,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     other ranks) is the log's ``setup_s``, not part of any epoch.
     """
     if dataset.train_idx.numel() == 0:
+        fix = {"dgl.DGLGraph": SPLIT_FIX, "torch_geometric.data.Data": "set data.train_mask (a boolean mask or vertex "
+               "ids) before from_pyg(data)"}.get(dataset.meta.get("source"), "check its split options")
         raise ValueError(f"dataset {dataset.name!r} has no training vertices (train_idx is empty): nothing to train; "
-                         f"check its split options")
+                         f"{fix}, or pass dataclasses.replace(dataset, train_idx=ids)")
     device = resolve_device(cfg.device)
     if device.type == "cpu":  # also one process and torchrun ranks (gsplit.launch sets it for its CPU ranks)
         keep_freed_heap()

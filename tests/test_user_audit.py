@@ -331,3 +331,20 @@ def test_pyg_loader_keywords_get_the_dataloader_spelling():
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):   # any other keyword: Python's
         gsplit.DataLoader(ds.graph, ds.train_idx, sampler, bogus=1)
     assert len(gsplit.DataLoader(ds.graph, ds.train_idx, sampler, batch_size=64)) > 0
+
+
+def test_training_without_training_vertices_says_how_to_pass_the_split():
+    """Fails on the old main: a DGL graph without masks (from_dgl) was refused with `train_idx is empty ...
+    check its split options`, which from_dgl has none of. (tests/test_dgl_interop.py checks from_dgl itself.)"""
+    import dataclasses
+
+    from gsplit.trainer import TrainConfig, train_rank
+
+    empty = torch.zeros(0, dtype=torch.int64)
+    bare = dataclasses.replace(_data(), train_idx=empty, name="dgl", meta={"source": "dgl.DGLGraph"})
+    with pytest.raises(ValueError, match=r"no training vertices .*from_dgl\(g, train_idx=\.\.\., val_idx=\.\.\., "
+                                         r"test_idx=\.\.\.\).*or set g.ndata\['train_mask'\]"):
+        train_rank(0, 1, TrainConfig(fanouts=[2], device="cpu"), bare, None)
+    with pytest.raises(ValueError, match=r"set data.train_mask .* before from_pyg\(data\)"):
+        train_rank(0, 1, TrainConfig(fanouts=[2], device="cpu"),
+                   dataclasses.replace(bare, meta={"source": "torch_geometric.data.Data"}), None)
