@@ -148,6 +148,19 @@ def test_an_unsorted_indptr_in_a_prepared_folder_is_refused_by_default(folder, c
     assert "graph/indptr.npy is not non-decreasing" in line
 
 
+def test_an_indptr_that_does_not_end_at_the_edge_count_is_refused_naming_the_file(folder):
+    """(Passes on main since the first issue-31 merge: kept so that the end check stays.)"""
+    import numpy as np
+
+    ptr = np.load(folder / "graph" / "indptr.npy")
+    edges = int(ptr[-1])
+    ptr[-1] = edges - 3
+    np.save(folder / "graph" / "indptr.npy", ptr)
+    with pytest.raises(ValueError, match=rf"graph/indptr.npy runs from 0 to {edges - 3} but must run from 0 to the "
+                                         rf"{edges} entries of indices.npy; write it again"):
+        gsplit.datasets.load(f"folder:{folder}")
+
+
 def test_an_out_of_range_id_in_a_prepared_folder_is_refused_naming_the_file(folder):
     """Fails on the old main: the sampler caught it later, without naming the file."""
     import numpy as np
