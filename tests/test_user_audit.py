@@ -361,3 +361,33 @@ def test_training_without_training_vertices_says_how_to_pass_the_split():
     with pytest.raises(ValueError, match=r"set data.train_mask .* before from_pyg\(data\)"):
         train_rank(0, 1, TrainConfig(fanouts=[2], device="cpu"),
                    dataclasses.replace(bare, meta={"source": "torch_geometric.data.Data"}), None)
+
+
+# ---------------------------------------------------------------- finding 11: a full disk during training
+def test_a_checkpoint_that_fills_the_disk_is_one_line(tmp_path, monkeypatch, capsys):
+    """Fails on the old main: torch.save on a full disk raises `RuntimeError: [enforce fail at
+    inline_container.cc] unexpected pos` while handling the OSError, so the run ended in the rank's traceback
+    (tests/test_faults.py has the same on a real 64 KiB file system with 2 ranks, where root may mount one)."""
+    import errno
+    import io
+
+    import gsplit.checkpoint
+
+    real_save = torch.save
+
+    def save_on_a_full_disk(obj, f, *args, **kwargs):   # what torch.save does when a write hits ENOSPC
+        if not isinstance(f, io.BytesIO):   # a file on disk (model.pt goes through a buffer first)
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 8000 vs 7952")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(gsplit.checkpoint.torch, "save", save_on_a_full_disk)
+    rc = main(["train", *DATA, "--num-ranks", "1", "--device", "cpu", "--epochs", "1", "--fanouts", "3,3",
+               "--batch-size", "256", "--hidden", "8", "--eval-every", "0", "--checkpoint", str(tmp_path / "ck")])
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err, err
+    line = _one_error_line("\n".join(x for x in err.splitlines() if not x.startswith("epoch ")))  # not tqdm's bar
+    assert "No space left on device" in line and str(tmp_path / "ck") in line and "state.pt" in line
+    assert "free space on that file system" in line
