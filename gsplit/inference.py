@@ -30,7 +30,8 @@ rows each layer returns are compared with the rows the next layer receives, and 
 (identity, relu, elu, leaky_relu, gelu, silu, tanh, sigmoid, possibly with a ``flatten(1)`` or
 ``mean(1)`` of attention heads) that maps one onto the other is used (:func:`infer_between`). What was
 inferred is the result's ``between`` and a WARNING the first time a process infers it for a model class
-(rank 0; INFO after, and on the other ranks): a choice made for the user, which a script with default logging would not see at INFO. A model whose forward does something else between layers gets an error
+(rank 0; INFO after, and on the other ranks): a choice made for the user, which a script with default
+logging would not see at INFO. A model whose forward does something else between layers gets an error
 asking for ``between=``.
 
 The graph may be a gsplit ``Graph``, a ``DGLGraph`` (features default to ``ndata["feat"]``) or a PyG
