@@ -501,11 +501,12 @@ class FullGraphLoader:
             return
         batch = MiniBatch(self.full_graph.nodes, self.blocks[-1].dst_nodes, self.blocks)
         bind_group(batch.blocks, self.comm)
-        build_s = self.full_graph.build_s if self._first else 0.0
-        self.last_stats = IterationStats.of_batch(batch, build_s, 0.0)
+        # The blocks were built (and the features loaded) once, by the constructor: an epoch samples and loads
+        # nothing, so its seconds are 0 and the build's are the loader's (``full_graph.build_s``), not the
+        # first epoch's, whose total does not cover them (issue 31: "time 0.15s (sample 23.01 ...)").
+        self.last_stats = IterationStats.of_batch(batch, 0.0, 0.0)
         if not self._first:
-            self.last_stats.input_rows = 0  # features were loaded once, when the blocks were built
-        self.last_stats.wait_s = build_s
+            self.last_stats.input_rows = 0  # the rows loaded by the build count once, with the first epoch
         self._first = False
         self._epoch += 1
         yield batch

@@ -28,8 +28,10 @@ A DGL-style model without ``between`` (DGL's example ``SAGE``, whose forward run
 dropout between its layers) needs nothing more: its forward is run once on a tiny mini-batch, the
 rows each layer returns are compared with the rows the next layer receives, and the one activation
 (identity, relu, elu, leaky_relu, gelu, silu, tanh, sigmoid, possibly with a ``flatten(1)`` or
-``mean(1)`` of attention heads) that maps one onto the other is used, with a log line saying which
-(:func:`infer_between`). A model whose forward does something else between layers gets an error
+``mean(1)`` of attention heads) that maps one onto the other is used (:func:`infer_between`). What was
+inferred is the result's ``between`` and a WARNING the first time a process infers it for a model class
+(rank 0; INFO after, and on the other ranks): a choice made for the user, which a script with default
+logging would not see at INFO. A model whose forward does something else between layers gets an error
 asking for ``between=``.
 
 The graph may be a gsplit ``Graph``, a ``DGLGraph`` (features default to ``ndata["feat"]``) or a PyG
@@ -46,7 +48,7 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -81,6 +83,9 @@ class InferenceResult:
     """The model's output for ``nodes``, one row each, in the same order (e.g. logits)."""
     num_nodes: int
     """Vertices of the whole graph (``nodes`` over all ranks are a partition of ``range(num_nodes)``)."""
+    between: str = ""
+    """What ran between the layers: ``"model.between"``, ``"given"`` (the ``between=`` argument), ``"none"``,
+    or what was inferred from the model's forward (``"inferred: relu between layers"``)."""
 
     def __getitem__(self, ids) -> torch.Tensor:
         """The output rows of ``ids`` on every rank, gathered over the default process group (as DGL's
@@ -328,6 +333,7 @@ def layerwise_inference(model, graph: Graph, features: Optional[torch.Tensor] = 
     """
     if isinstance(getattr(model, "module", None), nn.Module) and type(model).__name__ in _WRAPPERS:
         model = model.module
+    what_between = "model.between" if isinstance(between, str) else ("none" if between is None else "given")
     layers, between, output = _model_parts(model, between)
     if int(batch_size) < 1:
         raise ValueError(f"batch_size={batch_size}; pass a positive number of vertices per rank per chunk")
@@ -381,8 +387,8 @@ def layerwise_inference(model, graph: Graph, features: Optional[torch.Tensor] = 
             x = features[probe[0].src_nodes.to(features.device)].to(device)
             between, inferred_output, desc = infer_between(model, layers, [as_layer_block(b) for b in probe], x)
             output = output if output is not None else inferred_output
-            log.info("layer-wise inference: %s has no between(i, h, block); from its forward: %s",
-                     type(model).__name__, desc)
+            _say_inferred(type(model).__name__, desc, comm.rank)
+            what_between = f"inferred: {desc}"
         h_prev: Optional[torch.Tensor] = None       # rows of the owned vertices at the previous layer
         for i, layer in enumerate(layers):
             h_next: Optional[torch.Tensor] = None
@@ -410,7 +416,20 @@ def layerwise_inference(model, graph: Graph, features: Optional[torch.Tensor] = 
     finally:
         if isinstance(model, nn.Module):
             model.train(was_training)
-    return InferenceResult(nodes=mine, output=h_prev, num_nodes=graph.num_nodes)
+    return InferenceResult(nodes=mine, output=h_prev, num_nodes=graph.num_nodes, between=what_between)
+
+
+# (model class, what was inferred) said at WARNING in this process: repeated evaluations say it at INFO
+_INFERRED_SAID: Set[Tuple[str, str]] = set()
+
+
+def _say_inferred(model_name: str, desc: str, rank: int) -> None:
+    """Log what was inferred: at WARNING the first time this process infers it for ``model_name`` on rank 0
+    (a choice made for the user, which a script's default logging shows only at WARNING), else at INFO."""
+    first = rank == 0 and (model_name, desc) not in _INFERRED_SAID
+    _INFERRED_SAID.add((model_name, desc))
+    log.log(logging.WARNING if first else logging.INFO, "layer-wise inference: %s has no between(i, h, block); "
+            "from its forward (run on a probe mini-batch): %s (pass between= to choose it yourself)", model_name, desc)
 
 
 def gather_rows(result: InferenceResult, ids, group=None) -> torch.Tensor:

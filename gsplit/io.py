@@ -55,7 +55,9 @@ def atomic_file(path: PathLike) -> Iterator[Any]:
     """Yield a binary file that replaces ``path`` only when the block finishes without an exception.
 
     For writers that need a file object (``torch.save``, ``np.save``); the same guarantees as
-    :func:`atomic_write_bytes`.
+    :func:`atomic_write_bytes`. A failed write is an ``OSError`` naming ``path``, also where the writer
+    wrapped it (``torch.save`` on a full disk raises ``RuntimeError: ... unexpected pos`` while handling the
+    ``OSError``).
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -65,15 +67,40 @@ def atomic_file(path: PathLike) -> Iterator[Any]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001 - re-raised unless an OSError lies under it
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise _naming(e, path) from None
+        os_error = _os_error_under(e)
+        if os_error is None:
+            raise
+        raise _naming(os_error, path) from None
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
     _fsync_dir(path.parent)
+
+
+def _os_error_under(e: BaseException) -> Optional[OSError]:
+    """``e`` if it is an ``OSError``, else the first one it was raised from or while handling, else None.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise OSError(errno.ENOSPC, "No space left on device")
+        ...     except OSError:
+        ...         raise RuntimeError("unexpected pos 8000 vs 7952")
+        ... except RuntimeError as e:
+        ...     _os_error_under(e).errno == errno.ENOSPC
+        True
+    """
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, OSError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _naming(e: OSError, path: Path) -> OSError:

@@ -35,7 +35,7 @@ from gsplit.finite import first_non_finite_row
 from gsplit.graph import Graph, as_vertex_ids
 from gsplit.interop import dgl as dgl_interop  # imports no dgl: DGL inputs and DGL's keywords
 from gsplit.interop.graphs import graph_input  # DGLGraph / PyG Data in, imports neither library
-from gsplit.interop.pyg import warn_fanout_order  # imports no torch_geometric
+from gsplit.interop.pyg import refuse_pyg_loader_keywords, warn_fanout_order  # imports no torch_geometric
 from gsplit.partitioning.auto import default_partition
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.prefetch import PREFETCH_DEPTH, Producer
@@ -142,6 +142,11 @@ class RankLoader:
     comm: Communicator
     schedule: BatchSchedule
     macrobatch: int = 1
+
+    def __new__(cls, *args, **kwargs):
+        # before Python's bare "unexpected keyword argument": PyG's NeighborLoader keywords get the DGL spelling
+        refuse_pyg_loader_keywords(cls.__name__, kwargs)
+        return super().__new__(cls)
 
     def _init_rank(self, graph: Graph, indices, group, use_ddp: bool, batch_size: int, ddp_seed: int,
                    shuffle: bool, drop_last: bool, replica_group=None) -> None:

@@ -29,6 +29,7 @@ from gsplit.counters import (EpochCounters, _book_layer_time, _book_train_time, 
                              iteration_balance)
 from gsplit.feature_store import parse_size
 from gsplit.graph import Graph
+from gsplit.interop.dgl import SPLIT_FIX  # imports no dgl
 from gsplit.model_io import save_model
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
@@ -366,10 +367,18 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     in-degree. ``hosts``: ``(host_group, world_group)`` from :func:`gsplit.host_groups` when the job
     spans several hosts (the CLI passes it under torchrun); without it ``cfg.ranks_per_host`` makes them.
     ``owner`` then has one part per rank of a host.
+
+    An epoch record's ``sample_s``, ``load_s``, ``wait_s`` and ``train_s`` (each the slowest rank's) are
+    measured inside the interval its ``epoch_s`` measures, so none exceeds it (with ``prefetch`` sampling
+    and loading overlap training: their sum may). Work done once before the first epoch (setting up the
+    training loader; for full-graph training building the blocks, with any kernel build or wait for the
+    other ranks) is the log's ``setup_s``, not part of any epoch.
     """
     if dataset.train_idx.numel() == 0:
+        fix = {"dgl.DGLGraph": SPLIT_FIX, "torch_geometric.data.Data": "set data.train_mask (a boolean mask or vertex "
+               "ids) before from_pyg(data)"}.get(dataset.meta.get("source"), "check its split options")
         raise ValueError(f"dataset {dataset.name!r} has no training vertices (train_idx is empty): nothing to train; "
-                         f"check its split options")
+                         f"{fix}, or pass dataclasses.replace(dataset, train_idx=ids)")
     device = resolve_device(cfg.device)
     if device.type == "cpu":  # also one process and torchrun ranks (gsplit.launch sets it for its CPU ranks)
         keep_freed_heap()
@@ -387,9 +396,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
-    with timed_step("setting up the training loader", logger=log):
+    with timed_step("setting up the training loader", logger=log) as setup:
         train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
                                           **split_options, **group_options)
+        setup_s = setup.seconds  # outside every epoch (full-graph: the blocks' build), so in none of their times
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
     model = system.prepare_model(cfg, model, train_loader)
     eval_options = {"features": getattr(train_loader, "feature_store", dataset.features),
@@ -518,4 +528,4 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     num_hosts = 1 if hosts is None else train_loader.num_replicas
     return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,
             "ranks_per_host": world_size // num_hosts, "device": str(device), "transport": comm.transport,
-            "epochs": history, **final}
+            "setup_s": setup_s, "epochs": history, **final}

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 import gsplit
 from gsplit.interop.dgl import block_of, from_dgl, graph_from_dgl, sampler_from_dgl, to_dgl_block
 from gsplit.sampling.batches import epoch_permutation
+from gsplit.trainer import TrainConfig, train_rank
 from parity_helpers import rel_err
 
 NUM_NODES = 150
@@ -138,6 +139,26 @@ def test_graph_from_dgl_keeps_every_edge_and_dgl_edge_ids():
     hetero = dgl.heterograph({("a", "r", "b"): (torch.tensor([0]), torch.tensor([0]))})
     with pytest.raises(ValueError, match="to_homogeneous"):
         graph_from_dgl(hetero)
+
+
+def test_from_dgl_takes_the_split_of_a_graph_without_masks(caplog):
+    """Fails on the old main: a graph without masks (OGB's DGL datasets give the split as ids) made a dataset
+    that training refused with `train_idx is empty` and no word on how to pass the split."""
+    g = make_graph()
+    masks = {name: g.ndata.pop(name) for name in ("train_mask", "val_mask", "test_mask")}
+    with caplog.at_level("WARNING", logger="gsplit.interop.dgl"):
+        bare = from_dgl(g)
+    assert bare.train_idx.numel() == 0
+    assert "g.ndata has no 'train_mask'" in caplog.text and "from_dgl(g, train_idx=" in caplog.text
+    with pytest.raises(ValueError, match=r"no training vertices .*from_dgl\(g, train_idx=\.\.\."):
+        train_rank(0, 1, TrainConfig(fanouts=[2], device="cpu"), bare, None)
+    caplog.clear()
+    ids = {what: masks[f"{what}_mask"].nonzero().squeeze(1) for what in ("train", "val", "test")}
+    with caplog.at_level("WARNING", logger="gsplit.interop.dgl"):
+        ds = from_dgl(g, train_idx=ids["train"], val_idx=masks["val_mask"], test_idx=ids["test"])
+    assert caplog.text == ""
+    for what in ("train", "val", "test"):
+        assert torch.equal(getattr(ds, f"{what}_idx"), ids[what])
 
 
 def test_loader_yields_dgl_blocks_with_data():

@@ -229,6 +229,8 @@ def full_graph_check(out: str):
     losses = [float(m) for m in re.findall(r"^epoch \d+  loss (\S+)$", out, flags=re.M)]
     assert len(losses) == 5, out
     assert losses[-1] < losses[0], out
+    acc = float(re.search(r"^test accuracy (\S+)$", out, flags=re.M).group(1))
+    assert acc > 0.5, out   # the synthetic graph's classes follow its features; chance is 1/num_classes
 
 
 def estimate_check(out: str):

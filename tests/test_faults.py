@@ -676,3 +676,26 @@ def test_a_disk_that_fills_during_prepare_is_one_line(tmp_path):
     rc, last, traceback = proc.stdout.strip().splitlines()
     assert rc == "1" and traceback == "False", proc.stdout
     assert last.startswith("gsplit: error: No space left on device") and "/map" in last, last
+
+
+FULL_DISK_TRAIN = textwrap.dedent("""
+    import subprocess, sys
+    p = subprocess.run([sys.executable, "-m", "gsplit", "train", "-D", "num_nodes=3000", "-D", "feature_dim=64",
+                        "--hidden", "256", "--num-ranks", "2", "--device", "cpu", "--epochs", "1", "--fanouts", "3,3",
+                        "--batch-size", "256", "--eval-every", "0", "--checkpoint", sys.argv[1] + "/ck"],
+                       capture_output=True, text=True, timeout=300)
+    print(p.returncode)
+    print(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "")
+    print("Traceback" in p.stderr)
+""")
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_during_train_is_one_line_without_a_rank_traceback(tmp_path):
+    """Fails on the old main: torch.save's RuntimeError (`unexpected pos`, raised while handling the OSError)
+    came back from rank 0 with its traceback."""
+    proc = _in_private_mount(tmp_path, "mount -t tmpfs -o size=64k tmpfs $D", FULL_DISK_TRAIN)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rc, last, traceback = proc.stdout.strip().splitlines()
+    assert rc == "1" and traceback == "False", proc.stdout
+    assert last.startswith("gsplit: error: rank 0: No space left on device") and "/ck/step-" in last, last

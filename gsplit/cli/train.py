@@ -24,7 +24,10 @@ from gsplit.io import append_jsonl, check_writable
 
 
 def print_epoch(record: dict) -> None:
-    """Per-epoch line printed from rank 0 (picklable, so it can cross into the rank processes)."""
+    """Per-epoch line printed from rank 0 (picklable, so it can cross into the rank processes).
+
+    Its parts (sample / load / fwd-bwd, the slowest rank's each) are measured within the epoch's time,
+    so none exceeds it; the setup before the first epoch is in neither (the log's ``setup_s``)."""
     acc = "  ".join(f"{k[:-4]} acc {record[k]:.4f}" for k in ("val_acc", "test_acc") if k in record)
     print(f"epoch {record['epoch']:>3}  loss {record['loss']:.4f}  time {record['epoch_s']:.2f}s "
           f"(sample {record['sample_s']:.2f} / load {record['load_s']:.2f} / fwd-bwd {record['train_s']:.2f})  "

@@ -159,14 +159,28 @@ def graph_from_dgl(g) -> GraphFromDGL:
     return GraphFromDGL(graph=graph, dgl_edge_ids=None if same else dgl_ids)
 
 
+SPLIT_FIX = ("pass the split to from_dgl(g, train_idx=..., val_idx=..., test_idx=...) (vertex ids or boolean "
+             "masks, e.g. OGB's dataset.get_idx_split()['train']) or set g.ndata['train_mask'] before from_dgl(g)")
+"""How to give a dataset made by :func:`from_dgl` its training vertices (said where they are missing)."""
+
+
+def _no_train_reason(mask, train_idx) -> str:
+    if train_idx is not None:
+        return "train_idx is empty"
+    return "g.ndata has no 'train_mask'" if mask is None else "g.ndata['train_mask'] marks no vertex"
+
+
 def from_dgl(g, *, feat: str = "feat", label: str = "label", num_classes: Optional[int] = None,
-             name: str = "dgl") -> Dataset:
+             name: str = "dgl", train_idx=None, val_idx=None, test_idx=None) -> Dataset:
     """A :class:`gsplit.datasets.Dataset` from a ``DGLGraph`` with ``ndata[feat]``, ``ndata[label]`` and masks.
 
     For the offline steps (``gsplit.presample``, ``gsplit.partition``) and gsplit's own tools; training
     can pass ``g`` itself to :class:`gsplit.DataLoader`. Features become float32, labels int64 (a
     ``[N, 1]`` label column is squeezed; ``-1`` marks an unlabelled vertex); ``ndata["train_mask"]`` /
     ``"val_mask"`` / ``"test_mask"`` (boolean or 0/1 masks; a missing one is empty) become the split ids.
+    ``train_idx`` / ``val_idx`` / ``test_idx`` (vertex ids or boolean masks) replace them: the split of a
+    graph without masks, e.g. OGB's ``dataset.get_idx_split()["train"]``. A dataset without training
+    vertices is made (for inference) with a warning that says how to pass them.
 
     Example:
         >>> import pytest; dgl = pytest.importorskip("dgl")   # (the test suite skips without DGL)
@@ -186,14 +200,20 @@ def from_dgl(g, *, feat: str = "feat", label: str = "label", num_classes: Option
     x = g.ndata[feat].detach().cpu()
     y, num_classes = class_labels(g.ndata[label], f"g.ndata[{label!r}]", num_classes)
     splits = {}
+    given = {"train": train_idx, "val": val_idx, "test": test_idx}
     for what in ("train", "val", "test"):
         mask = g.ndata.get(f"{what}_mask")
-        if mask is None:
+        if given[what] is not None:
+            splits[what] = as_vertex_ids(given[what], n, f"{what}_idx")
+        elif mask is None:
             splits[what] = torch.zeros(0, dtype=torch.int64)
         else:
             mask = mask.cpu()
             mask = mask.bool() if not mask.dtype.is_floating_point and mask.dtype != torch.bool else mask
             splits[what] = as_vertex_ids(mask, n, f"g.ndata['{what}_mask']")
+    if splits["train"].numel() == 0:
+        log.warning("from_dgl: %s, so the dataset has no training vertices (enough for inference, not for "
+                    "training); %s", _no_train_reason(g.ndata.get("train_mask"), train_idx), SPLIT_FIX)
     return Dataset(graph=graph, features=x.to(torch.float32).contiguous(), labels=y, train_idx=splits["train"],
                    val_idx=splits["val"], test_idx=splits["test"], num_classes=int(num_classes), name=name,
                    meta={"source": "dgl.DGLGraph"})

@@ -196,6 +196,29 @@ def check_block_layer(layer, where: str = "layers") -> None:
                         f"be called as layer(block, h); wrap it: gsplit.interop.pyg.BlockConv({name}(...))")
 
 
+# PyG NeighborLoader keywords -> what gsplit's loaders (DGL's signature) take instead
+_PYG_LOADER_KEYWORDS = {
+    "input_nodes": "pass the targets positionally as indices: {cls}(graph, indices, sampler, batch_size=...) "
+                   "(DGL's signature; indices are vertex ids or a boolean mask, e.g. data.train_mask)",
+    "num_neighbors": "pass a sampler as the third argument: {cls}(graph, indices, "
+                     "gsplit.NeighborSampler.from_pyg(num_neighbors), ...) (from_pyg reads PyG's order)",
+}
+
+
+def refuse_pyg_loader_keywords(cls: str, kwargs: dict) -> None:
+    """Raise ``TypeError`` naming gsplit's spelling when a loader gets a PyG ``NeighborLoader`` keyword.
+
+    Example:
+        >>> refuse_pyg_loader_keywords("DataLoader", {"input_nodes": None})
+        Traceback (most recent call last):
+        ...
+        TypeError: DataLoader() got input_nodes=, a PyG NeighborLoader keyword; pass the targets positionally as indices: DataLoader(graph, indices, sampler, batch_size=...) (DGL's signature; indices are vertex ids or a boolean mask, e.g. data.train_mask)
+    """
+    for key, fix in _PYG_LOADER_KEYWORDS.items():
+        if key in kwargs:
+            raise TypeError(f"{cls}() got {key}=, a PyG NeighborLoader keyword; {fix.format(cls=cls)}")
+
+
 def warn_fanout_order(sampler) -> None:
     """Warn when a PyG ``Data`` comes with a sampler whose fanouts may be PyG's ``num_neighbors`` (seeds outward).
 
@@ -214,6 +237,19 @@ def warn_fanout_order(sampler) -> None:
     log.warning("the graph is a PyG Data and the sampler's fanouts are %s, read input layer first (DGL's order: "
                 "fanouts[0] feeds the first layer), the reverse of PyG's num_neighbors; if %s was meant as PyG's "
                 "num_neighbors, build the sampler with gsplit.NeighborSampler.from_pyg(%s)", fanouts, fanouts, fanouts)
+
+
+def _say_added_self_loops(name: str) -> None:
+    """A PyG layer built with ``add_self_loops=True`` trains on edges the sampler did not pick: say the fix
+    (WARNING on rank 0 of a job, INFO on the others, which build the same model)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    log.log(logging.WARNING if rank == 0 else logging.INFO,
+            "%s(add_self_loops=True) (PyG's default) adds a self-loop to every destination on top of the edges the "
+            "sampler picked, which gsplit's blocks already hold; build it with %s(..., add_self_loops=False) to "
+            "train on exactly the sampled edges, as gsplit's and DGL's GAT do (split training equals one process "
+            "either way)", name, name)
 
 
 def _whole_batch_reason(conv: nn.Module) -> Optional[str]:
@@ -240,7 +276,10 @@ class BlockConv(nn.Module):
     ``GINConv``, ...) get ``conv((h_src, h_dst), edge_index, size=size)`` from :func:`block_inputs`; others
     (``GCNConv``) get ``conv(h, edge_index)`` and their first ``num_dst`` rows are kept. The block
     already holds the sampled edges, so build attention layers with ``add_self_loops=False`` to use
-    exactly those (as the single-process reference does).
+    exactly those (as the single-process reference does); a layer built with PyG's default
+    ``add_self_loops=True`` (``GATConv``, ``GATv2Conv``) is said at WARNING (on rank 0) with that fix: it adds
+    a self-loop to every destination on top of the sampled edges, which split training repeats exactly
+    but which is not the model gsplit's and DGL's GAT train.
 
     A layer that needs the whole mini-batch (``GCNConv(normalize=True)`` and other degree-normalising or
     multi-hop layers) raises ``ValueError`` on a split block; use ``normalize=False`` with a mean
@@ -266,6 +305,10 @@ class BlockConv(nn.Module):
         self.bipartite = "size" in inspect.signature(conv.forward).parameters
         """True when the layer takes ``(x_src, x_dst)`` and ``size``; else it gets all rows and is sliced."""
         self._whole_batch = _whole_batch_reason(conv)
+        # GCN-style layers add self-loops only while normalising, which _whole_batch_reason refuses already
+        if getattr(conv, "add_self_loops", False) is True and not hasattr(conv, "normalize"):
+            _say_added_self_loops(type(conv).__name__)
+
 
     def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
         if self._whole_batch is not None and block.shuffle_index is not None:
