@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import numpy as np
 import torch
 
@@ -54,7 +54,7 @@ def read_graph(folder: Path) -> None:
 
 
 def main() -> None:
-    parser = common.make_parser(__doc__.splitlines()[0])
+    parser = setup.make_parser(__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of every variant")
     args = parser.parse_args()
     n, m = (200_000, 3_000_000) if args.quick else (2_000_000, 30_000_000)
@@ -80,8 +80,8 @@ def main() -> None:
     rows = [[k, med[k], min(times[k]), med[k] / base] for k in variants]
     print(f"prepared folder of {n:,} vertices, {m:,} edges, 16 features ({args.rounds} interleaved rounds, "
           f"warm page cache; writing it took {write_s:.1f} s)")
-    print(common.format_table(["load", "median s", "min s", "x read graph"], rows))
-    common.save_json(common.output_stem(args, "bench_folder_checks"), {
+    print(report.format_table(["load", "median s", "min s", "x read graph"], rows))
+    report.save_json(report.output_stem(args, "bench_folder_checks"), {
         "num_nodes": n, "num_edges": m, "feature_dim": 16, "rounds": args.rounds, "write_s": write_s,
         "seconds": times, "median_s": med, "ratio_to_read_graph": {k: med[k] / base for k in med}})
 

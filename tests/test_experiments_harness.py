@@ -19,12 +19,11 @@ import pytest
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 HARNESS = EXPERIMENTS / "harness"
-LIBRARIES = {"layer_ops_models": "bench_layer_ops.py's block file and timing loop, shared with its DGL peer",
-             "common": "the harness's names under the module name before it; only bench_folder_checks.py imports it"}
+LIBRARIES = {"layer_ops_models": "bench_layer_ops.py's block file and timing loop, shared with its DGL peer"}
 """Modules of experiments/ that are no script (no ``__main__``), and what they are."""
 NO_JSON = {"gpu_first_run": "writes a Markdown report; the JSON is gpu_bench.py's, which it runs"}
 """Scripts whose output is not the harness's JSON, and why."""
-LEGACY = {"bench_folder_checks": "another branch edits it; it moves onto the harness in its own commit"}
+LEGACY: dict = {}
 """Scripts not yet on the harness, and why."""
 FORBIDDEN_CALLS = {
     ("argparse", "ArgumentParser"): "setup.make_parser (peer.make_parser in a DGL peer)",
