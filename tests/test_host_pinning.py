@@ -124,7 +124,7 @@ def test_a_memory_mapped_table_is_never_registered_but_copied(monkeypatch, small
     assert torch.equal(got.tensor, mapped) and rt.pinned(got.tensor)
     assert pinning.backing(got.tensor.data_ptr(), got.tensor.numel() * 4).kind != "file"
     assert np.array_equal(np.load(tmp_path / "features.npy"), data)  # the file is untouched
-    assert not pinning.register_in_place(mapped, "table")[0]  # asked directly, it refuses too
+    assert not pinning.register_in_place(mapped)[0]  # asked directly, it refuses too
 
 
 def test_in_place_registration_goes_in_pieces_and_ends_with_the_storage(monkeypatch, small_budget):

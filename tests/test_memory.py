@@ -91,7 +91,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cuda_kernels, "cupy_available", lambda: True)
     monkeypatch.setattr(pinning, "register_in_place",
-                        lambda t, what="", policy=None, step=None:
+                        lambda t, policy=None, step=None, where=None:
                         (registered.append((t.data_ptr(), t.numel() * t.element_size())) or True, ""))
 
     def no_copy(self, *args, **kwargs):

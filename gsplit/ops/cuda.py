@@ -295,7 +295,7 @@ def pin_in_place(t: torch.Tensor, what: str = "host feature tensor") -> bool:
         # torch's own pinned memory (cudaHostAlloc), or a range registered here whose storage is still alive (a
         # freed one was unregistered by its finalizer): mapped either way
         return _device_pointer(t) is not None
-    ok, why = pinning.register_in_place(t, what)
+    ok, why = pinning.register_in_place(t)
     if not ok:
         log.warning("cannot pin the %.2f GiB %s in place (%s); the CPU reads it instead",
                     t.numel() * t.element_size() / 2**30, what, why)

@@ -203,21 +203,22 @@ def _chunks(ptr: int, nbytes: int, policy: PinPolicy) -> List[Tuple[int, int]]:
 
 
 # ---------------------------------------------------------------------------------------- the strategies
-def register_in_place(t: torch.Tensor, what: str, policy: Optional[PinPolicy] = None,
-                      step: Optional[SetupStep] = None) -> Tuple[bool, str]:
+def register_in_place(t: torch.Tensor, policy: Optional[PinPolicy] = None, step: Optional[SetupStep] = None,
+                      where: Optional[Backing] = None) -> Tuple[bool, str]:
     """Page-lock ``t`` where it is (``cudaHostRegister``, mapped, read-only where supported), in timed chunks.
 
     Returns ``(True, "")``, or ``(False, why)`` with nothing left registered: ``t`` is a memory-mapped file
     (never registered, see the module's docstring), a registration was refused, the chunks registered so far
     project the whole beyond ``policy.budget``, or CUDA does not read the chunks at their host addresses. The
-    registration is undone when ``t``'s storage dies.
+    registration is undone when ``t``'s storage dies. ``where``: what backs ``t``, when the caller has read it
+    (:func:`backing`).
     """
     policy = policy or PinPolicy.from_env()
     nbytes = t.numel() * t.element_size()
     if nbytes == 0:
         return True, ""
     ptr = t.data_ptr()
-    where = backing(ptr, nbytes)
+    where = where or backing(ptr, nbytes)
     if where.kind == "file":
         return False, (f"it is a {'private (copy-on-write)' if where.private else 'shared'} mapping of the file "
                        f"{where.path}, which is never registered in place")
@@ -297,8 +298,7 @@ def ranks_on_host() -> int:
     return 1
 
 
-def pinned_copy(t: torch.Tensor, what: str, policy: Optional[PinPolicy] = None,
-                step: Optional[SetupStep] = None) -> Tuple[Optional[torch.Tensor], str]:
+def pinned_copy(t: torch.Tensor, policy: Optional[PinPolicy] = None, step: Optional[SetupStep] = None) -> Tuple[Optional[torch.Tensor], str]:
     """A copy of ``t`` in pinned, mapped host memory (``cudaHostAlloc``), filled in chunks; ``(None, why)`` when
     the host lacks the memory or CUDA refuses. Exact size (torch's pinned allocator would round up to a power
     of two and keep the memory after use); freed when the copy's storage dies."""
@@ -371,14 +371,14 @@ def make_host_readable(t: torch.Tensor, what: str) -> HostReadable:
         elif where.kind == "file" and policy.mode == "auto":
             reasons.append(f"it is a memory-mapped file ({where.path}), which is never registered in place")
         else:
-            ok, why = register_in_place(t, what, policy, step)
+            ok, why = register_in_place(t, policy, step, where)
             if ok:
                 step.note = "registered in place"
                 return HostReadable(t, "registered", step.seconds)
             reasons.append(why)
         expected = policy.mode == "copy" or where.kind == "file"
         if policy.mode in ("auto", "copy"):
-            copy, why = pinned_copy(t, what, policy, step)
+            copy, why = pinned_copy(t, policy, step)
             if copy is not None:
                 step.note = f"a pinned copy: {reasons[0]}"
                 if not expected:
