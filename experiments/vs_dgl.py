@@ -15,6 +15,8 @@ and hidden size, all on CPU ranks over gloo:
   loader, no process group, no DDP) and ``gsplit train --num-ranks 1 --system dp``. They are compared
   with the multi-process runs of the same ``ranks`` (same global batch); the table's ratios are to DGL's
   multi-process epoch. ``--systems dgl,split,dp`` leaves them out;
+* ``dgl-keepheap`` (not in the default): ``dgl`` with glibc keeping freed memory for reuse, as gsplit's CPU
+  ranks do (``gsplit.resources.keep_freed_heap``): how much of a gap is the allocator setting;
 * ``split-plain`` (issue 20, item 4): ``split`` with ``--no-overlap`` (every layer's shuffle blocking), so
   that the overlap's effect is measured in the same rounds (``split`` follows ``gsplit train``'s default:
   overlapped for SAGE and GCN, not for GAT, where the two rows are then the same configuration);
@@ -60,10 +62,11 @@ from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP'
 from gsplit.io import read_run_log
 from gsplit.resources import HostMemoryMeter
 
-SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle")
+SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle", "dgl-keepheap")
 """The compared systems, in the order of even rounds."""
 LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
-          "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm", "split-shuffle": "split shuffled inputs"}
+          "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm", "split-shuffle": "split shuffled inputs",
+          "dgl-keepheap": "DGL kept heap"}
 """Column names of the main table."""
 
 ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
@@ -72,6 +75,11 @@ ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
 SPLIT_VARIANTS = {"split": [], "split-plain": ["--no-overlap"], "split-shm": [],
                   "split-shuffle": ["--input-features", "shuffle"]}
 """``gsplit train --system split`` runs and the arguments each adds (``split-shm`` differs by environment)."""
+
+DGL_KEEP_HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**31 - 1), "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+"""``dgl-keepheap``: DGL's ranks with the glibc setting gsplit's CPU ranks make at start
+(``gsplit.resources.keep_freed_heap``, by ``mallopt``; glibc reads the same from these variables): the allocator's
+share of a difference, measured apart from the libraries' own work."""
 
 MACROBATCH_BASES = ("split", "dp", "split-shuffle")
 """Systems ``--macrobatch`` adds ``-mbB`` variants of."""
@@ -103,8 +111,8 @@ def parse_args(argv=None):
     p.add_sized("--ranks", quick=[2], full=[2, 4], type=setup.int_list,
                 help="comma-separated world sizes (default 2,4; quick 2)")
     p.add_argument("--models", default="sage,gat", help="comma-separated: sage, gat")
-    p.add_argument("--systems", default=",".join(SYSTEMS),
-                   help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all)")
+    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "dgl-keepheap"),
+                   help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all but dgl-keepheap)")
     p.add_argument("--macrobatch", default="", help="comma-separated macrobatch sizes > 1: adds split-mbB / dp-mbB "
                    "(/ split-shuffle-mbB) after each of split, dp (split-shuffle) in --systems")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
@@ -215,7 +223,7 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         cmd += SPLIT_VARIANTS.get(system, [])
         if macrobatch > 1:
             cmd += ["--macrobatch", macrobatch]
-    env = (rounds.peer_env() if dgl else
+    env = (rounds.peer_env(**(DGL_KEEP_HEAP_ENV if system == "dgl-keepheap" else {})) if dgl else
            {**os.environ, "GSPLIT_CPU_TRANSPORT": "shm" if system == "split-shm" else "gloo"})
     load_before = report.load_average()
     with HostMemoryMeter(interval_s=1.0) as meter:

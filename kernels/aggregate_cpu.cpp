@@ -480,6 +480,79 @@ std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor in
   return {grad_z, grad_el, grad_er};
 }
 
+// Between two layers: ReLU, then dropout with each row's mask drawn from a small 0/1 bank (vertex_dropout):
+// out[i] = relu(h[i]) * (mask[rows[i]] * scale). One pass instead of relu, a gather of [n, F] mask rows and a
+// product. The same float operations per cell as the unfused ops (mask * scale, then the product), so the same
+// bits; relu keeps a NaN (as torch's clamp_min does). Backward needs only the output: where out > 0 the mask
+// was 1 (a 0/1 mask), so the gradient is grad * scale there and 0 where out <= 0, as threshold_backward of the
+// unfused ops gives; a NaN output passes grad * scale (the unfused ops give 0 where its mask was 0).
+namespace {
+
+template <typename T>
+void relu_dropout_rows_impl(const T* __restrict__ h, const int64_t* __restrict__ rows, const T* __restrict__ mask,
+                            T scale, T* __restrict__ out, int64_t n, int64_t F) {
+  at::parallel_for(0, n, kChunk, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const T* __restrict__ x = h + i * F;
+      const T* __restrict__ m = mask + rows[i] * F;
+      T* __restrict__ o = out + i * F;
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) o[f] = (x[f] < T(0) ? T(0) : x[f]) * (m[f] * scale);
+    }
+  });
+}
+
+template <typename T>
+void relu_dropout_rows_backward_impl(const T* __restrict__ g, const T* __restrict__ out, T scale, T* __restrict__ gh,
+                                     int64_t numel) {
+  at::parallel_for(0, numel, 16384, [&](int64_t b, int64_t e) {
+    // written so that GCC vectorises it (-O3, default trapping math): the product unconditional, the select as
+    // "> 0 or NaN" (a plain `out <= 0 ? 0 : g * s` stays a branch per cell: 3-4x slower at 50 % dropout)
+#pragma omp simd
+    for (int64_t k = b; k < e; ++k) {
+      const T v = g[k] * scale;
+      gh[k] = out[k] > T(0) ? v : (out[k] != out[k] ? v : T(0));
+    }
+  });
+}
+
+}  // namespace
+
+// Rows must index the mask (the caller draws them below mask.size(0)); not checked per cell. The mask must hold
+// only 0 and 1 (backward relies on it): checked here, one pass over the (small) bank.
+torch::Tensor relu_dropout_rows(torch::Tensor h, torch::Tensor rows, torch::Tensor mask, double scale) {
+  check_values(h, "h", 2);
+  check_index(rows, "rows");
+  check_values(mask, "mask", 2);
+  TORCH_CHECK_VALUE(rows.numel() == h.size(0) && mask.size(1) == h.size(1) && mask.scalar_type() == h.scalar_type(),
+                    "relu_dropout_rows: h ", h.sizes(), " needs one row index per row and a mask of its width and "
+                    "dtype; got rows ", rows.sizes(), " and mask ", mask.sizes(), " ", mask.scalar_type());
+  auto hc = h.contiguous(), mc = mask.contiguous();
+  auto out = torch::empty_like(hc);
+  AT_DISPATCH_FLOATING_TYPES(hc.scalar_type(), "relu_dropout_rows", [&] {
+    const scalar_t* m = mc.data_ptr<scalar_t>();
+    bool binary = true;
+    for (int64_t k = 0; k < mc.numel(); ++k) binary &= (m[k] == scalar_t(0)) | (m[k] == scalar_t(1));
+    TORCH_CHECK_VALUE(binary, "relu_dropout_rows: the mask must hold only 0 and 1 (a dropout bank)");
+    relu_dropout_rows_impl<scalar_t>(hc.data_ptr<scalar_t>(), rows.data_ptr<int64_t>(), m, static_cast<scalar_t>(scale),
+                                     out.data_ptr<scalar_t>(), hc.size(0), hc.size(1));
+  });
+  return out;
+}
+
+torch::Tensor relu_dropout_rows_backward(torch::Tensor grad, torch::Tensor out, double scale) {
+  auto gc = grad.contiguous(), oc = out.contiguous();
+  TORCH_CHECK_VALUE(gc.sizes() == oc.sizes() && gc.scalar_type() == oc.scalar_type(),
+                    "relu_dropout_rows_backward: grad ", gc.sizes(), " ", gc.scalar_type(), " for an output of ",
+                    oc.sizes(), " ", oc.scalar_type());
+  auto gh = torch::empty_like(oc);
+  AT_DISPATCH_FLOATING_TYPES(oc.scalar_type(), "relu_dropout_rows_backward", [&] {
+    relu_dropout_rows_backward_impl<scalar_t>(gc.data_ptr<scalar_t>(), oc.data_ptr<scalar_t>(),
+                                              static_cast<scalar_t>(scale), gh.data_ptr<scalar_t>(), oc.numel());
+  });
+  return gh;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "gsplit CPU aggregation kernels (CSR by destination, deterministic, no per-edge messages)";
   m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list; checks all indices");
@@ -490,4 +563,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sage_concat_backward", &sage_concat_backward, "grad of sage_concat w.r.t. x");
   m.def("gat_forward", &gat_forward, "fused GAT edge softmax and weighted sum: (out, alpha)");
   m.def("gat_backward", &gat_backward, "backward of gat_forward: (grad_z, grad_el, grad_er)");
+  m.def("relu_dropout_rows", &relu_dropout_rows, "relu(h[i]) * (mask[rows[i]] * scale) for every row i");
+  m.def("relu_dropout_rows_backward", &relu_dropout_rows_backward, "grad of relu_dropout_rows w.r.t. h, from its output");
 }

@@ -222,3 +222,75 @@ def test_cuda_matches_cpu():
     z, el, er = _gat_inputs(40, 12, 2, 3, torch.float32)
     torch.testing.assert_close(agg.gat_aggregate(z.cuda(), el.cuda(), er.cuda(), src.cuda(), dst.cuda(), 12).cpu(),
                                agg.gat_aggregate(z, el, er, src, dst, 12), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- ReLU and row-drawn dropout, fused
+def _unfused_relu_dropout_rows(h, rows, mask, scale):
+    return torch.relu(h) * (mask * scale).index_select(0, rows)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows_n", [37, 0])
+def test_relu_dropout_rows_has_the_bits_of_the_unfused_ops(dtype, rows_n):
+    """The fused kernel (one pass forward, one backward, only its output kept) equals ReLU, the gather of the
+    scaled mask rows and the product, value for value forward and in the gradient, signed zeros and infinities
+    included; a NaN stays NaN forward (the models' between-layer step relies on it: split parity compares bits)."""
+    _require_extension()
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(rows_n, 24, generator=g, dtype=dtype)
+    if rows_n:
+        h[0, :4] = torch.tensor([0.0, -0.0, float("inf"), -float("inf")], dtype=dtype)
+        h[1, 0] = float("nan")
+    h = h.t().contiguous().t()  # a non-contiguous view: the kernel takes its contiguous copy
+    mask = (torch.rand(5, 24, generator=g) < 0.5).to(dtype)
+    rows = torch.randint(0, 5, (rows_n,), generator=g)
+    weight = torch.randn(rows_n, 24, generator=g, dtype=dtype)
+    fused, (g_fused,) = _grads(lambda x: agg.relu_dropout_rows(x, rows, mask, 1 / 0.7), [h], weight)
+    plain, (g_plain,) = _grads(lambda x: _unfused_relu_dropout_rows(x, rows, mask, 1 / 0.7), [h], weight)
+    assert "ReluDropoutRows" in type(fused.grad_fn).__name__  # the kernel ran
+    assert torch.equal(fused.isnan(), plain.isnan()) and torch.equal(fused.nan_to_num(7.0), plain.nan_to_num(7.0))
+    finite = ~fused.isnan()  # a NaN output passes its gradient as a kept cell (documented)
+    assert torch.equal(g_fused[finite], g_plain[finite])
+    assert torch.equal(g_fused[~finite], (weight * torch.tensor(1 / 0.7, dtype=dtype))[~finite])
+
+
+def test_relu_dropout_rows_keeps_only_its_output_for_backward():
+    """Less memory than the unfused ops, which keep ReLU's output and the gathered [n, F] mask rows."""
+    _require_extension()
+    h = torch.randn(1000, 32, requires_grad=True)
+    mask, rows = (torch.rand(64, 32) < 0.5).float(), torch.randint(0, 64, (1000,))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        agg.relu_dropout_rows(h, rows, mask, 2.0)
+    assert saved == [1000 * 32]
+
+
+def test_relu_dropout_rows_falls_back_off_the_kernel_and_checks_its_inputs(monkeypatch):
+    h, rows, mask = torch.tensor([[-1.0, 2.0]]), torch.tensor([0]), torch.tensor([[1.0, 1.0]])
+    with pytest.raises(ValueError, match=r"h \[n, F\], rows \[n\] and mask \[R, F\]; got h \(2, 3\), rows \(1,\)"):
+        agg.relu_dropout_rows(torch.ones(2, 3), torch.tensor([0]), torch.ones(4, 3), 2.0)
+    with pytest.raises(ValueError, match="mask \\(4, 2\\)"):
+        agg.relu_dropout_rows(torch.ones(2, 3), torch.tensor([0, 1]), torch.ones(4, 2), 2.0)
+    if agg.extension_available():
+        with pytest.raises(ValueError, match="the mask must hold only 0 and 1"):
+            agg.relu_dropout_rows(h, rows, torch.tensor([[0.5, 1.0]]), 2.0)
+    monkeypatch.setenv("GSPLIT_NO_EXTENSIONS", "1")
+    out = agg.relu_dropout_rows(h.requires_grad_(), rows, mask, 2.0)
+    assert out.tolist() == [[0.0, 4.0]] and "ReluDropoutRows" not in type(out.grad_fn).__name__
+
+
+def test_models_between_layers_is_relu_then_vertex_dropout():
+    """gsplit's models apply ReLU and dropout in one fused step; it must equal the two one after the other."""
+    from gsplit.nn.dropout import relu_vertex_dropout, vertex_dropout
+
+    h = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
+    ids = torch.randperm(1000)[:300]
+    a = relu_vertex_dropout(h, ids, 0.5, seed=2, step=3, layer=1)
+    b = vertex_dropout(torch.relu(h), ids, 0.5, seed=2, step=3, layer=1)
+    assert torch.equal(a, b)
+    w = torch.randn(300, 16, dtype=torch.float64)
+    assert torch.equal(torch.autograd.grad((a * w).sum(), h)[0], torch.autograd.grad((b * w).sum(), h)[0])
+    with pytest.raises(ValueError, match="dropout p=1.5"):
+        relu_vertex_dropout(h, ids, 1.5, 0, 1, 0)
+    with pytest.raises(ValueError, match="h has 300 rows but 2 vertex ids"):
+        relu_vertex_dropout(h, ids[:2], 0.5, 0, 1, 0)

@@ -8,6 +8,9 @@ adds each destination's gradient row into its sources by a scatter in edge order
 range of source rows (no transposed CSR, no atomics). Each row is summed in edge order, so CPU results
 are a pure function of the inputs, whatever the thread count.
 
+The same extension holds the step between two layers of gsplit's models, :func:`relu_dropout_rows` (ReLU and a
+row-drawn dropout mask in one pass), which rides along so that it costs no build of its own.
+
 Elsewhere (CUDA tensors, other dtypes, ``GSPLIT_NO_EXTENSIONS=1``, or an extension that did not build)
 the plain-torch versions run: a gather (``index_select``) and a scatter-add (``index_add_``). Both
 paths compute the same values up to float rounding; the ``*_torch`` functions are public so tests and
@@ -33,7 +36,7 @@ from torch.autograd.function import once_differentiable
 from gsplit.ops import cpu_ext
 
 __all__ = ["copy_u_sum", "copy_u_mean", "self_and_mean", "gat_aggregate", "edge_softmax", "degrees", "copy_u_sum_torch",
-           "copy_u_mean_torch", "gat_aggregate_torch", "extension_available"]
+           "copy_u_mean_torch", "gat_aggregate_torch", "extension_available", "relu_dropout_rows"]
 
 _EXT_NAME = "gsplit_aggregate"
 _EXT_SOURCES = ("aggregate_cpu.cpp",)
@@ -232,6 +235,23 @@ class _GATAggregate(torch.autograd.Function):
         return gz, gel, ger, None, None, None, None
 
 
+class _ReluDropoutRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, rows, mask, scale, ext):
+        out = ext.relu_dropout_rows(h, rows, mask, scale)
+        ctx.ext, ctx.scale = ext, scale
+        ctx.save_for_backward(out)  # with a 0/1 mask, out > 0 exactly where relu(h) > 0 and the row's cell is kept
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        (out,) = ctx.saved_tensors
+        return ctx.ext.relu_dropout_rows_backward(grad_out, out, ctx.scale), None, None, None, None
+
+
 def _prepare(edge_src: torch.Tensor, edge_dst: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return edge_src.to(torch.int64).contiguous(), edge_dst.to(torch.int64).contiguous()
 
@@ -331,3 +351,29 @@ def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src:
     edge_src, edge_dst = _prepare(edge_src, edge_dst)
     indptr = _dst_indptr(ext, edge_src, edge_dst, z.shape[0], int(num_dst))
     return _GATAggregate.apply(z, el, er[: int(num_dst)], edge_src, indptr, float(negative_slope), ext)
+
+
+
+def relu_dropout_rows(h: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """``relu(h[i]) * (mask[rows[i]] * scale)`` for every row ``i``: ReLU, then dropout with each row's mask drawn
+    from a small 0/1 bank (what :func:`gsplit.nn.relu_vertex_dropout` computes between two layers). ``h``: [n, F];
+    ``rows``: [n] indices below ``mask.shape[0]``; ``mask``: [R, F] of zeros and ones; ``scale``: ``1 / (1 - p)``.
+    Differentiable in ``h``.
+
+    On CPU the compiled kernel does it in one pass forward and one backward and keeps only its output for
+    backward (the unfused ops keep ReLU's output and the [n, F] mask rows), with the same bits as the unfused
+    ops (ReLU, a gather of the scaled mask rows, a product; backward a product and ReLU's threshold) for every
+    non-NaN output; elsewhere the unfused ops run. Measured in ``experiments/bench_layer_ops.py``.
+
+    Example:
+        >>> h = torch.tensor([[-1., 2.], [3., -4.]])
+        >>> relu_dropout_rows(h, torch.tensor([1, 0]), torch.tensor([[0., 1.], [1., 1.]]), 2.0).tolist()
+        [[0.0, 4.0], [0.0, 0.0]]
+    """
+    if h.dim() != 2 or rows.dim() != 1 or rows.numel() != h.shape[0] or mask.dim() != 2 or mask.shape[1] != h.shape[1]:
+        raise ValueError(f"relu_dropout_rows expects h [n, F], rows [n] and mask [R, F]; got h {tuple(h.shape)}, rows "
+                         f"{tuple(rows.shape)}, mask {tuple(mask.shape)}")
+    ext = _use_extension(h, mask)
+    if ext is None:
+        return torch.relu(h) * (mask * scale).index_select(0, rows)
+    return _ReluDropoutRows.apply(h, rows.to(torch.int64).contiguous(), mask, float(scale), ext)
