@@ -361,6 +361,11 @@ def main(argv=None) -> int:
             for system in order:
                 r = run_system(system, model, world, args, opts, data_dir, maps, scratch, rnd)
                 runs.append(r)
+                # after every run: a run stopped part-way (timeout, Ctrl-C) keeps what it measured; the last save
+                # below replaces this with the summary and tables
+                report.save_json(stem, {"experiment": "gsplit vs DGL (issue 10)", "partial": True, "dataset": info,
+                                        "dataset_options": opts, "settings": report.settings(args), "maps": maps,
+                                        "runs": runs}, announce=False)
                 if system in ONE_PROCESS and r["torch_threads"] != [cores]:
                     print(f"warning: {system} ran with {r['torch_threads']} torch threads, not the host's {cores} "
                           "cores (OMP_NUM_THREADS set?)", flush=True)
