@@ -62,7 +62,8 @@ from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP'
 from gsplit.io import read_run_log
 from gsplit.resources import HostMemoryMeter
 
-SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle", "dgl-keepheap")
+SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle",
+           "dgl-keepheap")
 """The compared systems, in the order of even rounds."""
 LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
           "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm", "split-shuffle": "split shuffled inputs",

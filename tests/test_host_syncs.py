@@ -289,6 +289,27 @@ def test_dropout_masks_cost_no_syncs():
     assert abs((big == 0).float().mean().item() - 0.4) < 0.01
 
 
+def test_relu_dropout_on_the_gpu_path_costs_no_syncs_and_equals_the_cpu_kernel(monkeypatch):
+    """A CUDA tensor takes the unfused ops of relu_vertex_dropout (the compiled kernel is CPU-only); run here with
+    the kernel off, that path must wait for nothing and give the fused CPU kernel's values and gradient, so a GPU
+    rank drops and scales what a CPU rank does."""
+    from gsplit.nn.dropout import relu_vertex_dropout
+    from gsplit.ops import aggregate
+
+    h = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
+    ids, w = torch.randperm(1000)[:300], torch.randn(300, 16, dtype=torch.float64)
+    fused = relu_vertex_dropout(h, ids, 0.4, seed=3, step=2, layer=1)
+    monkeypatch.setenv("GSPLIT_NO_EXTENSIONS", "1")  # what _use_extension answers for a CUDA tensor
+    assert aggregate._use_extension(h) is None
+    counter = HostSyncCounter(cpu_is_device=True)
+    with counter:
+        plain = relu_vertex_dropout(h, ids, 0.4, seed=3, step=2, layer=1)
+    assert counter.total == 0, counter.report()
+    assert "ReluDropoutRows" not in type(plain.grad_fn).__name__
+    assert torch.equal(plain, fused)
+    assert torch.equal(torch.autograd.grad((plain * w).sum(), h)[0], torch.autograd.grad((fused * w).sum(), h)[0])
+
+
 def test_dropout_bank_is_the_device_generic_integer_draw():
     """The CPU bank (the compiled kernel where it builds) is counter_rng.keep_cells, the torch integer ops that
     make it on a GPU: the same masks on every device type (the first GPU run found a CUDA run's differing)."""

@@ -309,7 +309,6 @@ class BlockConv(nn.Module):
         if getattr(conv, "add_self_loops", False) is True and not hasattr(conv, "normalize"):
             _say_added_self_loops(type(conv).__name__)
 
-
     def forward(self, block: Block, h: torch.Tensor) -> torch.Tensor:
         if self._whole_batch is not None and block.shuffle_index is not None:
             raise ValueError(f"{self._whole_batch}, which a split block does not have (each rank holds only its own "

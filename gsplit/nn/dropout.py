@@ -57,8 +57,7 @@ def relu_vertex_dropout(h: torch.Tensor, vertex_ids: torch.Tensor, p: float, see
         >>> torch.equal(relu_vertex_dropout(h, ids, 0.5, 0, 1, 0), vertex_dropout(torch.relu(h), ids, 0.5, 0, 1, 0))
         True
     """
-    if p == 0.0 or h.numel() == 0 or h.dim() != 2:
-        _check_p(p)
+    if p == 0.0 or h.numel() == 0 or h.dim() != 2:  # vertex_dropout checks p
         return vertex_dropout(torch.relu(h), vertex_ids, p, seed, step, layer, bank_rows, bank)
     rows, bank = _mask_rows(h, vertex_ids, p, seed, step, layer, bank_rows, bank)
     return relu_dropout_rows(h, rows, bank, _scale(p))
@@ -71,7 +70,8 @@ def _check_p(p: float) -> None:
 
 def _mask_rows(h: torch.Tensor, vertex_ids: torch.Tensor, p: float, seed: int, step: int, layer: int, bank_rows: int,
                bank: Optional[torch.Tensor]):
-    """``(rows, bank)``: each row's index into the 0/1 mask bank; row ``i`` keeps ``bank[rows[i]]`` (times the scale)."""
+    """``(rows, bank)``: each row's index into the 0/1 mask bank; row ``i`` keeps ``bank[rows[i]]`` (times the
+    scale)."""
     _check_p(p)
     if vertex_ids.numel() != h.shape[0]:
         raise ValueError(f"h has {h.shape[0]} rows but {vertex_ids.numel()} vertex ids were given; pass one id per row")

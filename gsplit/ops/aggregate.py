@@ -353,7 +353,6 @@ def gat_aggregate(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edge_src:
     return _GATAggregate.apply(z, el, er[: int(num_dst)], edge_src, indptr, float(negative_slope), ext)
 
 
-
 def relu_dropout_rows(h: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """``relu(h[i]) * (mask[rows[i]] * scale)`` for every row ``i``: ReLU, then dropout with each row's mask drawn
     from a small 0/1 bank (what :func:`gsplit.nn.relu_vertex_dropout` computes between two layers). ``h``: [n, F];

@@ -298,7 +298,8 @@ def ranks_on_host() -> int:
     return 1
 
 
-def pinned_copy(t: torch.Tensor, policy: Optional[PinPolicy] = None, step: Optional[SetupStep] = None) -> Tuple[Optional[torch.Tensor], str]:
+def pinned_copy(t: torch.Tensor, policy: Optional[PinPolicy] = None,
+                step: Optional[SetupStep] = None) -> Tuple[Optional[torch.Tensor], str]:
     """A copy of ``t`` in pinned, mapped host memory (``cudaHostAlloc``), filled in chunks; ``(None, why)`` when
     the host lacks the memory or CUDA refuses. Exact size (torch's pinned allocator would round up to a power
     of two and keep the memory after use); freed when the copy's storage dies."""
