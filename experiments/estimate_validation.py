@@ -7,8 +7,8 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    world sizes 1, 2 and 4 replayed in this process (``gsplit.estimate.calibrate.time_shares``: split sampling
    with the exchange answered from the plan, the input gather, each layer forward and backward); one rank of
    the real trainer per model (what a step costs beyond its layers, and the loader's gather), and the same
-   one-rank run in as many independent processes as the host has cores, at once (how much slower a rank
-   computes while every core is busy: ``contention``); gloo all-to-all and all-reduce micro-benchmarks at 2 and
+   one-rank run in as many independent processes as the host has cores, at once, against it in one fresh
+   process just before (how much slower a rank computes while every core is busy: ``contention``); gloo all-to-all and all-reduce micro-benchmarks at 2 and
    4 ranks. Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and the
    ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
 2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
@@ -18,7 +18,14 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    predicted with the calibrated profile, against the measured medians (first iteration excluded in both);
    the split/dp ratios; the table and the JSON.
 
-    python experiments/estimate_validation.py                       # everything (~25 min on 2 quiet cores)
+``--rounds R`` runs calibrate-then-measure R times in turn and compares the medians over the rounds (and,
+beside them, each round's calibration against its own runs). This host's speed drifts 1.5-2x over minutes
+(other guests on the same machine), and one calibration pass and one measured pass, taken twenty minutes
+apart, can land on different sides of a drift: that, not the model, was most of the error of single passes.
+
+    python experiments/estimate_validation.py                       # everything (~6 min on 2 quiet cores)
+    python experiments/estimate_validation.py --rounds 3 --calibration estimate_calibration_rounds \
+        --measured estimate_measured_rounds                         # the recorded pass (~20 min)
     python experiments/estimate_validation.py --parts calibrate      # then --parts measure, then --parts report
     python experiments/estimate_validation.py --quick                # 20k vertices, 2 ranks, SAGE (~3 min)
 
@@ -33,7 +40,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import torch
 
 import gsplit
@@ -62,6 +69,12 @@ def parse_args(argv=None):
     p.add_sized("--shares-iters", quick=1, full=2, type=int,
                 help="mini-batches per world size in calibration (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="timings per share (median)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="calibrate-then-measure rounds (default 1); the JSONs hold the medians over the rounds, each "
+                        "round's own files are *_round<k>.json beside them. The recorded validation uses 3: this "
+                        "host's speed drifts 1.5-2x over minutes")
+    p.add_argument("--calibration", default="estimate_calibration",
+                   help="name of the calibration's JSON in --out (default estimate_calibration)")
     p.add_argument("--measured", default="estimate_measured",
                    help="name of the measured runs' JSON in --out (a second measure pass under another name shows "
                         "the runs' own spread; report reads this one)")
@@ -96,6 +109,7 @@ def run_config(model: str, system: str, iters: int, seed: int) -> TrainConfig:
 
 # ------------------------------------------------------------------------------------------- calibrate
 def calibrate(args) -> dict:
+    """The raw timings of one calibration pass (:func:`fit` turns them into profiles)."""
     torch.set_num_threads(1)  # a rank's share of this host at 2 and 4 ranks (gsplit.launch.limit_threads)
     cores = report.cpu_cores()
     sampler = gsplit.NeighborSampler(FANOUTS, seed=args.seed)
@@ -115,17 +129,18 @@ def calibrate(args) -> dict:
             cfg = run_config(model, "split", 6, args.seed)
             got = time_steps(ds, cfg, progress=say)
             # the same one-rank run in `cores` independent processes at once: how much slower a rank computes
-            # while every core is busy (no process group, nothing exchanged)
+            # while every core is busy (no process group, nothing exchanged), against the same run in one fresh
+            # process just before (not this process's run above: a fresh process's heap and caches, and the
+            # host's speed of that minute, which drifts here by more than the effect measured)
+            alone = corun_steps(ds, cfg, copies=1)[0]
             together = corun_steps(ds, cfg, copies=cores)
-            slowdown = statistics.median(r["iteration_s"] for r in together) / got["iteration_s"]
-            say(f"  {cores} one-rank runs at once: {slowdown:.2f}x the time alone")
+            slowdown = statistics.median(r["iteration_s"] for r in together) / alone["iteration_s"]
+            say(f"  {cores} one-rank runs at once: {slowdown:.2f}x the time of one alone")
             steps[model].append({"nodes": nodes, **got, "num_classes": ds.num_classes, "corun": together,
-                                 "corun_slowdown": slowdown})
+                                 "corun_alone": alone, "corun_slowdown": slowdown})
     _, raw = transport_profile(args.worlds, TRANSPORT_SIZES, host_bw=1.0, progress=say)
     say(f"calibration: {time.perf_counter() - t0:.0f}s")
-    cal = {"shares": shares, "steps": steps, "transport": raw, "cores": cores, "cache_bytes": last_level_cache_bytes()}
-    cal.update(fit(cal))
-    return cal
+    return {"shares": shares, "steps": steps, "transport": raw, "cores": cores, "cache_bytes": last_level_cache_bytes()}
 
 
 def fit(cal: dict) -> dict:
@@ -140,11 +155,13 @@ def fit(cal: dict) -> dict:
                                        load_runs=load_runs, cache_bytes=cal.get("cache_bytes", last_level_cache_bytes()),
                                        source="experiments/estimate_validation.py --parts calibrate (one process, "
                                               "one torch thread, this host)")
-    effects = [corun_effects(s, s["corun"]) for s in load_runs]
+    effects = [corun_effects(s.get("corun_alone", s), s["corun"]) for s in load_runs]
     device.contention = {k: statistics.median(e["contention"][k] for e in effects) for k in ("sample", "load", "compute")}
     device.noise = statistics.median(e["noise"] for e in effects)
     say(f"  with {cores} cores busy: " + ", ".join(f"{k} {v:.2f}x" for k, v in device.contention.items()) +
         f" (medians of the workloads); speed noise {device.noise:.1%} per step of work")
+    if device.copy_bw:
+        say(f"  a split rank's row copies around its shuffles: {device.copy_bw / 1e9:.2f} GB/s")
     say("  fits (relative error, median / max %): " + ", ".join(
         f"{k} {v['median_pct']:.0f}/{v['max_pct']:.0f}" for k, v in quality.items()))
     link = fit_link(cal["transport"], host_bw=load["host_bw"])
@@ -177,22 +194,45 @@ def measure(args) -> dict:
 
 
 # ------------------------------------------------------------------------------------------- report
-def report_table(args, cal: dict, meas: dict) -> dict:
-    device = DeviceProfile.from_dict(cal["device"])
-    link = LinkProfile.from_dict(cal["link"])
+def count_works(args) -> dict:
+    """``{(nodes, world): (work, iterations per epoch, {model: shape})}``: the work of exactly the measured
+    iterations, counted once in this process (every round's prediction reuses it)."""
     sampler = gsplit.NeighborSampler(FANOUTS, seed=args.seed)
-    rows, records = [], []
-    by_key = {(r["nodes"], r["world"], r["model"], r["system"]): r for r in meas["runs"]}
+    works = {}
     for nodes in args.nodes:
         ds = setup.load_named("synthetic", nodes, args.seed)
-        iters_per_epoch = None
         for world in args.worlds:
             owner = owner_map(ds, nodes, world, args.seed)
             work = count_work(ds.graph, ds.train_idx, sampler, BATCH, world, owner, iterations=args.iters,
                               seed=args.seed, input_features="direct")
-            iters_per_epoch = -(-ds.train_idx.numel() // (BATCH * world))
+            works[nodes, world] = (work, -(-ds.train_idx.numel() // (BATCH * world)),
+                                   {m: shape_of(ds, m) for m in args.models})
+    return works
+
+
+def summarise(records: list) -> dict:
+    """How many predictions are within 20 %, and the median and largest |error|.
+
+    Example:
+        >>> summarise([{"error": 0.1}, {"error": -0.3}, {"error": 0.05}])
+        {'records': 3, 'within_20pct': 2, 'max_abs_error': 0.3, 'median_abs_error': 0.1}
+    """
+    errors = [abs(r["error"]) for r in records]
+    return {"records": len(records), "within_20pct": sum(e <= 0.20 for e in errors),
+            "max_abs_error": max(errors) if errors else None,
+            "median_abs_error": statistics.median(errors) if errors else None}
+
+
+def report_table(args, works: dict, cal: dict, meas: dict, quiet: bool = False) -> dict:
+    device = DeviceProfile.from_dict(cal["device"])
+    link = LinkProfile.from_dict(cal["link"])
+    rows, records = [], []
+    by_key = {(r["nodes"], r["world"], r["model"], r["system"]): r for r in meas["runs"]}
+    for nodes in args.nodes:
+        for world in args.worlds:
+            work, iters_per_epoch, shapes = works[nodes, world]
             for model in args.models:
-                shape = shape_of(ds, model)
+                shape = shapes[model]
                 pred = {s: predict(work[s][1:], shape, device, link) for s in ("split", "dp")}
                 got = {s: by_key.get((nodes, world, model, s)) for s in ("split", "dp")}
                 for s in ("split", "dp"):
@@ -223,37 +263,71 @@ def report_table(args, cal: dict, meas: dict) -> dict:
                "predicted epoch s", "error %", "split/dp measured", "split/dp predicted", "ratio side right",
                "largest predicted terms"]
     table = report.format_table(headers, rows, floatfmt=".1f")
-    errors = [abs(r["error"]) for r in records]
-    summary = {"records": len(records), "within_20pct": sum(e <= 0.20 for e in errors),
-               "max_abs_error": max(errors) if errors else None,
-               "median_abs_error": statistics.median(errors) if errors else None}
-    print(table)
-    print(f"\n{summary['within_20pct']} of {summary['records']} predictions within 20 %; median |error| "
-          f"{(summary['median_abs_error'] or 0) * 100:.1f} %, largest {(summary['max_abs_error'] or 0) * 100:.1f} %")
+    summary = summarise(records)
+    if not quiet:
+        print(table)
+        print(f"\n{describe(summary)}")
     return {"table": table, "headers": headers, "rows": rows, "records": records, "summary": summary}
+
+
+def describe(summary: dict) -> str:
+    return (f"{summary['within_20pct']} of {summary['records']} predictions within 20 %; median |error| "
+            f"{(summary['median_abs_error'] or 0) * 100:.1f} %, largest {(summary['max_abs_error'] or 0) * 100:.1f} %")
+
+
+def round_stem(stem: Path, k: int) -> Path:
+    return stem.with_name(f"{stem.name}_round{k}")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    cal_stem, meas_stem = report.output_stem(args, "estimate_calibration"), report.output_stem(args, args.measured)
+    cal_stem, meas_stem = report.output_stem(args, args.calibration), report.output_stem(args, args.measured)
     cal_path, meas_path = Path(f"{cal_stem}.json"), Path(f"{meas_stem}.json")
     settings = {"nodes": args.nodes, "worlds": args.worlds, "models": args.models, "iters": args.iters,
                 "fanouts": FANOUTS, "batch_size": BATCH, "hidden": HIDDEN, "seed": args.seed}
-    if "calibrate" in args.parts:
-        report.save_json(cal_stem, {"settings": settings, **calibrate(args)})
-    if "refit" in args.parts:  # the fits again from the stored raw timings (no new measurement)
-        cal = report.read_json(cal_path)
-        cal.update(fit(cal))
-        report.write_json(cal_path, cal)
-        print(f"refitted {cal_path}")
-    if "measure" in args.parts:
-        report.save_json(meas_stem, {"settings": settings, **measure(args)})
+    # Rounds alternate calibration and measurement, so that both see the host's speed at its drifts (it
+    # changes 1.5-2x over minutes here); the main JSONs hold the medians over the rounds so far (rewritten
+    # after every round: a stopped run keeps what it finished), each round's own pair is kept beside them.
+    cals, meas_rounds = [], []
+    for k in range(1, args.rounds + 1):
+        if args.rounds > 1:
+            say(f"round {k} of {args.rounds}")
+        if "calibrate" in args.parts:
+            cals.append(calibrate(args))
+            if args.rounds > 1:
+                report.save_json(round_stem(cal_stem, k), {"settings": settings, "round": k, **cals[-1], **fit(cals[-1])})
+            merged = rounds.median_of_rounds(cals)
+            report.save_json(cal_stem, {"settings": settings, "rounds": len(cals), **merged, **fit(merged)})
+        if "measure" in args.parts:
+            meas_rounds.append(measure(args))
+            if args.rounds > 1:
+                report.save_json(round_stem(meas_stem, k), {"settings": settings, "round": k, **meas_rounds[-1]})
+            report.save_json(meas_stem, {"settings": settings, "rounds": len(meas_rounds),
+                                         **rounds.median_of_rounds(meas_rounds)})
+    if "refit" in args.parts:  # the fits again from the stored raw timings (no new measurement), rounds' too
+        rounds_done = report.read_json(cal_path).get("rounds", 1)
+        for path in [cal_path] + [Path(f"{round_stem(cal_stem, k)}.json") for k in range(1, rounds_done + 1)
+                                  if rounds_done > 1]:
+            cal = report.read_json(path)
+            cal.update(fit(cal))
+            report.write_json(path, cal)
+            print(f"refitted {path}")
     if "report" in args.parts:
         cal, meas = report.read_json(cal_path), report.read_json(meas_path)
-        result = report_table(args, cal, meas)
+        works = count_works(args)
+        result = report_table(args, works, cal, meas)
+        # each round's calibration against the same round's runs: how far one round alone would have been off
+        per_round = []
+        n_rounds = min(cal.get("rounds", 1), meas.get("rounds", 1))
+        for k in range(1, n_rounds + 1 if n_rounds > 1 else 1):
+            got = report_table(args, works, report.read_json(f"{round_stem(cal_stem, k)}.json"),
+                               report.read_json(f"{round_stem(meas_stem, k)}.json"), quiet=True)
+            per_round.append(got["summary"])
+            say(f"  round {k} alone: {describe(got['summary'])}")
         name = "estimate_validation" + args.measured[len("estimate_measured"):]  # e.g. _repeat for a second pass
         report.save_json(report.output_stem(args, name),
                          {"settings": settings, "calibration_file": cal_path.name, "measured_file": meas_path.name,
+                          "rounds": n_rounds, "per_round": per_round,
                           "calibration_machine": cal["machine"], "measured_machine": meas["machine"], **result})
     return 0
 

@@ -60,7 +60,7 @@ from pathlib import Path
 from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 
 from gsplit.io import read_run_log
-from gsplit.resources import HostMemoryMeter
+from gsplit.resources import HostMemoryMeter, keep_freed_heap_env
 
 SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle",
            "dgl-keepheap")
@@ -77,7 +77,7 @@ SPLIT_VARIANTS = {"split": [], "split-plain": ["--no-overlap"], "split-shm": [],
                   "split-shuffle": ["--input-features", "shuffle"]}
 """``gsplit train --system split`` runs and the arguments each adds (``split-shm`` differs by environment)."""
 
-DGL_KEEP_HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(2**31 - 1), "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1)}
+DGL_KEEP_HEAP_ENV = keep_freed_heap_env()
 """``dgl-keepheap``: DGL's ranks with the glibc setting gsplit's CPU ranks make at start
 (``gsplit.resources.keep_freed_heap``, by ``mallopt``; glibc reads the same from these variables): the allocator's
 share of a difference, measured apart from the libraries' own work."""

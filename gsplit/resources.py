@@ -286,3 +286,15 @@ def keep_freed_heap() -> bool:
     if libc is None:  # not glibc: its allocator's defaults stand
         return False
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES))
+
+
+def keep_freed_heap_env() -> dict:
+    """The environment variables that give a child process :func:`keep_freed_heap`'s setting from its start
+    (glibc reads them at its first allocation): for a program that does not call it, such as a peer framework
+    in a benchmark run with the same allocator setting as gsplit's ranks.
+
+    Example:
+        >>> sorted(keep_freed_heap_env())
+        ['MALLOC_MMAP_THRESHOLD_', 'MALLOC_TRIM_THRESHOLD_']
+    """
+    return {"MALLOC_MMAP_THRESHOLD_": str(_KEEP_BYTES), "MALLOC_TRIM_THRESHOLD_": str(_KEEP_BYTES)}

@@ -553,6 +553,110 @@ torch::Tensor relu_dropout_rows_backward(torch::Tensor grad, torch::Tensor out, 
   return gh;
 }
 
+// GAT's per-vertex score halves, out[i, h] = sum over d of z[i, h, d] * attn[h, d] (el over the sources, er over
+// the destinations), without the [n, H, D] product the unfused `(z * attn).sum(-1)` writes, reads and keeps the
+// gradient of. Backward: grad_z[i, h, d] = g[i, h] * attn[h, d] (one product: the bits of the unfused ops) and
+// grad_attn[h, d] = sum over i of g[i, h] * z[i, h, d], summed per fixed block of rows and then over the blocks
+// in order, so the same bits for any thread count.
+namespace {
+
+constexpr int64_t kScoreRows = 2048;  // rows per partial sum of grad_attn
+
+template <typename T>
+void gat_scores_impl(const T* __restrict__ z, const T* __restrict__ a, T* __restrict__ out, int64_t n, int64_t H,
+                     int64_t D) {
+  at::parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      for (int64_t h = 0; h < H; ++h) {
+        const T* __restrict__ zr = z + (i * H + h) * D;
+        const T* __restrict__ ar = a + h * D;
+        T acc = T(0);
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < D; ++d) acc += zr[d] * ar[d];
+        out[i * H + h] = acc;
+      }
+    }
+  });
+}
+
+template <typename T>
+void gat_scores_backward_impl(const T* __restrict__ g, const T* __restrict__ z, const T* __restrict__ a,
+                              T* __restrict__ gz, T* __restrict__ ga, int64_t n, int64_t H, int64_t D) {
+  const int64_t HD = H * D, blocks = (n + kScoreRows - 1) / kScoreRows;
+  std::vector<T> partial(ga != nullptr ? blocks * HD : 0, T(0));
+  at::parallel_for(0, blocks, 1, [&](int64_t cb, int64_t ce) {
+    for (int64_t c = cb; c < ce; ++c) {
+      T* __restrict__ part = ga != nullptr ? partial.data() + c * HD : nullptr;
+      const int64_t end = std::min(n, (c + 1) * kScoreRows);
+      for (int64_t i = c * kScoreRows; i < end; ++i) {
+        for (int64_t h = 0; h < H; ++h) {
+          const T gv = g[i * H + h];
+          const T* __restrict__ ar = a + h * D;
+          if (gz != nullptr) {
+            T* __restrict__ o = gz + (i * H + h) * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) o[d] = gv * ar[d];
+          }
+          if (part != nullptr) {
+            const T* __restrict__ zr = z + (i * H + h) * D;
+            T* __restrict__ p = part + h * D;
+#pragma omp simd
+            for (int64_t d = 0; d < D; ++d) p[d] += gv * zr[d];
+          }
+        }
+      }
+    }
+  });
+  if (ga != nullptr) {
+    std::fill(ga, ga + HD, T(0));
+    for (int64_t c = 0; c < blocks; ++c) {
+      const T* __restrict__ part = partial.data() + c * HD;
+#pragma omp simd
+      for (int64_t k = 0; k < HD; ++k) ga[k] += part[k];
+    }
+  }
+}
+
+void check_scores_args(const torch::Tensor& z, const torch::Tensor& attn, const char* what) {
+  check_values(z, "z", 3);
+  check_values(attn, "attn", 2);
+  TORCH_CHECK_VALUE(attn.size(0) == z.size(1) && attn.size(1) == z.size(2) && attn.scalar_type() == z.scalar_type(),
+                    what, ": z ", z.sizes(), " ", z.scalar_type(), " needs attn of shape [", z.size(1), ", ", z.size(2),
+                    "] and its dtype; got ", attn.sizes(), " ", attn.scalar_type());
+}
+
+}  // namespace
+
+torch::Tensor gat_scores(torch::Tensor z, torch::Tensor attn) {
+  check_scores_args(z, attn, "gat_scores");
+  auto zc = z.contiguous(), ac = attn.contiguous();
+  auto out = torch::empty({zc.size(0), zc.size(1)}, zc.options());
+  AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "gat_scores", [&] {
+    gat_scores_impl<scalar_t>(zc.data_ptr<scalar_t>(), ac.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), zc.size(0),
+                              zc.size(1), zc.size(2));
+  });
+  return out;
+}
+
+// (grad_z, grad_attn); either is an empty tensor when not asked for.
+std::tuple<torch::Tensor, torch::Tensor> gat_scores_backward(torch::Tensor grad, torch::Tensor z, torch::Tensor attn,
+                                                             bool need_z, bool need_attn) {
+  check_scores_args(z, attn, "gat_scores_backward");
+  auto gc = grad.contiguous(), zc = z.contiguous(), ac = attn.contiguous();
+  TORCH_CHECK_VALUE(gc.dim() == 2 && gc.size(0) == zc.size(0) && gc.size(1) == zc.size(1) &&
+                        gc.scalar_type() == zc.scalar_type(),
+                    "gat_scores_backward: grad ", gc.sizes(), " ", gc.scalar_type(), " for scores of z ", zc.sizes());
+  auto gz = need_z ? torch::empty_like(zc) : torch::Tensor();
+  auto ga = need_attn ? torch::empty_like(ac) : torch::Tensor();
+  AT_DISPATCH_FLOATING_TYPES(zc.scalar_type(), "gat_scores_backward", [&] {
+    gat_scores_backward_impl<scalar_t>(gc.data_ptr<scalar_t>(), zc.data_ptr<scalar_t>(), ac.data_ptr<scalar_t>(),
+                                       need_z ? gz.data_ptr<scalar_t>() : nullptr,
+                                       need_attn ? ga.data_ptr<scalar_t>() : nullptr, zc.size(0), zc.size(1),
+                                       zc.size(2));
+  });
+  return {gz, ga};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "gsplit CPU aggregation kernels (CSR by destination, deterministic, no per-edge messages)";
   m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list; checks all indices");
@@ -565,4 +669,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gat_backward", &gat_backward, "backward of gat_forward: (grad_z, grad_el, grad_er)");
   m.def("relu_dropout_rows", &relu_dropout_rows, "relu(h[i]) * (mask[rows[i]] * scale) for every row i");
   m.def("relu_dropout_rows_backward", &relu_dropout_rows_backward, "grad of relu_dropout_rows w.r.t. h, from its output");
+  m.def("gat_scores", &gat_scores, "out[i, h] = sum over d of z[i, h, d] * attn[h, d]");
+  m.def("gat_scores_backward", &gat_scores_backward, "backward of gat_scores: (grad_z, grad_attn)");
 }

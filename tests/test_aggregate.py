@@ -294,3 +294,65 @@ def test_models_between_layers_is_relu_then_vertex_dropout():
         relu_vertex_dropout(h, ids, 1.5, 0, 1, 0)
     with pytest.raises(ValueError, match="h has 300 rows but 2 vertex ids"):
         relu_vertex_dropout(h, ids[:2], 0.5, 0, 1, 0)
+
+
+# ---------------------------------------------------------------------------- GAT's score halves
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [5000, 3, 0])
+def test_gat_scores_equal_the_unfused_product_and_sum(dtype, n):
+    """The kernel's scores and attention-vector gradient equal ``(z * attn).sum(-1)``'s to rounding (another
+    fixed summation order); the gradient of z is one product per cell, the unfused ops' bits. 5000 rows span
+    several of the kernel's blocks of partial sums."""
+    _require_extension()
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(n, 4, 24, generator=g, dtype=dtype)
+    attn = torch.randn(1, 4, 24, generator=g, dtype=dtype)
+    weight = torch.randn(n, 4, generator=g, dtype=dtype)
+    fused, (gz, ga) = _grads(agg.gat_scores, [z, attn], weight)
+    plain, (gz_plain, ga_plain) = _grads(lambda a, b: (a * b).sum(-1), [z, attn], weight)
+    assert "GATScores" in type(fused.grad_fn).__name__  # the kernel ran
+    assert fused.shape == (n, 4)
+    torch.testing.assert_close(fused, plain, **TOL[dtype])
+    assert torch.equal(gz, gz_plain)
+    # the attention gradient sums n products: both orders are within rounding of the float64 sum (the unfused one
+    # is no closer to it in float32: compare each with the exact value, to a bound of that sum's size)
+    terms = weight.double().unsqueeze(-1) * z.double()
+    exact, size = terms.sum(0, keepdim=True), terms.abs().sum(0, keepdim=True)
+    eps = torch.finfo(dtype).eps
+    for got in (ga, ga_plain):
+        assert ((got.double() - exact).abs() <= 4 * eps * size + 1e-300).all()
+
+
+def test_gat_scores_do_not_depend_on_the_thread_count():
+    _require_extension()
+    z = torch.randn(9000, 2, 16, dtype=torch.float32)
+    attn = torch.randn(2, 16, requires_grad=True)
+    weight = torch.randn(9000, 2)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            attn.grad = None
+            out = agg.gat_scores(z, attn)
+            (out * weight).sum().backward()
+            results.append((out, attn.grad.clone()))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+def test_gat_scores_gradient_only_where_asked_and_bad_shapes_say_so(monkeypatch):
+    z = torch.randn(6, 2, 3, dtype=torch.float64, requires_grad=True)
+    attn = torch.randn(1, 2, 3, dtype=torch.float64)  # a constant: only z's gradient is computed
+    (agg.gat_scores(z, attn) ** 2).sum().backward()
+    torch.testing.assert_close(z.grad, 2 * (z * attn).sum(-1, keepdim=True).detach() * attn)
+    assert torch.autograd.gradcheck(agg.gat_scores, (z.detach().requires_grad_(), attn.requires_grad_()))
+    with pytest.raises(ValueError, match=r"z \[n, H, D\] and attn \[1, H, D\] or \[H, D\].*got z \(6, 2, 3\), attn \(1, 3, 2\)"):
+        agg.gat_scores(z, torch.ones(1, 3, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"got z \(6, 6\)"):
+        agg.gat_scores(z.detach().view(6, 6), attn)
+    monkeypatch.setenv("GSPLIT_NO_EXTENSIONS", "1")
+    out = agg.gat_scores(z, attn)
+    assert "GATScores" not in type(out.grad_fn).__name__
+    torch.testing.assert_close(out, (z * attn).sum(-1))

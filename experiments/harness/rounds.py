@@ -1,7 +1,8 @@
 """How the experiments repeat and time things, and run other processes.
 
 * interleaved rounds (:func:`orders`): every compared thing once per round, the order reversed on odd rounds
-  (ABBA), so that warm-up and drifts of a shared machine's load hit them alike; medians over rounds;
+  (ABBA), so that warm-up and drifts of a shared machine's load hit them alike; medians over rounds (of whole
+  result documents: :func:`median_of_rounds`);
 * repeats after a warm-up (:func:`time_repeats`, :func:`median_ms`), one call's wall and CPU time
   (:func:`timed_call`), per-batch sampler timings (:func:`time_batches`), a time budget (:class:`Budget`);
 * subprocesses (:func:`run_command`): workers of the same script, other checkouts of gsplit
@@ -47,6 +48,49 @@ def orders(names: Sequence, rounds: int, alternate_order: bool = True) -> Iterat
     """
     for r in range(rounds):
         yield r, alternate(names, r) if alternate_order else list(names)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def median_of_rounds(docs: Sequence, where: str = "") -> object:
+    """One document from several rounds' documents of the same shape (dicts with the same keys, lists of the
+    same length): every number is the median over the rounds (ints: the lower median, so counts stay ints);
+    every list of numbers is the list of the round whose sum is the median, so a per-iteration series keeps
+    one real run's spread instead of being smoothed; anything else is the first round's.
+
+    Example:
+        >>> median_of_rounds([{"s": 1.0, "n": 3, "it": [1, 9]}, {"s": 3.0, "n": 3, "it": [2, 2]},
+        ...                   {"s": 2.0, "n": 3, "it": [4, 4]}])
+        {'s': 2.0, 'n': 3, 'it': [4, 4]}
+        >>> median_of_rounds([{"a": 1}, {"b": 1}])
+        Traceback (most recent call last):
+        ...
+        ValueError: rounds differ in shape at '': keys ['a'] against ['b']; merge rounds of the same run only
+    """
+    first = docs[0]
+    if len(docs) == 1:
+        return first
+    if all(_is_number(d) for d in docs):
+        if all(isinstance(d, int) for d in docs):
+            return statistics.median_low(docs)
+        return statistics.median(docs)
+    if all(isinstance(d, dict) for d in docs):
+        for d in docs[1:]:
+            if sorted(d) != sorted(first):
+                raise ValueError(f"rounds differ in shape at {where!r}: keys {sorted(first)} against {sorted(d)}; "
+                                 "merge rounds of the same run only")
+        return {k: median_of_rounds([d[k] for d in docs], f"{where}.{k}") for k in first}
+    if all(isinstance(d, list) for d in docs):
+        if any(len(d) != len(first) for d in docs):
+            raise ValueError(f"rounds differ in shape at {where!r}: lists of {[len(d) for d in docs]} entries; "
+                             "merge rounds of the same run only")
+        if first and all(_is_number(x) for d in docs for x in d):
+            by_sum = sorted(docs, key=sum)
+            return list(by_sum[(len(by_sum) - 1) // 2])
+        return [median_of_rounds([d[i] for d in docs], f"{where}[{i}]") for i in range(len(first))]
+    return first
 
 
 # ---------------------------------------------------------------------------------------- timing

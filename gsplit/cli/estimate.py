@@ -30,13 +30,11 @@ host over gloo, predicted measured iterations of 2 and 4 ranks {validation} (doc
 Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iteration excluded).
 """
 
-VALIDATION_SUMMARY = ("within 20 % in 12 of 16 runs of a fresh pass on a busy machine (every error within 25 %, median "
-                      "|error| 12 %), in 9 of 16 on a quiet one (median |error| 16 %, largest 78 %: data parallel SAGE "
-                      "at 2 ranks ran faster than its one-process calibration); 15 of 16 on the pass the model was "
-                      "tuned on")
-"""How far off the CPU validation found the model (experiments/results/estimate_validation_repeat.json, the
-fresh pass on a busy machine; estimate_validation_quiet.json on a quiet one; estimate_validation.json the first);
-tests/test_estimate.py checks it against those files."""
+VALIDATION_SUMMARY = ("within 20 % in 16 of 16 runs as medians of three calibrate-and-measure rounds (median |error| "
+                      "10 %, largest 19 %; the split/dp choice wrong in 1 of the 6 cases more than 10 % apart), but "
+                      "in 3 to 12 of 16 for a single round: this 2-core VM's speed drifts up to 2x between minutes")
+"""How far off the CPU validation found the model (experiments/results/estimate_validation_rounds.json: the medians
+over three rounds and each round alone); tests/test_estimate.py checks it against that file."""
 
 
 def _fanouts(text: str):

@@ -30,6 +30,7 @@ from gsplit.estimate.work import INPUT_MODES, iteration_batches, split_plan
 from gsplit.feature_store import FeatureStore
 from gsplit.nn.models import build_model
 from gsplit.resources import keep_freed_heap
+from gsplit.sampling.block import without_stretch
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.split.split_sampling import local_targets, sp_sample
 
@@ -121,6 +122,35 @@ def _time_layers(model, blocks, shape: ModelShape, device: torch.device, repeats
     return out
 
 
+def _time_shuffle_copies(blocks, rank: int, widths: Sequence[int], device: torch.device, repeats: int) -> tuple:
+    """``(seconds, rows)`` per layer of a rank's row copies in each forward shuffle (:func:`gsplit.shuffle`'s
+    ``shuffle_rows`` with the real plan, the transport left out: the rows for other ranks gathered, rows standing
+    for the received ones placed, the rank's own rows gathered and placed) and the rows those copies move;
+    0 for a layer without a shuffle. What ``DeviceProfile.copy_bw`` is fitted to."""
+    times, rows = [], []
+    for li, block in enumerate(blocks):
+        index = block.shuffle_index
+        if index is None:
+            times.append(0.0)
+            rows.append(0)
+            continue
+        own_send, own_recv = index.own_rows(rank)
+        h = torch.randn(index.num_local, widths[li], device=device)
+        received = torch.randn(index.recv_pos.numel() - (own_recv.stop - own_recv.start), widths[li], device=device)
+        send_others, recv_others = without_stretch(index.send_idx, own_send), without_stretch(index.recv_pos, own_recv)
+        own_from, own_to = index.send_idx[own_send], index.recv_pos[own_recv]
+
+        def copies():
+            out = h.new_empty((index.num_mixed, widths[li]))
+            h.index_select(0, send_others)
+            out.index_copy_(0, recv_others, received)
+            out.index_copy_(0, own_to, h.index_select(0, own_from))
+
+        times.append(_median_s(copies, repeats, device))
+        rows.append(int(send_others.numel() + recv_others.numel() + 2 * own_from.numel()))
+    return times, rows
+
+
 def time_shares(dataset, shape: ModelShape, sampler: NeighborSampler, batch_size: int,
                 owners: Dict[int, Optional[torch.Tensor]], iterations: int = 2, device: str = "cpu",
                 repeats: int = 3, seed: int = 0, input_features: str = "direct", time_layers: bool = True,
@@ -191,6 +221,9 @@ def time_shares(dataset, shape: ModelShape, sampler: NeighborSampler, batch_size
                 if time_layers:
                     times = _time_layers(model, blocks, shape, dev, repeats)
                     rec["fwd_s"], rec["bwd_s"] = [t[0] for t in times], [t[1] for t in times]
+                if world > 1:
+                    rec["shuffle_s"], rec["shuffle_rows"] = _time_shuffle_copies(
+                        blocks, rank, [d[0] for d in shape.dims()], dev, repeats)
                 records.append(rec)
                 if progress is not None:
                     progress(f"  shares: world {world} iteration {it} rank {rank}: sample {sample_s * 1e3:.1f} ms, "
@@ -310,6 +343,25 @@ def fit_errors(x: Sequence[Sequence[float]], y: Sequence[float], coef: Sequence[
     return {"median_pct": float(np.median(rel) * 100), "max_pct": float(rel.max() * 100), "points": len(y)}
 
 
+def fit_copy_bw(shares: Dict[str, List[dict]], shapes: Dict[str, ModelShape]) -> Optional[float]:
+    """Bytes per second of a split rank's row copies around its shuffles, from the shares' ``shuffle_s`` (all
+    bytes over all seconds); ``None`` when no share timed them (world size 1 only, or an older calibration).
+
+    Example:
+        >>> fit_copy_bw({"sage": [{"shuffle_s": [0.0, 0.5], "shuffle_rows": [0, 1000]}]},
+        ...             {"sage": ModelShape("sage", 4, 250, 2, 2)})
+        2000000.0
+    """
+    nbytes = seconds = 0.0
+    for model, recs in shares.items():
+        dims = shapes[model].dims()
+        for r in recs:
+            for li, (t, n) in enumerate(zip(r.get("shuffle_s", ()), r.get("shuffle_rows", ()))):
+                nbytes += n * dims[li][0] * FLOAT_BYTES
+                seconds += t
+    return nbytes / seconds if seconds > 0 else None
+
+
 def fit_device(name: str, shares: Dict[str, List[dict]], shapes: Dict[str, ModelShape], steps: Dict[str, dict],
                host_bw: Optional[float] = None, cores: Optional[int] = None, source: str = "",
                load_runs: Sequence[dict] = (), cache_bytes: Optional[int] = None) -> tuple:
@@ -362,7 +414,7 @@ def fit_device(name: str, shares: Dict[str, List[dict]], shapes: Dict[str, Model
     if steps:
         quality["step"] = fit_errors(xs_step, ys_step, step)
     profile = DeviceProfile(name=name, sample=sample, load_call_s=call, layers=layers, step=step, cores=cores,
-                            source=source, cache_bytes=cache_bytes)
+                            source=source, cache_bytes=cache_bytes, copy_bw=fit_copy_bw(shares, shapes))
     return profile, {"host_bw": bw, "load_call_s": call}, quality
 
 

@@ -20,8 +20,11 @@ ASSUMPTIONS (all of them, in one place):
 2. One rank computes one thing at a time (no prefetch thread, no overlapped layers: the model predicts
    ``gsplit train --no-overlap``; overlap can at most hide the shuffle terms it reports).
 3. A collective costs latency + bytes / bandwidth, bytes being the largest a rank sends or receives;
-   everyone leaves it together. The first exchange under a tag (which takes two all-to-alls, see
-   :meth:`gsplit.comm.Communicator.all_to_all_counted`) is not modelled: predictions are of the steady state.
+   everyone leaves it together. Around each split shuffle a rank copies rows in its own memory (the rows it
+   sends, its own rows of the mixed frontier, what it receives) at ``DeviceProfile.copy_bw`` (CPU: timed
+   with the shares' real shuffle plans; GPUs: not modelled). The first exchange under a tag (which takes two
+   all-to-alls, see :meth:`gsplit.comm.Communicator.all_to_all_counted`) is not modelled: predictions are of
+   the steady state.
 4. GPUs: one GPU per rank, its own host thread; every rank loads its input rows through UVA at the link's
    ``host_bw`` without contention from the others (host memory and PCIe switches shared by two GPUs are
    not modelled); split adds two host waits per exchanged layer (the count read and the new frontier's
@@ -193,6 +196,12 @@ class DeviceProfile:
     """Memory of one device (for ``gsplit estimate``'s fit check); ``None``: unknown."""
     cache_bytes: Optional[int] = None
     """Last-level cache a rank's gathers hit (CPU: the L3); ``None``: no cache term."""
+    copy_bw: Optional[float] = None
+    """Bytes per second of the row copies a split rank makes around each shuffle in its own memory (gathering the
+    rows it sends and its own rows, placing what it receives; backward the same and a sum into its rows), which
+    the layer timings do not contain. CPU: fitted to those copies timed on the shares' real shuffle plans
+    (:func:`gsplit.estimate.calibrate.fit_copy_bw`); ``None``: not modelled (GPUs: device-memory copies of a few
+    MB, microseconds)."""
     source: str = ""
     """Where the coefficients come from (command, date, card)."""
     notes: Dict[str, str] = field(default_factory=dict)
@@ -214,8 +223,8 @@ class DeviceProfile:
 
 
 # ------------------------------------------------------------------------------------------- the iteration
-TERMS = ("sample", "host waits", "load", "forward", "backward", "step", "cores shared", "waiting", "uneven speed",
-         "id exchange", "feature shuffle", "layer shuffles", "all-reduce")
+TERMS = ("sample", "host waits", "load", "forward", "backward", "shuffle copies", "step", "cores shared", "waiting",
+         "uneven speed", "id exchange", "feature shuffle", "layer shuffles", "all-reduce")
 """The terms an iteration's time is split into (they add up to it)."""
 
 
@@ -282,6 +291,17 @@ def expected_max(n: int) -> float:
     return _EXPECTED_MAX[n] if n < len(_EXPECTED_MAX) else math.sqrt(2.0 * math.log(n))
 
 
+def _shuffle_copies(layer, width: int, device: DeviceProfile):
+    """The row copies of one shuffle (forward or backward) of a split layer, as a compute event (none without
+    ``copy_bw``): the rows sent to others gathered, the received ones placed, the rank's own rows of its mixed
+    frontier gathered and placed (:func:`gsplit.comm.shuffle.shuffle_rows`; backward mirrors it)."""
+    if not device.copy_bw:
+        return
+    rows = [layer.send_rows[r] + layer.recv_rows[r] + 2 * max(layer.src[r] - layer.recv_rows[r], 0)
+            for r in range(len(layer.src))]
+    yield "compute", "shuffle copies", [n * width * FLOAT_BYTES / device.copy_bw for n in rows]
+
+
 def _events(work: IterationWork, shape: ModelShape, device: DeviceProfile, link: LinkProfile):
     """The iteration as ``("compute", kind, [seconds per rank])`` and ``("collective", kind, seconds)`` events."""
     p = work.world_size
@@ -302,6 +322,7 @@ def _events(work: IterationWork, shape: ModelShape, device: DeviceProfile, link:
     yield "compute", "load", [rows * row_bytes / link.host_bw + device.load_call_s for rows in work.input_rows]
     bottom = work.layers[0]
     if split and bottom.exchanged and multi:
+        yield from _shuffle_copies(bottom, shape.feat_dim, device)
         yield "collective", "feature shuffle", link.all_to_all_s(
             p, max(max(bottom.recv_rows), max(bottom.send_rows)) * row_bytes)
     def features(li: int, r: int, backward: bool) -> List[float]:
@@ -311,6 +332,7 @@ def _events(work: IterationWork, shape: ModelShape, device: DeviceProfile, link:
 
     for li, layer in enumerate(work.layers):
         if split and li > 0 and multi:
+            yield from _shuffle_copies(layer, dims[li][0], device)
             yield "collective", "layer shuffles", link.all_to_all_s(
                 p, max(max(layer.recv_rows), max(layer.send_rows)) * dims[li][0] * FLOAT_BYTES)
         yield "compute", "forward", [_dot(costs.forward, features(li, r, False)) for r in range(p)]
@@ -320,6 +342,7 @@ def _events(work: IterationWork, shape: ModelShape, device: DeviceProfile, link:
         if split and li > 0 and multi:
             yield "collective", "layer shuffles", link.all_to_all_s(
                 p, max(max(layer.recv_rows), max(layer.send_rows)) * dims[li][0] * FLOAT_BYTES)
+            yield from _shuffle_copies(layer, dims[li][0], device)
     if multi:
         yield "collective", "all-reduce", link.all_reduce_s(p, shape.parameters() * FLOAT_BYTES)
     yield "compute", "step", [_dot(device.step, [shape.parameters(), 1.0])] * p

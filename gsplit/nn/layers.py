@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gsplit.ops.aggregate import (copy_u_mean, copy_u_sum, degrees, edge_softmax, gat_aggregate, gat_aggregate_torch,
-                                  self_and_mean)
+                                  gat_scores, self_and_mean)
 from gsplit.sampling.block import Block
 
 __all__ = ["SAGEConv", "GATConv", "GraphConv", "edge_softmax"]
@@ -211,15 +211,16 @@ class GATConv(nn.Module):
         _check_input(self, block, h, self.in_feats)
         z = self.fc(self.feat_drop(h)).view(-1, self.num_heads, self.out_feats)
         # (Measured, issue 20: both score halves as one GEMM with block-diagonal [H*D, 2H] attention weights, or
-        # einsum, took 2x this elementwise form forward + backward at 86k x 4 x 64 on one thread: skinny products.)
-        return z, (z * self.attn_l).sum(-1)       # [num_src, H]: source half of the score
+        # einsum, took 2x the elementwise `(z * attn_l).sum(-1)` forward + backward at 86k x 4 x 64 on one thread:
+        # skinny products. gat_scores is that elementwise form in one pass, without its [n, H, D] temporaries.)
+        return z, gat_scores(z, self.attn_l)       # [num_src, H]: source half of the score
 
     def combine(self, block: Block, sources: Tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The destinations of ``block`` from :meth:`project_sources`' terms (of the same sources)."""
         z, el = sources
         nd, d0, H, D = block.num_dst, block.dst_start, self.num_heads, self.out_feats
         src, dst = block.edge_src, block.edge_dst
-        er = (z[d0:d0 + nd] * self.attn_r).sum(-1)  # [num_dst, H]: destination half
+        er = gat_scores(z[d0:d0 + nd], self.attn_r)  # [num_dst, H]: destination half
         if self.training and self.attn_drop.p > 0:
             # Dropout on the attention coefficients needs them as a tensor: the unfused path.
             out = gat_aggregate_torch(z, el, er, src, dst, nd, self.negative_slope, attn_drop=self.attn_drop)

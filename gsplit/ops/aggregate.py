@@ -36,7 +36,7 @@ from torch.autograd.function import once_differentiable
 from gsplit.ops import cpu_ext
 
 __all__ = ["copy_u_sum", "copy_u_mean", "self_and_mean", "gat_aggregate", "edge_softmax", "degrees", "copy_u_sum_torch",
-           "copy_u_mean_torch", "gat_aggregate_torch", "extension_available", "relu_dropout_rows"]
+           "copy_u_mean_torch", "gat_aggregate_torch", "extension_available", "relu_dropout_rows", "gat_scores"]
 
 _EXT_NAME = "gsplit_aggregate"
 _EXT_SOURCES = ("aggregate_cpu.cpp",)
@@ -252,6 +252,24 @@ class _ReluDropoutRows(torch.autograd.Function):
         return ctx.ext.relu_dropout_rows_backward(grad_out, out, ctx.scale), None, None, None, None
 
 
+class _GATScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, z, attn, ext):
+        ctx.ext = ext
+        ctx.save_for_backward(z, attn)
+        return ext.gat_scores(z, attn)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        z, attn = ctx.saved_tensors
+        need_z, need_attn = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        if not (need_z or need_attn):
+            return None, None, None
+        gz, ga = ctx.ext.gat_scores_backward(grad_out, z, attn, need_z, need_attn)
+        return (gz if need_z else None), (ga if need_attn else None), None
+
+
 def _prepare(edge_src: torch.Tensor, edge_dst: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return edge_src.to(torch.int64).contiguous(), edge_dst.to(torch.int64).contiguous()
 
@@ -376,3 +394,27 @@ def relu_dropout_rows(h: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, s
     if ext is None:
         return torch.relu(h) * (mask * scale).index_select(0, rows)
     return _ReluDropoutRows.apply(h, rows.to(torch.int64).contiguous(), mask, float(scale), ext)
+
+
+def gat_scores(z: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    """GAT's per-vertex half of the attention score, ``(z * attn).sum(-1)``: ``z`` [n, H, D] (projected rows, per
+    head), ``attn`` [1, H, D] or [H, D] (the attention vector ``attn_l`` or ``attn_r``); returns [n, H].
+    Differentiable in both.
+
+    On CPU (float32 / float64) the compiled kernel reads ``z`` once forward and once backward without the
+    [n, H, D] product the unfused ops write (forward) and the two they write backward; the gradient of ``z`` has the
+    unfused ops' bits, the scores and the gradient of ``attn`` are summed in another (fixed) order, so they can
+    differ from the unfused ops in the last bits, never with the thread count. Elsewhere the unfused ops run.
+
+    Example:
+        >>> z = torch.arange(8.).view(2, 2, 2)
+        >>> gat_scores(z, torch.tensor([[1., 0.], [0., 1.]])).tolist()
+        [[0.0, 3.0], [4.0, 7.0]]
+    """
+    if z.dim() != 3 or attn.shape[-2:] != z.shape[1:] or attn.numel() != z.shape[1] * z.shape[2]:
+        raise ValueError(f"gat_scores expects z [n, H, D] and attn [1, H, D] or [H, D] of the same H and D; got z "
+                         f"{tuple(z.shape)}, attn {tuple(attn.shape)}")
+    ext = _use_extension(z, attn)
+    if ext is None:
+        return (z * attn).sum(-1)
+    return _GATScores.apply(z, attn.reshape(z.shape[1], z.shape[2]), ext)
