@@ -123,10 +123,12 @@ def _time_layers(model, blocks, shape: ModelShape, device: torch.device, repeats
 
 
 def _time_shuffle_copies(blocks, rank: int, widths: Sequence[int], device: torch.device, repeats: int) -> tuple:
-    """``(seconds, rows)`` per layer of a rank's row copies in each forward shuffle (:func:`gsplit.shuffle`'s
-    ``shuffle_rows`` with the real plan, the transport left out: the rows for other ranks gathered, rows standing
-    for the received ones placed, the rank's own rows gathered and placed) and the rows those copies move;
-    0 for a layer without a shuffle. What ``DeviceProfile.copy_bw`` is fitted to."""
+    """``(seconds, rows)`` per layer of a rank's row copies in one shuffle forward and its backward
+    (:func:`gsplit.shuffle` with the real plan, the transport left out) and the rows one direction moves; 0 for a
+    layer without a shuffle. Forward: the rows for other ranks gathered, rows standing for the received ones
+    placed, the rank's own rows gathered and placed; backward: the local gradient zeroed, the received rows'
+    gradients gathered to send back, the own rows' gathered, and both added into the local rows. What
+    ``DeviceProfile.copy_bw`` is fitted to."""
     times, rows = [], []
     for li, block in enumerate(blocks):
         index = block.shuffle_index
@@ -135,16 +137,23 @@ def _time_shuffle_copies(blocks, rank: int, widths: Sequence[int], device: torch
             rows.append(0)
             continue
         own_send, own_recv = index.own_rows(rank)
-        h = torch.randn(index.num_local, widths[li], device=device)
-        received = torch.randn(index.recv_pos.numel() - (own_recv.stop - own_recv.start), widths[li], device=device)
+        width = widths[li]
         send_others, recv_others = without_stretch(index.send_idx, own_send), without_stretch(index.recv_pos, own_recv)
         own_from, own_to = index.send_idx[own_send], index.recv_pos[own_recv]
+        h = torch.randn(index.num_local, width, device=device)
+        received = torch.randn(recv_others.numel(), width, device=device)
+        grad_out = torch.randn(index.num_mixed, width, device=device)
+        returned = torch.randn(send_others.numel(), width, device=device)
 
         def copies():
-            out = h.new_empty((index.num_mixed, widths[li]))
+            out = h.new_empty((index.num_mixed, width))  # forward
             h.index_select(0, send_others)
             out.index_copy_(0, recv_others, received)
             out.index_copy_(0, own_to, h.index_select(0, own_from))
+            grad_h = grad_out.new_zeros((index.num_local, width))  # backward
+            grad_out.index_select(0, recv_others)
+            grad_h.index_add_(0, send_others, returned)
+            grad_h.index_add_(0, own_from, grad_out.index_select(0, own_to))
 
         times.append(_median_s(copies, repeats, device))
         rows.append(int(send_others.numel() + recv_others.numel() + 2 * own_from.numel()))
@@ -344,20 +353,21 @@ def fit_errors(x: Sequence[Sequence[float]], y: Sequence[float], coef: Sequence[
 
 
 def fit_copy_bw(shares: Dict[str, List[dict]], shapes: Dict[str, ModelShape]) -> Optional[float]:
-    """Bytes per second of a split rank's row copies around its shuffles, from the shares' ``shuffle_s`` (all
-    bytes over all seconds); ``None`` when no share timed them (world size 1 only, or an older calibration).
+    """Bytes per second of a split rank's row copies around its shuffles, from the shares' ``shuffle_s`` (a shuffle
+    forward and backward: twice the bytes of ``shuffle_rows``, over all seconds), as the model charges them (the
+    same rows each way); ``None`` when no share timed them (world size 1 only, or an older calibration).
 
     Example:
         >>> fit_copy_bw({"sage": [{"shuffle_s": [0.0, 0.5], "shuffle_rows": [0, 1000]}]},
         ...             {"sage": ModelShape("sage", 4, 250, 2, 2)})
-        2000000.0
+        4000000.0
     """
     nbytes = seconds = 0.0
     for model, recs in shares.items():
         dims = shapes[model].dims()
         for r in recs:
             for li, (t, n) in enumerate(zip(r.get("shuffle_s", ()), r.get("shuffle_rows", ()))):
-                nbytes += n * dims[li][0] * FLOAT_BYTES
+                nbytes += 2 * n * dims[li][0] * FLOAT_BYTES
                 seconds += t
     return nbytes / seconds if seconds > 0 else None
 
