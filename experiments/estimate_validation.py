@@ -8,8 +8,8 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    with the exchange answered from the plan, the input gather, each layer forward and backward); one rank of
    the real trainer per model (what a step costs beyond its layers, and the loader's gather), and the same
    one-rank run in as many independent processes as the host has cores, at once, against it in one fresh
-   process just before (how much slower a rank computes while every core is busy: ``contention``); gloo all-to-all and all-reduce micro-benchmarks at 2 and
-   4 ranks. Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and the
+   process just before (how much slower a rank computes while every core is busy: ``contention``); gloo
+   all-to-all and all-reduce micro-benchmarks at 2 and 4 ranks. Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and the
    ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
 2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
    2 and 4 ranks x SAGE/GAT x the graphs x split/dp, ``--iters`` iterations each (``--no-overlap``; CPU
@@ -279,6 +279,11 @@ def round_stem(stem: Path, k: int) -> Path:
     return stem.with_name(f"{stem.name}_round{k}")
 
 
+def round_numbers(rounds_done: int) -> range:
+    """The ``k`` of the ``*_round<k>`` files a run of ``rounds_done`` rounds wrote (none for a single round)."""
+    return range(1, rounds_done + 1) if rounds_done > 1 else range(0)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     cal_stem, meas_stem = report.output_stem(args, args.calibration), report.output_stem(args, args.measured)
@@ -295,7 +300,8 @@ def main(argv=None) -> int:
         if "calibrate" in args.parts:
             cals.append(calibrate(args))
             if args.rounds > 1:
-                report.save_json(round_stem(cal_stem, k), {"settings": settings, "round": k, **cals[-1], **fit(cals[-1])})
+                report.save_json(round_stem(cal_stem, k),
+                                 {"settings": settings, "round": k, **cals[-1], **fit(cals[-1])})
             merged = rounds.median_of_rounds(cals)
             report.save_json(cal_stem, {"settings": settings, "rounds": len(cals), **merged, **fit(merged)})
         if "measure" in args.parts:
@@ -306,8 +312,7 @@ def main(argv=None) -> int:
                                          **rounds.median_of_rounds(meas_rounds)})
     if "refit" in args.parts:  # the fits again from the stored raw timings (no new measurement), rounds' too
         rounds_done = report.read_json(cal_path).get("rounds", 1)
-        for path in [cal_path] + [Path(f"{round_stem(cal_stem, k)}.json") for k in range(1, rounds_done + 1)
-                                  if rounds_done > 1]:
+        for path in [cal_path] + [Path(f"{round_stem(cal_stem, k)}.json") for k in round_numbers(rounds_done)]:
             cal = report.read_json(path)
             cal.update(fit(cal))
             report.write_json(path, cal)
@@ -319,7 +324,7 @@ def main(argv=None) -> int:
         # each round's calibration against the same round's runs: how far one round alone would have been off
         per_round = []
         n_rounds = min(cal.get("rounds", 1), meas.get("rounds", 1))
-        for k in range(1, n_rounds + 1 if n_rounds > 1 else 1):
+        for k in round_numbers(n_rounds):
             got = report_table(args, works, report.read_json(f"{round_stem(cal_stem, k)}.json"),
                                report.read_json(f"{round_stem(meas_stem, k)}.json"), quiet=True)
             per_round.append(got["summary"])

@@ -109,6 +109,11 @@ def test_replayed_split_sampling_gives_each_ranks_real_blocks():
         assert rec["shuffle_rows"] == [layer.send_rows[r] + layer.recv_rows[r] + 2 * (layer.src[r] - layer.recv_rows[r])
                                        if layer.exchanged else 0 for layer in work.layers]
         assert all(t > 0 for t, n in zip(rec["shuffle_s"], rec["shuffle_rows"]) if n)
+    # directly read input rows are never shuffled in training: no copies timed for the bottom block
+    direct = time_shares(ds, shape, sampler, BATCH, {3: owner}, iterations=1, repeats=1, seed=SEED,
+                         input_features="direct", time_layers=False)
+    assert all(rec["shuffle_rows"][0] == 0 and rec["shuffle_s"][0] == 0 and rec["shuffle_rows"][1] > 0
+               for rec in direct)
 
 
 # ------------------------------------------------------------------------------------------- the model

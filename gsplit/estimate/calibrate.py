@@ -24,13 +24,13 @@ import numpy as np
 import torch
 
 from gsplit.comm.communicator import TrafficCounter
+from gsplit.comm.shuffle import _Shuffle
 from gsplit.estimate.links import Collective, LinkProfile
 from gsplit.estimate.model import (FLOAT_BYTES, DeviceProfile, LayerCosts, ModelShape, layer_features)
 from gsplit.estimate.work import INPUT_MODES, iteration_batches, split_plan
 from gsplit.feature_store import FeatureStore
 from gsplit.nn.models import build_model
 from gsplit.resources import keep_freed_heap
-from gsplit.sampling.block import without_stretch
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.split.split_sampling import local_targets, sp_sample
 
@@ -81,6 +81,12 @@ class PlanCommunicator:
         sent = torch.bincount(dest.to(torch.int64), minlength=self.world_size).tolist()
         return ids.to(x.device, x.dtype), sent, list(recv)
 
+    def all_to_all_rows(self, x: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int],
+                        tag: Optional[str] = None) -> torch.Tensor:
+        """Rows standing for what the other ranks would send (zeros, as many as ``recv_counts`` says): a shuffle
+        on this communicator does all of the rank's own copies and none of the transport."""
+        return x.new_zeros((sum(recv_counts),) + tuple(x.shape[1:]))
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -122,41 +128,25 @@ def _time_layers(model, blocks, shape: ModelShape, device: torch.device, repeats
     return out
 
 
-def _time_shuffle_copies(blocks, rank: int, widths: Sequence[int], device: torch.device, repeats: int) -> tuple:
-    """``(seconds, rows)`` per layer of a rank's row copies in one shuffle forward and its backward
-    (:func:`gsplit.shuffle` with the real plan, the transport left out) and the rows one direction moves; 0 for a
-    layer without a shuffle. Forward: the rows for other ranks gathered, rows standing for the received ones
-    placed, the rank's own rows gathered and placed; backward: the local gradient zeroed, the received rows'
-    gradients gathered to send back, the own rows' gathered, and both added into the local rows. What
-    ``DeviceProfile.copy_bw`` is fitted to."""
+def _time_shuffle_copies(blocks, exchanged: Sequence[bool], comm: "PlanCommunicator", widths: Sequence[int],
+                         device: torch.device, repeats: int) -> tuple:
+    """``(seconds, rows)`` per layer of a rank's row copies in one shuffle forward and its backward, and the rows
+    one direction moves (the rows it sends, what it receives, twice its own rows of the mixed frontier); 0 for a
+    layer without a shuffle in training (``exchanged`` false: also the bottom block's plan of directly read input
+    rows, which training never shuffles). The shuffle itself runs (:func:`gsplit.shuffle`'s autograd function) on
+    ``comm``, whose all-to-all hands back rows standing for the received ones: the copies without the transport.
+    What ``DeviceProfile.copy_bw`` is fitted to."""
     times, rows = [], []
     for li, block in enumerate(blocks):
         index = block.shuffle_index
-        if index is None:
+        if index is None or not exchanged[li]:
             times.append(0.0)
             rows.append(0)
             continue
-        own_send, own_recv = index.own_rows(rank)
-        width = widths[li]
-        send_others, recv_others = without_stretch(index.send_idx, own_send), without_stretch(index.recv_pos, own_recv)
-        own_from, own_to = index.send_idx[own_send], index.recv_pos[own_recv]
-        h = torch.randn(index.num_local, width, device=device)
-        received = torch.randn(recv_others.numel(), width, device=device)
-        grad_out = torch.randn(index.num_mixed, width, device=device)
-        returned = torch.randn(send_others.numel(), width, device=device)
-
-        def copies():
-            out = h.new_empty((index.num_mixed, width))  # forward
-            h.index_select(0, send_others)
-            out.index_copy_(0, recv_others, received)
-            out.index_copy_(0, own_to, h.index_select(0, own_from))
-            grad_h = grad_out.new_zeros((index.num_local, width))  # backward
-            grad_out.index_select(0, recv_others)
-            grad_h.index_add_(0, send_others, returned)
-            grad_h.index_add_(0, own_from, grad_out.index_select(0, own_to))
-
-        times.append(_median_s(copies, repeats, device))
-        rows.append(int(send_others.numel() + recv_others.numel() + 2 * own_from.numel()))
+        h = torch.randn(index.num_local, widths[li], device=device, requires_grad=True)
+        grad_out = torch.randn(index.num_mixed, widths[li], device=device)
+        times.append(_median_s(lambda: _Shuffle.apply(h, index, comm).backward(grad_out), repeats, device))
+        rows.append(int(index.send_idx.numel() + index.recv_pos.numel()))  # its own rows are in both
     return times, rows
 
 
@@ -232,7 +222,8 @@ def time_shares(dataset, shape: ModelShape, sampler: NeighborSampler, batch_size
                     rec["fwd_s"], rec["bwd_s"] = [t[0] for t in times], [t[1] for t in times]
                 if world > 1:
                     rec["shuffle_s"], rec["shuffle_rows"] = _time_shuffle_copies(
-                        blocks, rank, [d[0] for d in shape.dims()], dev, repeats)
+                        blocks, [layer.exchanged for layer in work.layers], comm, [d[0] for d in shape.dims()], dev,
+                        repeats)
                 records.append(rec)
                 if progress is not None:
                     progress(f"  shares: world {world} iteration {it} rank {rank}: sample {sample_s * 1e3:.1f} ms, "

@@ -8,8 +8,9 @@ adds each destination's gradient row into its sources by a scatter in edge order
 range of source rows (no transposed CSR, no atomics). Each row is summed in edge order, so CPU results
 are a pure function of the inputs, whatever the thread count.
 
-The same extension holds the step between two layers of gsplit's models, :func:`relu_dropout_rows` (ReLU and a
-row-drawn dropout mask in one pass), which rides along so that it costs no build of its own.
+The same extension holds GAT's per-vertex score halves, :func:`gat_scores` (``(z * attn).sum(-1)`` without its
+[n, H, D] temporaries), and the step between two layers of gsplit's models, :func:`relu_dropout_rows` (ReLU and a
+row-drawn dropout mask in one pass), which ride along so that they cost no build of their own.
 
 Elsewhere (CUDA tensors, other dtypes, ``GSPLIT_NO_EXTENSIONS=1``, or an extension that did not build)
 the plain-torch versions run: a gather (``index_select``) and a scatter-add (``index_add_``). Both
