@@ -310,6 +310,32 @@ def test_relu_dropout_on_the_gpu_path_costs_no_syncs_and_equals_the_cpu_kernel(m
     assert torch.equal(torch.autograd.grad((plain * w).sum(), h)[0], torch.autograd.grad((fused * w).sum(), h)[0])
 
 
+def test_gat_scores_on_the_gpu_path_take_the_unfused_ops_and_wait_for_nothing():
+    """A tensor off the CPU (here the meta device, which has no data: a kernel call or a host read would fail)
+    must take the unfused `(z * attn).sum(-1)`, as a CUDA tensor does, forward and backward, without a sync; and
+    that path gives the CPU kernel's values and gradients to rounding."""
+    from gsplit.ops import aggregate
+
+    z = torch.randn(50, 4, 8, dtype=torch.float64, device="meta", requires_grad=True)
+    attn = torch.randn(1, 4, 8, dtype=torch.float64, device="meta", requires_grad=True)
+    assert aggregate._use_extension(z, attn) is None
+    counter = HostSyncCounter(cpu_is_device=True)
+    with counter:
+        out = aggregate.gat_scores(z, attn)
+        gz, ga = torch.autograd.grad(out.sum(), (z, attn))
+    assert counter.total == 0, counter.report()
+    assert out.shape == (50, 4) and gz.shape == z.shape and ga.shape == attn.shape
+    assert "GATScores" not in type(out.grad_fn).__name__
+    zc = torch.randn(50, 4, 8, dtype=torch.float64, requires_grad=True)
+    ac = torch.randn(1, 4, 8, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(50, 4, dtype=torch.float64)
+    fused = aggregate.gat_scores(zc, ac)
+    plain = (zc * ac).sum(-1)
+    torch.testing.assert_close(fused, plain)
+    for a, b in zip(torch.autograd.grad((fused * w).sum(), (zc, ac)), torch.autograd.grad((plain * w).sum(), (zc, ac))):
+        torch.testing.assert_close(a, b)
+
+
 def test_dropout_bank_is_the_device_generic_integer_draw():
     """The CPU bank (the compiled kernel where it builds) is counter_rng.keep_cells, the torch integer ops that
     make it on a GPU: the same masks on every device type (the first GPU run found a CUDA run's differing)."""
