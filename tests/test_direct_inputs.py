@@ -82,7 +82,19 @@ def test_input_features_is_checked():
     sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
     with pytest.raises(ValueError, match="input_features='sideways'; pass 'auto', 'direct' or 'shuffle'"):
         DataLoader(graph, train_idx, sampler, features=feats, input_features="sideways")
-    loader = DataLoader(graph, train_idx, sampler, features=feats, input_features="direct")
-    assert not loader.reads_inputs  # one rank: nothing to exchange either way
     with pytest.raises(ValueError, match="input_features"):
         TrainConfig(input_features="sideways")
+
+
+@pytest.mark.parametrize("mode", ["auto", "direct", "shuffle"])
+def test_one_rank_reads_its_inputs_directly(mode):
+    """A single rank owns every row: whatever the mode, it reads its first block's sources from the table (no
+    self-shuffle that would only permute a copy), with the same rows in the same order."""
+    graph, feats, labels, train_idx = make_problem()
+    sampler = gsplit.NeighborSampler(FANOUTS, seed=3)
+    loader = DataLoader(graph, train_idx, sampler, features=feats, input_features=mode, batch_size=16)
+    assert loader.reads_inputs
+    input_nodes, _, blocks = next(iter(loader))
+    assert torch.equal(input_nodes, blocks[0].src_nodes)
+    assert torch.equal(blocks[0].srcdata["feat"], feats[blocks[0].src_nodes])
+    assert blocks[0].shuffle_index.counts_to_others(0) == ([0], [0])
