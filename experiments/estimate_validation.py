@@ -186,11 +186,51 @@ def measure(args) -> dict:
                 measured.append({"nodes": nodes, "world": world, "model": model, "system": system,
                                  "iteration_s": times["total_s"], "per_iteration_s": per_it,
                                  "sample_s": times["sample_s"], "load_s": times["load_s"], "train_s": times["train_s"],
-                                 "edges": first["edges"], "input_rows": first["input_rows"]})
+                                 "edges": first["edges"], "input_rows": first["input_rows"],
+                                 "terms": measured_terms(job_logs)})
                 say(f"  {model} {system} {world} ranks: {times['total_s'] * 1e3:.0f} ms per iteration "
                     f"(sample {times['sample_s'] * 1e3:.0f}, load {times['load_s'] * 1e3:.0f}, "
                     f"train {times['train_s'] * 1e3:.0f})")
     return {"runs": measured}
+
+
+MEASURED_TERMS = ("forward", "backward", "id exchange", "feature shuffle", "layer shuffles", "all-reduce", "waiting")
+"""What :func:`measured_terms` splits a measured iteration's training into (named as the model's terms)."""
+
+
+def _collective_term(tag: str) -> str:
+    if tag.startswith("ids/"):
+        return "id exchange"
+    if tag.startswith("shuffle/layer0"):
+        return "feature shuffle"
+    return "layer shuffles" if tag.startswith("shuffle/") else "all-reduce"
+
+
+def measured_terms(job_logs: list) -> dict:
+    """Seconds per iteration of the measured runs by term, means over ranks and iterations (the first of each run
+    left out): each layer's forward and backward (``LayerClock``, waits excluded), each kind of collective's
+    transfer (its least seconds over ranks: the last rank to arrive waits for no one) and, summed over every
+    collective, the waiting beyond it (:func:`gsplit.counters.iteration_balance`). The same names as the model's
+    terms, so that a miss can be placed; measured layers run under the co-run contention that the model books
+    as ``cores shared``."""
+    from gsplit.counters import iteration_balance
+
+    totals, iterations = dict.fromkeys(MEASURED_TERMS, 0.0), 0
+    for log in job_logs:
+        ranks = [{**r, "per_iteration": r["per_iteration"][1:]} for r in log["epochs"][0]["ranks"]]
+        bal = iteration_balance(ranks)
+        iterations += len(bal["per_iteration"])
+        totals["forward"] += sum(bal["layer_fwd_s_mean"])
+        totals["backward"] += sum(bal["layer_bwd_s_mean"])
+        for tag, sec in bal["transfer_s_by_tag"].items():
+            totals[_collective_term(tag)] += sec
+        totals["waiting"] += sum(bal["wait_s_by_tag"].values())
+        # the gradient all-reduce on the job's own group (data parallelism) is not in the loader's tags: the step's
+        # collective seconds beyond its tagged shuffles are it, transfer and waiting together
+        tagged = sum(sec for r in bal["per_iteration"] for tag, sec in r["collective_s_mean"].items()
+                     if not tag.startswith("ids/"))
+        totals["all-reduce"] += max(0.0, bal["step_collective_s_mean"] - tagged)
+    return {k: v / max(iterations, 1) for k, v in totals.items()}
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -226,7 +266,7 @@ def summarise(records: list) -> dict:
 def report_table(args, works: dict, cal: dict, meas: dict, quiet: bool = False) -> dict:
     device = DeviceProfile.from_dict(cal["device"])
     link = LinkProfile.from_dict(cal["link"])
-    rows, records = [], []
+    rows, records, term_rows = [], [], []
     by_key = {(r["nodes"], r["world"], r["model"], r["system"]): r for r in meas["runs"]}
     for nodes in args.nodes:
         for world in args.worlds:
@@ -243,8 +283,12 @@ def report_table(args, works: dict, cal: dict, meas: dict, quiet: bool = False) 
                            "measured_s": got[s]["iteration_s"], "predicted_s": pred[s].iteration_s, "error": err,
                            "epoch_iterations": iters_per_epoch, "terms": pred[s].terms,
                            "predicted_per_iteration_s": pred[s].per_iteration_s,
-                           "measured_per_iteration_s": got[s]["per_iteration_s"]}
+                           "measured_per_iteration_s": got[s]["per_iteration_s"],
+                           "measured_terms": got[s].get("terms")}
                     records.append(rec)
+                    if rec["measured_terms"]:
+                        term_rows.append([f"synthetic-{nodes // 1000}k", model, world, s,
+                                          *_terms_side_by_side(rec["measured_terms"], pred[s].terms)])
                 if got["split"] and got["dp"]:
                     m_ratio = got["split"]["iteration_s"] / got["dp"]["iteration_s"]
                     p_ratio = pred["split"].iteration_s / pred["dp"].iteration_s
@@ -263,11 +307,37 @@ def report_table(args, works: dict, cal: dict, meas: dict, quiet: bool = False) 
                "predicted epoch s", "error %", "split/dp measured", "split/dp predicted", "ratio side right",
                "largest predicted terms"]
     table = report.format_table(headers, rows, floatfmt=".1f")
+    terms_table = report.format_table(["graph", "model", "ranks", "system", *TERM_COLUMNS], term_rows, floatfmt=".1f")
     summary = summarise(records)
     if not quiet:
         print(table)
         print(f"\n{describe(summary)}")
-    return {"table": table, "headers": headers, "rows": rows, "records": records, "summary": summary}
+        if term_rows:
+            print("\nms per iteration, measured / predicted (measured layers include the co-run contention the model "
+                  "books as 'cores shared'; predicted waiting = waiting + uneven speed):")
+            print(terms_table)
+    return {"table": table, "headers": headers, "rows": rows, "records": records, "summary": summary,
+            "terms_table": terms_table}
+
+
+TERM_COLUMNS = ("forward", "backward", "collectives", "waiting", "cores shared (pred.)")
+
+
+def _terms_side_by_side(measured: dict, predicted: dict) -> list:
+    """``TERM_COLUMNS`` cells, ``"measured / predicted"`` ms per iteration.
+
+    Example:
+        >>> _terms_side_by_side({"forward": 0.01, "backward": 0.02, "all-reduce": 0.001, "waiting": 0.003},
+        ...                     {"forward": 0.012, "backward": 0.02, "all-reduce": 0.002, "waiting": 0.001,
+        ...                      "uneven speed": 0.001, "cores shared": 0.004})
+        ['10.0 / 12.0', '20.0 / 20.0', '1.0 / 2.0', '3.0 / 2.0', '4.0']
+    """
+    collectives = ("id exchange", "feature shuffle", "layer shuffles", "all-reduce")
+    pairs = [(measured.get("forward", 0.0), predicted.get("forward", 0.0)),
+             (measured.get("backward", 0.0), predicted.get("backward", 0.0)),
+             (sum(measured.get(k, 0.0) for k in collectives), sum(predicted.get(k, 0.0) for k in collectives)),
+             (measured.get("waiting", 0.0), predicted.get("waiting", 0.0) + predicted.get("uneven speed", 0.0))]
+    return [f"{m * 1e3:.1f} / {p * 1e3:.1f}" for m, p in pairs] + [f"{predicted.get('cores shared', 0.0) * 1e3:.1f}"]
 
 
 def describe(summary: dict) -> str:
