@@ -149,15 +149,18 @@ def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Seque
     structure = 8 * (3 * edges + rows + rows + sent) + 8 * (owned + rows)  # edges, src ids, plan, masks/labels
     features = rows * int(feat_dim) * dtype_bytes
     kept, peak_layer, grad_rows = 0, 0, 0
+    # one rank's shuffles are the identity (ShuffleIndex.identity): a layer's input rows are the previous
+    # layer's output rows, counted with it, and no buffer is made
+    shuffled = len(stats.vertices) > 1
     for i, dim in enumerate(dims):
         d_in, d_out, heads = dim[:3]
         attention = bool(dim[3]) if len(dim) > 3 else heads > 1
         d_in = int(d_in or feat_dim)
         d_out = int(d_out or d_in)
-        inputs = 0 if i == 0 else rows * d_in * dtype_bytes  # layer 0 reads the features
+        inputs = rows * d_in * dtype_bytes if i > 0 and shuffled else 0  # layer 0 reads the features
         inner = (_SAVED_OUT_ROWS * owned * d_out
                  + (_SAVED_EDGE_VALUES_PER_HEAD * edges * heads if attention else 0)) * dtype_bytes
-        shuffle_buffers = 0 if i == 0 else 2 * sent * d_in * dtype_bytes
+        shuffle_buffers = 2 * sent * d_in * dtype_bytes if i > 0 and shuffled else 0
         # one message row per edge where aggregation gathers and scatters (GPU, or CPU without the compiled
         # kernel); SAGE and GCN aggregate at the narrower width, GAT at its output width
         messages = edges * (d_out if attention else min(d_in, d_out)) * dtype_bytes

@@ -397,8 +397,8 @@ class DataLoader(RankLoader):
                                    f"but the training group {self.comm.rank}")
         self._producer: Optional[Producer] = None
         self.last_stats = IterationStats()
-        self.overlap = bool(overlap)
-        """Whether batches carry overlap plans (see ``overlap`` above)."""
+        self.overlap = bool(overlap) and self.comm.world_size > 1
+        """Whether batches carry overlap plans (see ``overlap`` above; a single rank has no shuffle to hide)."""
         self.reads_inputs = self._reads_inputs(input_features)
         """Whether this rank reads all its input rows from the table (``input_features`` resolved)."""
         self.loads_union = self.features is not None and (self.features.device != self.device or

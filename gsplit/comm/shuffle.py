@@ -24,6 +24,8 @@ def shuffle_rows(h: torch.Tensor, index: ShuffleIndex, comm: Communicator, tag_s
     if h.shape[0] != index.num_local:
         raise ValueError(f"shuffle input has {h.shape[0]} rows but this rank's local frontier has "
                          f"{index.num_local} vertices; pass the output of the previous layer unchanged")
+    if index.identity:  # every row stays where it is: nothing to copy or exchange (one rank, directly read rows)
+        return h
     rank = comm.rank
     own_send, own_recv = index.own_rows(rank)
     out = h.new_empty((index.num_mixed,) + tuple(h.shape[1:]))
@@ -87,6 +89,10 @@ def shuffle(h: torch.Tensor, block: Block, group=None) -> torch.Tensor:
     if index is None:
         if h.shape[0] != block.num_src_nodes():
             raise ValueError(f"h has {h.shape[0]} rows but block has {block.num_src_nodes()} source nodes")
+        return h
+    if index.identity:  # one rank's plan: its rows are the block's sources already
+        if h.shape[0] != index.num_mixed:
+            raise ValueError(f"h has {h.shape[0]} rows but block has {index.num_mixed} source nodes")
         return h
     comm = group_of(index) if group is None else as_communicator(group)
     out = _Shuffle.apply(h, index, comm)

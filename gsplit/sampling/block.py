@@ -44,7 +44,12 @@ class ShuffleIndex:
     num_interior: Optional[int] = None
     """Sampled for overlap (:mod:`gsplit.overlap`): the local frontier is ordered interior first, and its
     first ``num_interior`` rows are those no other rank reads (``send_idx`` sends only rows from
-    ``num_interior`` on to other ranks); ``None``: the frontier is in id order."""
+    ``num_interior`` on to other ranks); ``None``: the frontier is in id order (a single rank's keeps the mixed
+    frontier's order, see ``identity``)."""
+    identity: bool = False
+    """Every row stays where it is (the local frontier is the mixed frontier, in its order: ``send_idx`` and
+    ``recv_pos`` are ``0..n-1`` and nothing crosses ranks), so :func:`gsplit.shuffle` returns its input as it is,
+    with no copy and no collective. Set by :meth:`read_directly` and by a single rank's sampling."""
 
     def to(self, device, non_blocking: bool = False) -> "ShuffleIndex":
         """The plan on ``device``; the plan itself when it is there already (as ``Tensor.to``), so that
@@ -98,7 +103,7 @@ class ShuffleIndex:
         counts = [num_rows if j == rank else 0 for j in range(world_size)]
         rows = torch.arange(num_rows, device=device)
         return cls(send_idx=rows, send_counts=counts, recv_pos=rows, recv_counts=list(counts), num_local=num_rows,
-                   num_mixed=num_rows, tag=tag)
+                   num_mixed=num_rows, tag=tag, identity=True)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor of the plan (e.g. to mark them as used on a CUDA stream)."""
