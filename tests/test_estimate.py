@@ -296,3 +296,9 @@ def test_the_validation_summary_users_read_is_the_measured_one():
     split_rows = [r for r in rounds["rows"] if r[3] == "split" and r[11] in ("yes", "NO")]
     wrong = sum(r[11] == "NO" for r in split_rows)
     assert f"wrong in {wrong} of the {len(split_rows)} cases more than 10 % apart" in VALIDATION_SUMMARY
+    before = json.loads((results / "estimate_validation_rounds_0902.json").read_text())
+    s = before["summary"]
+    assert f"the pass an hour before: {s['within_20pct']} of {s['records']} (median " \
+           f"{round(100 * s['median_abs_error'])} %, largest {round(100 * s['max_abs_error'])} %)" in VALIDATION_SUMMARY
+    split_before = [r for r in before["rows"] if r[3] == "split" and r[11] in ("yes", "NO")]
+    assert sum(r[11] == "NO" for r in split_before) == wrong and len(split_before) == len(split_rows)  # "both passes"
