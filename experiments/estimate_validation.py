@@ -9,8 +9,9 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    the real trainer per model (what a step costs beyond its layers, and the loader's gather), and the same
    one-rank run in as many independent processes as the host has cores, at once, against it in one fresh
    process just before (how much slower a rank computes while every core is busy: ``contention``); gloo
-   all-to-all and all-reduce micro-benchmarks at 2 and 4 ranks. Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and the
-   ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
+   all-to-all and all-reduce micro-benchmarks at 2 and 4 ranks. Fits the CPU device profile (``cores`` = this
+   host's cores: ranks beyond them share cores) and the ``cpu-gloo`` link. Nothing here runs the multi-rank
+   training it predicts.
 2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
    2 and 4 ranks x SAGE/GAT x the graphs x split/dp, ``--iters`` iterations each (``--no-overlap``; CPU
    defaults otherwise: direct input rows), per iteration the slowest rank's sample + load + train.
@@ -25,7 +26,7 @@ apart, can land on different sides of a drift: that, not the model, was most of 
 
     python experiments/estimate_validation.py                       # everything (~6 min on 2 quiet cores)
     python experiments/estimate_validation.py --rounds 3 --calibration estimate_calibration_rounds \
-        --measured estimate_measured_rounds                         # the recorded pass (~20 min)
+        --measured estimate_measured_rounds                         # the recorded pass (~25 min)
     python experiments/estimate_validation.py --parts calibrate      # then --parts measure, then --parts report
     python experiments/estimate_validation.py --quick                # 20k vertices, 2 ranks, SAGE (~3 min)
 
