@@ -19,6 +19,12 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    predicted with the calibrated profile, against the measured medians (first iteration excluded in both);
    the split/dp ratios; the table and the JSON.
 
+Both phases also time a fixed workload (``gsplit.estimate.calibrate.host_speed_reference``, ~50 ms in a fresh
+one-thread process): the calibration at its start, after each graph and at its end, the measurement just
+before and after each launch; the report's "host speed" is the runs' time of it over the calibration's, and
+"error host-corrected" the prediction scaled by that ratio (never fitted, never part of a prediction: it tells
+the host's drift apart from the model's error).
+
 ``--rounds R`` runs calibrate-then-measure R times in turn and compares the medians over the rounds (and,
 beside them, each round's calibration against its own runs). This host's speed drifts 1.5-2x over minutes
 (other guests on the same machine), and one calibration pass and one measured pass, taken twenty minutes
@@ -46,8 +52,8 @@ import torch
 
 import gsplit
 from gsplit.estimate import ModelShape, count_work, predict
-from gsplit.estimate.calibrate import (corun_effects, corun_steps, fit_device, fit_link, last_level_cache_bytes, time_shares,
-                                       time_steps, transport_profile)
+from gsplit.estimate.calibrate import (corun_effects, corun_steps, fit_device, fit_link, host_speed_reference,
+                                       last_level_cache_bytes, time_shares, time_steps, transport_profile)
 from gsplit.estimate.links import LinkProfile
 from gsplit.estimate.model import DeviceProfile
 from gsplit.trainer import TrainConfig
@@ -118,6 +124,7 @@ def calibrate(args) -> dict:
     steps = {m: [] for m in args.models}
     shapes = {}
     t0 = time.perf_counter()
+    references = [host_speed_reference()]  # the host's speed while calibrating: at the start, per graph, at the end
     for nodes in args.nodes:
         ds = setup.load_named("synthetic", nodes, args.seed)
         say(f"synthetic-{nodes // 1000}k: {ds.num_nodes:,} vertices, {ds.num_edges:,} edges")
@@ -139,9 +146,13 @@ def calibrate(args) -> dict:
             say(f"  {cores} one-rank runs at once: {slowdown:.2f}x the time of one alone")
             steps[model].append({"nodes": nodes, **got, "num_classes": ds.num_classes, "corun": together,
                                  "corun_alone": alone, "corun_slowdown": slowdown})
+        references.append(host_speed_reference())
     _, raw = transport_profile(args.worlds, TRANSPORT_SIZES, host_bw=1.0, progress=say)
-    say(f"calibration: {time.perf_counter() - t0:.0f}s")
-    return {"shares": shares, "steps": steps, "transport": raw, "cores": cores, "cache_bytes": last_level_cache_bytes()}
+    references.append(host_speed_reference())
+    say(f"calibration: {time.perf_counter() - t0:.0f}s; host speed reference "
+        f"{', '.join(f'{r * 1e3:.0f}' for r in references)} ms")
+    return {"shares": shares, "steps": steps, "transport": raw, "cores": cores, "cache_bytes": last_level_cache_bytes(),
+            "host_reference_s": statistics.median(references)}
 
 
 def fit(cal: dict) -> dict:
@@ -179,7 +190,9 @@ def measure(args) -> dict:
             owner = owner_map(ds, nodes, world, args.seed)
             keys = [(m, s) for m in args.models for s in ("split", "dp")]
             jobs = {k: (run_config(k[0], k[1], args.iters, args.seed), owner if k[1] == "split" else None) for k in keys}
+            before = host_speed_reference()  # the host's speed just before and after these runs (idle otherwise)
             logs = runs.run_repeated(ds, world, jobs)
+            reference = (before + host_speed_reference()) / 2
             for (model, system), job_logs in logs.items():
                 times = runs.iteration_times(job_logs, skip_first=1)
                 per_it = [max(sum(r) for r in row) for row in times["per_iteration"]]
@@ -188,7 +201,7 @@ def measure(args) -> dict:
                                  "iteration_s": times["total_s"], "per_iteration_s": per_it,
                                  "sample_s": times["sample_s"], "load_s": times["load_s"], "train_s": times["train_s"],
                                  "edges": first["edges"], "input_rows": first["input_rows"],
-                                 "terms": measured_terms(job_logs)})
+                                 "terms": measured_terms(job_logs), "host_reference_s": reference})
                 say(f"  {model} {system} {world} ranks: {times['total_s'] * 1e3:.0f} ms per iteration "
                     f"(sample {times['sample_s'] * 1e3:.0f}, load {times['load_s'] * 1e3:.0f}, "
                     f"train {times['train_s'] * 1e3:.0f})")
@@ -276,17 +289,23 @@ def report_table(args, works: dict, cal: dict, meas: dict, quiet: bool = False) 
                 shape = shapes[model]
                 pred = {s: predict(work[s][1:], shape, device, link) for s in ("split", "dp")}
                 got = {s: by_key.get((nodes, world, model, s)) for s in ("split", "dp")}
+                recs = {}
                 for s in ("split", "dp"):
                     if got[s] is None:
                         continue
                     err = pred[s].iteration_s / got[s]["iteration_s"] - 1
+                    speed = host_speed_ratio(cal, got[s])
                     rec = {"nodes": nodes, "world": world, "model": model, "system": s,
                            "measured_s": got[s]["iteration_s"], "predicted_s": pred[s].iteration_s, "error": err,
+                           "host_speed_ratio": speed,
+                           "error_host_corrected": None if speed is None else
+                           pred[s].iteration_s * speed / got[s]["iteration_s"] - 1,
                            "epoch_iterations": iters_per_epoch, "terms": pred[s].terms,
                            "predicted_per_iteration_s": pred[s].per_iteration_s,
                            "measured_per_iteration_s": got[s]["per_iteration_s"],
                            "measured_terms": got[s].get("terms")}
                     records.append(rec)
+                    recs[s] = rec
                     if rec["measured_terms"]:
                         term_rows.append([f"synthetic-{nodes // 1000}k", model, world, s,
                                           *_terms_side_by_side(rec["measured_terms"], pred[s].terms)])
@@ -303,22 +322,47 @@ def report_table(args, works: dict, cal: dict, meas: dict, quiet: bool = False) 
                                      f"{m_ratio:.2f}" if s == "split" else "", f"{p_ratio:.2f}" if s == "split" else "",
                                      ("yes" if right else "NO") if (s == "split" and decisive) else
                                      ("(within 10 %)" if s == "split" else ""),
+                                     _cell(recs[s]["host_speed_ratio"], "{:.2f}"),
+                                     _cell(recs[s]["error_host_corrected"], "{:+.1%}"),
                                      ", ".join(f"{k} {v:.0%}" for k, v in pred[s].dominant(3))])
     headers = ["graph", "model", "ranks", "system", "measured ms/it", "predicted ms/it", "measured epoch s",
                "predicted epoch s", "error %", "split/dp measured", "split/dp predicted", "ratio side right",
-               "largest predicted terms"]
+               "host speed measured/calibration", "error host-corrected", "largest predicted terms"]
     table = report.format_table(headers, rows, floatfmt=".1f")
     terms_table = report.format_table(["graph", "model", "ranks", "system", *TERM_COLUMNS], term_rows, floatfmt=".1f")
     summary = summarise(records)
+    corrected = [{"error": r["error_host_corrected"]} for r in records if r["error_host_corrected"] is not None]
+    summary_corrected = summarise(corrected) if len(corrected) == len(records) else None
     if not quiet:
         print(table)
         print(f"\n{describe(summary)}")
+        if summary_corrected:
+            print(f"host-corrected (each prediction times the host speed reference's ratio, measured runs against "
+                  f"calibration): {describe(summary_corrected)}")
         if term_rows:
             print("\nms per iteration, measured / predicted (measured layers include the co-run contention the model "
                   "books as 'cores shared'; predicted waiting = waiting + uneven speed):")
             print(terms_table)
     return {"table": table, "headers": headers, "rows": rows, "records": records, "summary": summary,
-            "terms_table": terms_table}
+            "summary_host_corrected": summary_corrected, "terms_table": terms_table}
+
+
+def host_speed_ratio(cal: dict, run: dict):
+    """How much slower the host was around a measured run than while calibrating: the fixed workload's seconds
+    (:func:`gsplit.estimate.calibrate.host_speed_reference`) beside the run over its seconds in the calibration;
+    ``None`` for files written before it was timed. Above 1: the runs met a slower host than the calibration.
+
+    Example:
+        >>> host_speed_ratio({"host_reference_s": 0.05}, {"host_reference_s": 0.06}), host_speed_ratio({}, {})
+        (1.2, None)
+    """
+    if not cal.get("host_reference_s") or not run.get("host_reference_s"):
+        return None
+    return round(run["host_reference_s"] / cal["host_reference_s"], 12)
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
 
 
 TERM_COLUMNS = ("forward", "backward", "collectives", "waiting", "cores shared (pred.)")
@@ -393,17 +437,20 @@ def main(argv=None) -> int:
         works = count_works(args)
         result = report_table(args, works, cal, meas)
         # each round's calibration against the same round's runs: how far one round alone would have been off
-        per_round = []
+        per_round, per_round_corrected = [], []
         n_rounds = min(cal.get("rounds", 1), meas.get("rounds", 1))
         for k in round_numbers(n_rounds):
             got = report_table(args, works, report.read_json(f"{round_stem(cal_stem, k)}.json"),
                                report.read_json(f"{round_stem(meas_stem, k)}.json"), quiet=True)
             per_round.append(got["summary"])
-            say(f"  round {k} alone: {describe(got['summary'])}")
+            per_round_corrected.append(got["summary_host_corrected"])
+            say(f"  round {k} alone: {describe(got['summary'])}" + (
+                f"; host-corrected: {describe(got['summary_host_corrected'])}" if got["summary_host_corrected"] else ""))
         name = "estimate_validation" + args.measured[len("estimate_measured"):]  # e.g. _repeat for a second pass
         report.save_json(report.output_stem(args, name),
                          {"settings": settings, "calibration_file": cal_path.name, "measured_file": meas_path.name,
                           "rounds": n_rounds, "per_round": per_round,
+                          "per_round_host_corrected": per_round_corrected,
                           "calibration_machine": cal["machine"], "measured_machine": meas["machine"], **result})
     return 0
 

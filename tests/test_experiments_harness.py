@@ -123,13 +123,18 @@ def test_script_takes_its_arguments_and_writes_its_output_through_the_harness(pa
 
 @pytest.fixture
 def isolated_imports():
-    """Import experiment modules here and forget them after (sys.path, sys.modules, the environment)."""
+    """Import experiment modules here and forget them after (sys.path, the experiments' modules, the environment).
+
+    Only modules of experiments/ are forgotten: torch, numpy or gsplit imported by a script stay (a second
+    import of torch in one process fails)."""
     path, modules, environ = list(sys.path), set(sys.modules), dict(os.environ)
     sys.path.insert(0, str(EXPERIMENTS))
     yield
     sys.path[:] = path
     for name in set(sys.modules) - modules:
-        del sys.modules[name]
+        origin = getattr(sys.modules[name], "__file__", None) or ""
+        if Path(origin).resolve().is_relative_to(EXPERIMENTS):
+            del sys.modules[name]
     os.environ.clear()
     os.environ.update(environ)
 
@@ -145,6 +150,14 @@ def test_harness_examples_hold(isolated_imports):
         module = importlib.import_module(f"harness.{name}")
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted > 0 and result.failed == 0, (name, result)
+
+
+def test_the_cost_model_validation_examples_hold(isolated_imports):
+    """estimate_validation.py's helpers (the summary, the host-speed ratio, the terms table) do what their
+    examples say: they decide what the validation reports."""
+    module = importlib.import_module("estimate_validation")
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 3 and result.failed == 0, result
 
 
 def test_peers_and_the_first_gpu_run_load_neither_gsplit_nor_a_plotting_library():

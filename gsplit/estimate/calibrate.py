@@ -11,6 +11,9 @@ the multi-rank runs it predicts.
 * :func:`transport_profile` times gloo's all-to-all and all-reduce between CPU ranks of this host.
 * :func:`fit_device` fits the :class:`~gsplit.estimate.model.DeviceProfile` coefficients (non-negative least
   squares, relative errors).
+* :func:`host_speed_reference` times one fixed workload: timed beside a calibration and beside the runs it
+  predicts, it tells how much faster or slower the host was in one than in the other (a shared host's speed
+  drifts), apart from the model's own error.
 """
 
 from __future__ import annotations
@@ -102,6 +105,63 @@ def _median_s(fn: Callable[[], object], repeats: int, device: torch.device) -> f
         _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def host_speed_reference(repeats: int = 7, seed: int = 0) -> float:
+    """Seconds of one fixed CPU workload (median of ``repeats``), run in a fresh process on one torch thread with
+    :func:`~gsplit.resources.keep_freed_heap` (as a CPU rank): a SAGE-mean layer's forward and backward (the
+    gather-mean kernel, a [5000, 256] x [256, 256] product, relu, the scatter back) on a seeded random block of
+    24,000 sources, 5,000 destinations and 50,000 edges, about 50 ms on one core.
+
+    The same bytes and operations in the same kind of process every time (nothing of the caller's threads or
+    heap enters), so two timings differ only by the host's speed: the validation
+    (``experiments/estimate_validation.py``) times it beside each calibration and beside each measured run,
+    and reports their ratio. It is never fitted and never enters a prediction.
+
+    Example:
+        >>> host_speed_reference(repeats=1) > 0   # doctest: +SKIP
+        True
+    """
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_reference_worker, args=(repeats, seed, queue), daemon=True)
+    proc.start()
+    try:
+        return queue.get(timeout=300)
+    finally:
+        proc.join(timeout=60)
+
+
+def _reference_worker(repeats: int, seed: int, queue) -> None:
+    torch.set_num_threads(1)
+    keep_freed_heap()
+    queue.put(reference_workload_s(repeats, seed))
+
+
+def reference_workload_s(repeats: int = 7, seed: int = 0) -> float:
+    """:func:`host_speed_reference`'s workload in this process, as it is (its threads and heap).
+
+    Example:
+        >>> reference_workload_s(repeats=1) > 0
+        True
+    """
+    from gsplit.ops.aggregate import self_and_mean  # the layers' kernel (gsplit.nn imports it the same way)
+
+    g = torch.Generator().manual_seed(seed)
+    num_src, num_dst, degree, width = 24_000, 5_000, 10, 128
+    edge_dst = torch.arange(num_dst).repeat_interleave(degree)
+    edge_src = torch.randint(0, num_src, (num_dst * degree,), generator=g)
+    x = torch.randn(num_src, width, generator=g).requires_grad_()
+    weight = (torch.randn(2 * width, 2 * width, generator=g) * 0.05).requires_grad_()
+
+    def layer():
+        torch.relu(self_and_mean(x, edge_src, edge_dst, num_dst) @ weight).sum().backward()
+        x.grad = weight.grad = None
+
+    layer()  # warm-up: the kernels' first call (and build), the allocator's first pages
+    return _median_s(layer, repeats, torch.device("cpu"))
 
 
 def _time_layers(model, blocks, shape: ModelShape, device: torch.device, repeats: int) -> List[tuple]:
