@@ -25,6 +25,8 @@ and hidden size, all on CPU ranks over gloo:
 * ``split-shuffle``: ``split`` with ``--input-features shuffle``: each rank loads the input rows it owns and
   shuffles them (the paper's way), where ``split`` (``auto``) reads every input row it needs from the shared
   table on CPU ranks;
+* ``split-prefetch`` (not in the default): ``split`` with ``--prefetch``: the next mini-batch sampled and loaded
+  in a background thread (on its own process group) while one trains;
 * ``split-mbB``, ``dp-mbB``, ``split-shuffle-mbB`` (issue 33, ``--macrobatch 4,16`` adds them after their base
   system): the same with ``--macrobatch B``: B mini-batches sampled and loaded in one exchange, then trained
   one by one (the same steps). Every gsplit run also reports its collectives per iteration (rank 0's log)
@@ -63,18 +65,18 @@ from gsplit.io import read_run_log
 from gsplit.resources import HostMemoryMeter, keep_freed_heap_env
 
 SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle",
-           "dgl-keepheap")
+           "dgl-keepheap", "split-prefetch")
 """The compared systems, in the order of even rounds."""
 LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
           "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm", "split-shuffle": "split shuffled inputs",
-          "dgl-keepheap": "DGL kept heap"}
+          "dgl-keepheap": "DGL kept heap", "split-prefetch": "split prefetch"}
 """Column names of the main table."""
 
 ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
 """Systems that train in one process with every core and the global batch of ``ranks`` processes."""
 
 SPLIT_VARIANTS = {"split": [], "split-plain": ["--no-overlap"], "split-shm": [],
-                  "split-shuffle": ["--input-features", "shuffle"]}
+                  "split-shuffle": ["--input-features", "shuffle"], "split-prefetch": ["--prefetch"]}
 """``gsplit train --system split`` runs and the arguments each adds (``split-shm`` differs by environment)."""
 
 DGL_KEEP_HEAP_ENV = keep_freed_heap_env()
@@ -112,8 +114,8 @@ def parse_args(argv=None):
     p.add_sized("--ranks", quick=[2], full=[2, 4], type=setup.int_list,
                 help="comma-separated world sizes (default 2,4; quick 2)")
     p.add_argument("--models", default="sage,gat", help="comma-separated: sage, gat")
-    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s != "dgl-keepheap"),
-                   help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all but dgl-keepheap)")
+    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in ("dgl-keepheap", "split-prefetch")),
+                   help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all but dgl-keepheap and split-prefetch)")
     p.add_argument("--macrobatch", default="", help="comma-separated macrobatch sizes > 1: adds split-mbB / dp-mbB "
                    "(/ split-shuffle-mbB) after each of split, dp (split-shuffle) in --systems")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
