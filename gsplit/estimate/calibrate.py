@@ -122,14 +122,22 @@ def host_speed_reference(repeats: int = 7, seed: int = 0) -> float:
         >>> host_speed_reference(repeats=1) > 0   # doctest: +SKIP
         True
     """
+    import queue as queue_module
+
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_reference_worker, args=(repeats, seed, queue), daemon=True)
+    results = ctx.Queue()
+    proc = ctx.Process(target=_reference_worker, args=(repeats, seed, results), daemon=True)
     proc.start()
     try:
-        return queue.get(timeout=300)
+        while True:  # the result, or a clear error as soon as the process is gone without one
+            try:
+                return results.get(timeout=1.0)
+            except queue_module.Empty:
+                if not proc.is_alive():
+                    raise RuntimeError(f"the host speed reference's process exited with code {proc.exitcode} "
+                                       "before reporting; its error is above") from None
     finally:
         proc.join(timeout=60)
 
