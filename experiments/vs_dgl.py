@@ -67,6 +67,8 @@ from gsplit.resources import HostMemoryMeter, keep_freed_heap_env
 SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle",
            "dgl-keepheap", "split-prefetch")
 """The compared systems, in the order of even rounds."""
+NOT_BY_DEFAULT = ("dgl-keepheap", "split-prefetch")
+"""Systems run only when ``--systems`` names them."""
 LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
           "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm", "split-shuffle": "split shuffled inputs",
           "dgl-keepheap": "DGL kept heap", "split-prefetch": "split prefetch"}
@@ -114,8 +116,8 @@ def parse_args(argv=None):
     p.add_sized("--ranks", quick=[2], full=[2, 4], type=setup.int_list,
                 help="comma-separated world sizes (default 2,4; quick 2)")
     p.add_argument("--models", default="sage,gat", help="comma-separated: sage, gat")
-    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in ("dgl-keepheap", "split-prefetch")),
-                   help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all but dgl-keepheap and split-prefetch)")
+    p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in NOT_BY_DEFAULT),
+                   help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all but {', '.join(NOT_BY_DEFAULT)})")
     p.add_argument("--macrobatch", default="", help="comma-separated macrobatch sizes > 1: adds split-mbB / dp-mbB "
                    "(/ split-shuffle-mbB) after each of split, dp (split-shuffle) in --systems")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")

@@ -325,3 +325,5 @@ def test_the_host_speed_reference_is_a_fresh_one_thread_process_timing():
         torch.set_num_threads(threads)
     assert 0 < fresh < 5 and 0 < here < 5
     assert 0.33 < fresh / here < 3, (fresh, here)  # the same work; this host drifts up to 2x
+    with pytest.raises(RuntimeError, match="exited with code 1 before reporting"):  # at once, not after a timeout
+        host_speed_reference(seed="not a seed")

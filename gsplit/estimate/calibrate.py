@@ -122,30 +122,48 @@ def host_speed_reference(repeats: int = 7, seed: int = 0) -> float:
         >>> host_speed_reference(repeats=1) > 0   # doctest: +SKIP
         True
     """
+    return _in_fresh_processes(_reference_worker, (repeats, seed), timeout_s=300)[0]
+
+
+def _reference_worker(repeats: int, seed: int, start, results) -> None:
+    torch.set_num_threads(1)
+    keep_freed_heap()
+    start.wait()
+    results.put(reference_workload_s(repeats, seed))
+
+
+def _in_fresh_processes(target, args: tuple, copies: int = 1, timeout_s: float = 1800.0) -> list:
+    """What ``target(*args, start, results)`` puts on ``results`` in each of ``copies`` spawned processes (fresh
+    interpreters: none of this process's threads, heap or caches), released together by the event ``start``; in
+    the order they finish. A process that exits with an error raises here at once (its traceback is above)."""
     import queue as queue_module
 
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    proc = ctx.Process(target=_reference_worker, args=(repeats, seed, results), daemon=True)
-    proc.start()
+    results, start = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=target, args=(*args, start, results), daemon=True) for _ in range(copies)]
+    for proc in procs:
+        proc.start()
+    start.set()
+    out, deadline = [], time.monotonic() + timeout_s
     try:
-        while True:  # the result, or a clear error as soon as the process is gone without one
+        while len(out) < copies:
             try:
-                return results.get(timeout=1.0)
+                out.append(results.get(timeout=1.0))
             except queue_module.Empty:
-                if not proc.is_alive():
-                    raise RuntimeError(f"the host speed reference's process exited with code {proc.exitcode} "
-                                       "before reporting; its error is above") from None
+                # exit code 0 is a process that reported (its result may still be in flight): only errors count
+                failed = [proc.exitcode for proc in procs if proc.exitcode not in (None, 0)]
+                if failed:
+                    raise RuntimeError(f"{target.__name__}: a process exited with code {failed[0]} before reporting; "
+                                       "its error is above") from None
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{target.__name__}: {copies - len(out)} of {copies} processes reported "
+                                       f"nothing in {timeout_s:.0f} s") from None
+        return out
     finally:
-        proc.join(timeout=60)
-
-
-def _reference_worker(repeats: int, seed: int, queue) -> None:
-    torch.set_num_threads(1)
-    keep_freed_heap()
-    queue.put(reference_workload_s(repeats, seed))
+        for proc in procs:
+            proc.join(timeout=60)
 
 
 def reference_workload_s(repeats: int = 7, seed: int = 0) -> float:
@@ -341,28 +359,17 @@ def time_steps(dataset, cfg, progress: Optional[Callable[[str], None]] = None) -
     return out
 
 
-def _corun_worker(dataset, cfg, start, queue) -> None:
+def _corun_worker(dataset, cfg, start, results) -> None:
     torch.set_num_threads(1)
     start.wait()
-    queue.put(time_steps(dataset, cfg))
+    results.put(time_steps(dataset, cfg))
 
 
 def corun_steps(dataset, cfg, copies: int = 2) -> List[dict]:
     """:func:`time_steps` in ``copies`` independent one-rank processes at once (one torch thread each, no process
     group, nothing exchanged): what each rank's work costs while ``copies`` cores are busy with the same kind of
     work. The ratio to :func:`time_steps` alone is the machine's contention (``DeviceProfile.contention``)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue, start = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_corun_worker, args=(dataset, cfg, start, queue), daemon=True) for _ in range(copies)]
-    for proc in procs:
-        proc.start()
-    start.set()
-    results = [queue.get(timeout=1800) for _ in procs]
-    for proc in procs:
-        proc.join(timeout=60)
-    return results
+    return _in_fresh_processes(_corun_worker, (dataset, cfg), copies=copies)
 
 
 def corun_effects(alone: dict, together: Sequence[dict]) -> dict:
