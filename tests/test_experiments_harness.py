@@ -152,12 +152,13 @@ def test_harness_examples_hold(isolated_imports):
         assert result.attempted > 0 and result.failed == 0, (name, result)
 
 
-def test_the_cost_model_validation_examples_hold(isolated_imports):
-    """estimate_validation.py's helpers (the summary, the host-speed ratio, the terms table) do what their
-    examples say: they decide what the validation reports."""
-    module = importlib.import_module("estimate_validation")
+@pytest.mark.parametrize("name, examples", [("estimate_validation", 3), ("host_corun", 1)])
+def test_the_cost_model_validation_examples_hold(isolated_imports, name, examples):
+    """The validation's helpers (estimate_validation's summary, host-speed ratio and terms table; host_corun's
+    summary) do what their examples say: they decide what the validation reports."""
+    module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 3 and result.failed == 0, result
+    assert result.attempted >= examples and result.failed == 0, result
 
 
 def test_peers_and_the_first_gpu_run_load_neither_gsplit_nor_a_plotting_library():

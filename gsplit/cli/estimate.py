@@ -30,14 +30,16 @@ host over gloo, predicted measured iterations of 2 and 4 ranks {validation} (doc
 Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iteration excluded).
 """
 
-VALIDATION_SUMMARY = ("within 20 % in 15 of 16 runs as medians of three calibrate-and-measure rounds (median |error| "
-                      "11 %, largest 23 %), in 2 to 15 of 16 for a single round, with the split/dp choice right in all 5 "
-                      "cases more than 10 % apart; the two passes before it on this shared host, whose speed drifts up "
-                      "to 2x within minutes: 16 and 10 of 16, the choice wrong in 1 of 6 in both (SAGE at 4 ranks on "
-                      "1M vertices, measured 1.04 to 1.22 from pass to pass)")
-"""How far off the CPU validation found the model (experiments/results/estimate_validation_rounds.json: the medians
-over three rounds and each round alone; the passes before it: estimate_validation_rounds_0902.json and
-estimate_validation_rounds_1010.json); tests/test_estimate.py checks it against those files."""
+VALIDATION_SUMMARY = ("within 20 % in 15 of 16 runs in each of the last two passes, as medians of five and of three "
+                      "calibrate-and-measure rounds (median |error| 11 % in both, largest 22 % and 23 %; 2 to 16 of 16 "
+                      "for a single round), with the split/dp choice right in all 6 and all 5 cases more than 10 % "
+                      "apart; the two passes before them on this shared host, whose speed drifts up to 2x within "
+                      "minutes: 16 and 10 of 16, the choice wrong in 1 of 6 in both (SAGE at 4 ranks on 1M vertices, "
+                      "measured 0.98 to 1.22 from pass to pass)")
+"""How far off the CPU validation found the model (experiments/results/estimate_validation_rounds5.json and
+estimate_validation_rounds.json: the medians over five and over three rounds, and each round alone; the passes
+before them: estimate_validation_rounds_0902.json and estimate_validation_rounds_1010.json);
+tests/test_estimate.py checks it against those files."""
 
 
 def _fanouts(text: str):
