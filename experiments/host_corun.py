@@ -4,8 +4,8 @@ Every ``--interval`` seconds, for two fixed workloads, a dense product (``[2048,
 what a layer's GEMMs do) and a random row gather (``index_select`` of 200k of 400k 64-d rows, 5 times: what
 sampling, loading and aggregation do), each in a fresh one-thread process: the time of one process alone, then
 of one process per core started together (best of 3 each, after a warm-up). The ratio together / alone is the
-co-run slowdown a multi-rank run meets at that moment (``contention`` in ``gsplit.estimate``); on a machine of
-its own it stays near 1 for the product, a little above for the gather (shared memory bandwidth).
+co-run slowdown a multi-rank run meets at that moment (``contention`` in ``gsplit.estimate``); with cores of
+its own a machine should keep it near 1 for the product (the gather shares memory bandwidth).
 
 Why it exists: on the 2-core development VM the cost model's co-run slowdown came out 0.8-1.5x from one
 measurement to the next, and a 2-rank epoch is bimodal (about 7.5 or 9.5 s for the same run). This shows
