@@ -32,7 +32,9 @@ apart, can land on different sides of a drift: that, not the model, was most of 
 
     python experiments/estimate_validation.py                       # everything (~6 min on 2 quiet cores)
     python experiments/estimate_validation.py --rounds 3 --calibration estimate_calibration_rounds \
-        --measured estimate_measured_rounds                         # the recorded pass (~25 min)
+        --measured estimate_measured_rounds                         # a recorded pass (~25-35 min)
+    python experiments/estimate_validation.py --rounds 5 --calibration estimate_calibration_rounds5 \
+        --measured estimate_measured_rounds5                        # the latest recorded pass (~50 min)
     python experiments/estimate_validation.py --parts calibrate      # then --parts measure, then --parts report
     python experiments/estimate_validation.py --quick                # 20k vertices, 2 ranks, SAGE (~3 min)
 
