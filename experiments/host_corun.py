@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     p.add_sized("--interval", quick=0.0, full=8.0, type=float, help="seconds between samples (default 8; quick 0)")
     args = p.parse_args(argv)
     cores = report.cpu_cores()
-    samples, rows = [], []
+    samples = []
     for k in range(args.samples):
         sample = {"t_s": round(time.time(), 1)}
         for kind in WORKLOADS:
@@ -96,12 +96,12 @@ def main(argv=None) -> int:
             sample[kind] = {"alone_s": alone, "together_s": together,
                             "ratio": round(statistics.median(together) / alone, 4)}
         samples.append(sample)
-        rows.append([k, *(v for kind in WORKLOADS for v in (sample[kind]["alone_s"] * 1e3,
-                                                           statistics.median(sample[kind]["together_s"]) * 1e3,
-                                                           sample[kind]["ratio"]))])
         print(f"sample {k}: " + ", ".join(f"{kind} {sample[kind]['ratio']:.2f}x" for kind in WORKLOADS), flush=True)
         if k + 1 < args.samples:
             time.sleep(args.interval)
+    rows = [[k, *(v for kind in WORKLOADS for v in (s[kind]["alone_s"] * 1e3,
+                                                      statistics.median(s[kind]["together_s"]) * 1e3, s[kind]["ratio"]))]
+            for k, s in enumerate(samples)]
     print(report.format_table(["sample", *(f"{kind} {c}" for kind in WORKLOADS
                                           for c in ("alone ms", "together ms", "together/alone"))], rows, floatfmt=".2f"))
     summary = {kind: summarise(samples, kind) for kind in WORKLOADS}
@@ -109,8 +109,8 @@ def main(argv=None) -> int:
         print(f"{kind}: together/alone median {s['ratio_median']:.2f} (range {s['ratio_min']:.2f}-{s['ratio_max']:.2f},"
               f" above 1.5 in {s['share_above_1_5']:.0%} of samples); alone {s['alone_s_min'] * 1e3:.0f}-"
               f"{s['alone_s_max'] * 1e3:.0f} ms")
-    report.save_json(report.output_stem(args, "host_corun"), {"settings": report.settings(args), "cores": cores,
-                                                              "samples": samples, "summary": summary})
+    report.save_json(report.output_stem(args, "host_corun"),
+                     {"settings": report.settings(args), "cores": cores, "samples": samples, "summary": summary})
     return 0
 
 
