@@ -6,11 +6,18 @@ of CUDA or of working CuPy kernels into a failure, so a GPU run cannot look gree
 Each test gets the environment back as it found it: the command line sets variables for the ranks it starts
 (``GSPLIT_SKIP_EXTENSIONS`` after a failed kernel build, ``OMP_WAIT_POLICY``), and a test that runs it in
 this process must not switch the compiled kernels off for every test after it.
+
+Ranks start from a fork server (``GSPLIT_START_METHOD=forkserver``, unless the environment says otherwise):
+the suite launches some 250 rank processes, and each spawned one imports torch anew (2-4 s of CPU on this
+2-core CI), which made up 40 % of the suite's time. The tests of the spawn path itself (the user's default)
+ask for it by name.
 """
 
 import os
 
 import pytest
+
+os.environ.setdefault("GSPLIT_START_METHOD", "forkserver")
 
 
 @pytest.hookimpl(tryfirst=True)  # before the skipif markers are evaluated

@@ -255,6 +255,7 @@ def run_script(code: str, cwd: Path, timeout: int = 600) -> str:
     script = cwd / "snippet.py"
     script.write_text(code)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    env.pop("GSPLIT_START_METHOD", None)  # as a user runs it: spawned ranks (the suite's are forked: conftest.py)
     proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

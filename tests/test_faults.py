@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -117,12 +118,13 @@ def _listening(port: int) -> bool:
     return False
 
 
-def _start_parent(tmp_path: Path, mode: str):
+def _start_parent(tmp_path: Path, mode: str, start_method: Optional[str] = None):
     script = tmp_path / "parent.py"
     script.write_text(PARENT.format(root=str(ROOT), tests=str(ROOT / "tests")))
     err = open(tmp_path / "parent.err", "w")
+    env = dict(os.environ, **({"GSPLIT_START_METHOD": start_method} if start_method else {}))
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), mode], cwd=ROOT, stderr=err,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     deadline = time.monotonic() + 120
     files = [tmp_path / "rank0.pid", tmp_path / "rank1.pid", tmp_path / "port"]
     while not all(f.exists() for f in files):
@@ -143,13 +145,24 @@ def _cleanup(proc, pids):
     proc.wait(10)
 
 
+def _parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
 @pytest.mark.parametrize("how,expect_rc", [("SIGTERM", 128 + signal.SIGTERM), ("SIGHUP", 128 + signal.SIGHUP),
                                            ("SIGKILL", -signal.SIGKILL), ("exception", 1)])
-def test_no_rank_outlives_its_parent(tmp_path, how, expect_rc):
+def test_no_rank_outlives_its_parent(tmp_path, how, expect_rc, start_method):
+    """Forked ranks' parent is the fork server, which multiprocessing keeps alive while any process it forked
+    holds its pipe: before the ranks let go of it, a SIGKILLed launcher left server and ranks running."""
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    proc, pids, port = _start_parent(tmp_path, "exception" if how == "exception" else "plain")
+    proc, pids, port = _start_parent(tmp_path, "exception" if how == "exception" else "plain", start_method)
     try:
         assert all(_alive(p) for p in pids) and _listening(port)
+        servers = {_parent_of(p) for p in pids} - {proc.pid}
+        assert len(servers) == (start_method == "forkserver"), f"ranks' parents: {servers}, launcher {proc.pid}"
+        pids = pids + sorted(servers)  # the fork server must not outlive the launcher either
         t0 = time.monotonic()
         os.kill(proc.pid, signal.SIGUSR1 if how == "exception" else getattr(signal, how))
         while (any(_alive(p) for p in pids) or _listening(port)) and time.monotonic() - t0 < 5:

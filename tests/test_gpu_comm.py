@@ -436,7 +436,8 @@ def _run_rank_setup(monkeypatch, device: str, world_size: int):
     conn = types.SimpleNamespace(send_bytes=lambda b: None, close=lambda: None)
     with pytest.raises(_Exited):
         launch_mod._child_main(0, world_size, _return_rank, (), device, "nccl" if "cuda" in device else "gloo",
-                               "127.0.0.1", 1, 60.0, conn, 1, [0.0] * 8)
+                               "127.0.0.1", 1, 60.0, conn, 1, [0.0] * 8,
+                               launch_mod.LauncherState.now())
     return asked
 
 

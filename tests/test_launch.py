@@ -1,7 +1,8 @@
 """The launcher: results in rank order, collectives work, failures surface promptly as LaunchError.
 
-Ranks are spawned processes that unpickle the worker functions by module name, so the workers are
-top-level functions of this module (pytest puts tests/ on sys.path, and spawn passes sys.path on).
+Ranks are spawned (or, in this suite by default, forked from a fork server: tests/conftest.py) processes that
+unpickle the worker functions by module name, so the workers are top-level functions of this module (pytest
+puts tests/ on sys.path, and both start methods pass sys.path on).
 """
 
 import os
@@ -47,6 +48,11 @@ def stubborn_worker(rank, world_size):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL stops this rank
     time.sleep(300)  # not in a collective: it never learns that rank 1 failed
     return rank
+
+
+def start_worker(rank, world_size):
+    """How this rank started: its parent process, and a mark the test sets in the launcher's environment."""
+    return {"parent": os.getppid(), "mark": os.environ.get("GSPLIT_TEST_MARK")}
 
 
 def unpicklable_result_worker(rank, world_size):
@@ -109,8 +115,9 @@ def destroy_guard_worker(rank, world_size):
 
 
 # ---------------------------------------------------------------- tests
-def test_two_cpu_ranks_allreduce_in_rank_order():
-    out = launch(allreduce_worker, 2, args=(10,), devices="cpu", timeout=30)
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_two_cpu_ranks_allreduce_in_rank_order(start_method):
+    out = launch(allreduce_worker, 2, args=(10,), devices="cpu", timeout=30, start_method=start_method)
     assert [o["rank"] for o in out] == [0, 1]
     assert all(o["world"] == 2 and o["sum"] == 21.0 and o["backend"] == "gloo" for o in out)
     assert [o["device"] for o in out] == ["cpu", "cpu"]
@@ -118,10 +125,11 @@ def test_two_cpu_ranks_allreduce_in_rank_order():
     assert torch.equal(out[1]["tensor"], torch.tensor([0, 1, 2]))
 
 
-def test_failure_in_one_rank_stops_all_promptly():
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_failure_in_one_rank_stops_all_promptly(start_method):
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(raise_on_rank1_worker, 2, devices="cpu", timeout=120)
+        launch(raise_on_rank1_worker, 2, devices="cpu", timeout=120, start_method=start_method)
     elapsed = time.monotonic() - start
     assert elapsed < 60, f"launch took {elapsed:.1f}s to report the failure"
     err = info.value
@@ -175,6 +183,32 @@ def test_destroying_a_gloo_group_right_after_its_collective_does_not_deadlock():
     with gsplit's settle before the destroy, none in 1000): the real mechanism of the DGL port's hung exit."""
     assert launch(destroy_after_collectives_worker, 2, args=(300,), devices="cpu", timeout=60,
                   heartbeat_timeout=20) == [300, 300]
+
+
+def test_forked_ranks_come_from_one_server_and_see_the_environment_of_their_launch(monkeypatch):
+    """The fork server starts once per launching process, so it holds the environment of its first launch;
+    each rank must still see the launcher's environment as it is at the call (the CLI sets variables for its
+    ranks, a user's script may too)."""
+    first = launch(start_worker, 2, devices="cpu", timeout=60, start_method="forkserver")
+    monkeypatch.setenv("GSPLIT_TEST_MARK", "set after the server started")
+    second = launch(start_worker, 2, devices="cpu", timeout=60, start_method="forkserver")
+    servers = {o["parent"] for o in first + second}
+    assert len(servers) == 1 and os.getpid() not in servers, f"ranks' parents {servers}, launcher {os.getpid()}"
+    assert [o["mark"] for o in second] == ["set after the server started"] * 2
+    spawned = launch(start_worker, 2, devices="cpu", timeout=60, start_method="spawn")
+    assert {o["parent"] for o in spawned} == {os.getpid()} and [o["mark"] for o in spawned] == [o["mark"] for o in second]
+
+
+def test_the_start_method_comes_from_the_argument_then_the_environment(monkeypatch):
+    monkeypatch.setenv("GSPLIT_START_METHOD", "spawn")
+    assert {o["parent"] for o in launch(start_worker, 1, devices="cpu", timeout=60)} == {os.getpid()}
+    assert {o["parent"] for o in launch(start_worker, 1, devices="cpu", timeout=60,
+                                        start_method="forkserver")} != {os.getpid()}
+    monkeypatch.setenv("GSPLIT_START_METHOD", "fork")
+    with pytest.raises(ValueError, match=r"GSPLIT_START_METHOD='fork' is not a start method .*'spawn', 'forkserver'"):
+        launch(start_worker, 1, devices="cpu")
+    with pytest.raises(ValueError, match=r"start_method='threads' is not a start method"):
+        launch(start_worker, 1, devices="cpu", start_method="threads")
 
 
 def test_unpicklable_result_is_an_error():

@@ -106,21 +106,26 @@ def _waits_for_peers(thread_id: int) -> bool:
     return waits.waits_for_peers(thread_id) or _in_collective(thread_id)
 
 
-def _die_with_parent(parent_pid: int, watch: Optional[_RankWatch]) -> None:
-    """Make sure this rank ends when the launching process does, however that one ends.
-
-    Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill this process when its parent dies,
-    also by SIGKILL, which no handler in the parent can catch. Elsewhere (and as a second line on Linux)
-    a daemon thread polls the parent pid: once the process is re-parented, the launcher is gone.
-    """
+def _killed_with_parent() -> None:
+    """Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` makes the kernel kill this process the moment its parent
+    dies, also by SIGKILL, which no handler in the parent can catch. Elsewhere it does nothing."""
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             pr_set_pdeathsig = 1
             if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) != 0:
                 log.debug("prctl(PR_SET_PDEATHSIG) failed with errno %d", ctypes.get_errno())
-        except (OSError, AttributeError) as e:  # no libc symbol: the watchdog thread below still works
-            log.debug("prctl unavailable (%s); relying on the watchdog thread", e)
+        except (OSError, AttributeError) as e:  # no libc symbol: the caller's other means still work
+            log.debug("prctl unavailable (%s)", e)
+
+
+def _die_with_parent(parent_pid: int, watch: Optional[_RankWatch]) -> None:
+    """Make sure this rank ends when the launching process does, however that one ends.
+
+    Linux: :func:`_killed_with_parent`. Elsewhere (and as a second line on Linux) a daemon thread polls the
+    parent pid: once the process is re-parented, the launcher is gone.
+    """
+    _killed_with_parent()
     # The parent may have died before prctl took effect: then nobody would ever send the signal.
     if os.getppid() != parent_pid:
         os._exit(1)
