@@ -47,6 +47,7 @@ from torch import nn
 
 from gsplit.comm import Communicator
 from gsplit.comm import shuffle as _comm_shuffle
+from gsplit.comm import teardown
 from gsplit.interop import dgl as _dgl_interop  # imports no dgl
 from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
 from gsplit.sampling.block import Block
@@ -211,6 +212,11 @@ class SplitParallel(nn.Module):
         self._hooks = []
         self._hooked = self._install_hooks(module)
         self._ddp = None
+        if dist.is_available() and dist.is_initialized():
+            # Ranks started by torch.multiprocessing.spawn (DGL's examples, the DGL port) end with their own
+            # destroy_process_group(), which under torch 2.2 can deadlock with gloo's workers right after the
+            # last collective (gsplit.comm.teardown): give it the settle gsplit.launch gives its ranks.
+            teardown.guard_destroy()
         if self.replica_comm.world_size > 1:
             ddp = torch.nn.parallel.DistributedDataParallel(module, process_group=_ddp_group(self.replica_comm),
                                                             **ddp_kwargs)

@@ -120,16 +120,33 @@ def test_bounded_partition_valid_balanced_and_close_to_unbounded():
     assert cuts[8] < 1.25 * cuts[0] and cuts[8] < 0.4, cuts
 
 
-def _child_allocates(nbytes: int, seconds: float) -> None:
+def _child_allocates(nbytes: int, meter: HostMemoryMeter) -> None:
+    """Fork a child that touches ``nbytes`` and holds them until ``meter``'s thread has sampled it whole.
+
+    Waits for samples, not for a time: a sample reads every descendant's smaps_rollup, and with a fork server
+    among them (tests/conftest.py) one took long enough under load to miss a 0.5 s hold.
+    """
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             block = np.ones(nbytes, dtype=np.uint8)  # touched: resident
-            time.sleep(seconds)
+            os.write(ready_w, b"1")
+            os.read(go_r, 1)
             del block
         finally:
             os._exit(0)
-    os.waitpid(pid, 0)
+    try:
+        os.read(ready_r, 1)
+        seen, deadline = meter.samples, time.monotonic() + 60
+        while meter.samples < seen + 2 and time.monotonic() < deadline:  # +2: the first may have begun before
+            time.sleep(0.01)
+    finally:
+        os.write(go_w, b"1")
+        os.waitpid(pid, 0)
+        for fd in (ready_r, ready_w, go_r, go_w):
+            os.close(fd)
 
 
 def test_host_memory_meter_sees_a_childs_allocation():
@@ -137,7 +154,7 @@ def test_host_memory_meter_sees_a_childs_allocation():
     own_peak_before = peak_rss_bytes()
     with HostMemoryMeter(interval_s=0.01) as meter:
         base = meter.sample()
-        _child_allocates(big, 0.5)
+        _child_allocates(big, meter)
     assert meter.children_peak, "the meter saw no child"
     assert max(p["private"] for p in meter.children_peak.values()) >= 0.9 * big
     assert meter.peak_bytes >= base + 0.9 * big
@@ -150,7 +167,7 @@ def test_host_memory_meter_counts_inherited_pages_once():
     parent_block = np.ones(256 << 20, dtype=np.uint8)  # inherited by the child, shared (never written there)
     with HostMemoryMeter(interval_s=0.01) as meter:
         base = meter.sample()
-        _child_allocates(1 << 20, 0.5)
+        _child_allocates(1 << 20, meter)
     assert meter.peak_bytes < base + (128 << 20), "the child's inherited pages were counted twice"
     del parent_block
 

@@ -209,6 +209,23 @@ def test_split_aware_modules_get_no_hooks():
         gsplit.SplitParallel(gsplit.SplitParallel(build("plain_sage")))
 
 
+def test_wrapping_a_model_in_a_process_group_makes_its_destroy_settle_first(tmp_path, monkeypatch):
+    """Ranks of torch.multiprocessing.spawn (the DGL port) end with destroy_process_group() right after their
+    last collective, which under torch 2.2 deadlocked with gloo's workers (one ./dev test-dgl run hung 10 min
+    in the port's exit): SplitParallel gives that destroy the settle that gsplit.launch gives its ranks."""
+    monkeypatch.setattr(dist, "destroy_process_group", dist.destroy_process_group)  # restored after the test
+    assert not getattr(dist.destroy_process_group, "_gsplit_settles", False)
+    gsplit.SplitParallel(build("gsplit_sage"))  # no process group: nothing to guard
+    assert not getattr(dist.destroy_process_group, "_gsplit_settles", False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        gsplit.SplitParallel(build("gsplit_sage"))
+        assert getattr(dist.destroy_process_group, "_gsplit_settles", False)
+    finally:
+        dist.destroy_process_group()
+    assert not dist.is_initialized()
+
+
 def test_identity_on_unsplit_blocks_at_world_size_one():
     """Reference (unsplit) blocks, no process group: the wrapper computes what the module computes."""
     graph, feats, labels, train_idx = make_problem()
