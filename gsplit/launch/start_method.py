@@ -18,6 +18,7 @@ import contextlib
 import multiprocessing
 import os
 import sys
+from dataclasses import dataclass
 from multiprocessing import forkserver, reduction
 from typing import List, Optional
 
@@ -58,7 +59,7 @@ def start_fork_server(ctx) -> None:
 
 
 def _end_with_the_launcher() -> None:
-    """In the fork server (which imports this module first thing): die the moment the launcher does.
+    """In the fork server (whose preload imports this module): die the moment the launcher does.
 
     multiprocessing ends the server only once it reads EOF on its liveness pipe, and then through Python's
     shutdown; ranks, which die with their parent, the server, meanwhile trained on: a run killed outright
@@ -86,18 +87,18 @@ def leave_the_fork_server() -> None:
         server._forkserver_alive_fd = None
 
 
+@dataclass
 class LauncherState:
     """The launcher's environment and stdout/stderr at the call, for a rank to take over (:meth:`adopt`).
 
     Pickled into the rank's arguments: the file descriptors travel as multiprocessing sends descriptors to a
-    new process (a no-op for a spawned rank, which inherits them anyway).
+    new process (nothing changes for a spawned rank, which inherits them anyway).
     """
 
-    def __init__(self, environ: dict, fds: List[Optional[int]]):
-        self.environ = environ
-        """The environment variables (``os.environ``) to run with."""
-        self.fds = fds
-        """Where this process's stdout and stderr should write (``None``: leave it)."""
+    environ: dict
+    """The environment variables (``os.environ``) to run with."""
+    fds: List[Optional[int]]
+    """The descriptors that this process's stdout and stderr (fds 1 and 2) should write to (``None``: leave it)."""
 
     @classmethod
     def now(cls) -> "LauncherState":
@@ -106,11 +107,12 @@ class LauncherState:
 
     def __reduce__(self):
         # Runs while multiprocessing pickles the rank's arguments, the only time DupFd can register a descriptor.
-        return (LauncherState._received, (self.environ, [None if fd is None else reduction.DupFd(fd) for fd in self.fds]))
+        sent = [None if fd is None else reduction.DupFd(fd) for fd in self.fds]
+        return (LauncherState._received, (self.environ, sent))
 
     @staticmethod
-    def _received(environ: dict, dup_fds) -> "LauncherState":
-        return LauncherState(environ, [None if d is None else d.detach() for d in dup_fds])
+    def _received(environ: dict, sent: list) -> "LauncherState":
+        return LauncherState(environ, [None if d is None else d.detach() for d in sent])
 
     def adopt(self) -> None:
         """Make this process's environment and stdout/stderr the launcher's."""
