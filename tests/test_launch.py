@@ -211,6 +211,31 @@ def test_the_start_method_comes_from_the_argument_then_the_environment(monkeypat
         launch(start_worker, 1, devices="cpu", start_method="threads")
 
 
+def test_what_the_fork_server_imports_asks_nothing_of_cuda():
+    """Forked GPU ranks work only if the server never initialised CUDA (a driver initialised before fork is
+    unusable in the child: "Cannot re-initialize CUDA in forked subprocess"); even is_available() or
+    device_count() initialise the driver on a GPU host. No GPU here, so the calls themselves are recorded."""
+    import subprocess
+    import sys
+
+    from gsplit.launch.start_method import SERVER_PRELOAD
+    modules = ", ".join(m for m in SERVER_PRELOAD if m != "__main__")
+    script = f"""if True:
+        import torch
+        calls = []
+        for name in ("is_available", "device_count", "init", "_lazy_init", "current_device", "set_device"):
+            def record(*a, _name=name, _original=getattr(torch.cuda, name), **k):
+                calls.append(_name)
+                return _original(*a, **k)
+            setattr(torch.cuda, name, record)
+        import {modules}
+        print(calls, torch.cuda.is_initialized())
+    """
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[0] == "[] False", out.stdout
+
+
 def test_unpicklable_result_is_an_error():
     with pytest.raises(LaunchError, match="cannot be pickled"):
         launch(unpicklable_result_worker, 1, devices="cpu")

@@ -30,6 +30,9 @@ START_METHODS = ("spawn", "forkserver")
 ENV_START_METHOD = "GSPLIT_START_METHOD"
 _ENV_SERVER_PARENT = "GSPLIT_FORK_SERVER_PARENT"  # set only while this process starts the server
 _STDIO = (1, 2)
+SERVER_PRELOAD = ("__main__", "torch", "gsplit", __name__)
+"""What the fork server imports before it forks (``__main__``: multiprocessing's own default; this module: the
+server then ends with the launcher, :func:`_end_with_the_launcher`). None of it may initialise CUDA."""
 
 
 def start_context(start_method: Optional[str]):
@@ -49,8 +52,7 @@ def start_context(start_method: Optional[str]):
 
 def start_fork_server(ctx) -> None:
     """Start multiprocessing's fork server, with torch and gsplit imported in it, unless it runs already."""
-    # __main__: multiprocessing's own default; this module: the server then ends with this process (below)
-    ctx.set_forkserver_preload(["__main__", "torch", "gsplit", __name__])
+    ctx.set_forkserver_preload(list(SERVER_PRELOAD))
     os.environ[_ENV_SERVER_PARENT] = str(os.getpid())
     try:
         forkserver.ensure_running()
