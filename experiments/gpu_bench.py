@@ -69,6 +69,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
@@ -345,6 +346,7 @@ def _measured_row(row: dict, uva: bool, dev: torch.device, budget: Budget, need_
             row["status"] = "ok"
         except Exception as exc:  # noqa: BLE001 - one failed row must not hide the others
             row["status"] = f"FAILED: {type(exc).__name__}: {str(exc)[:300]}"
+            row["traceback"] = traceback.format_exc()[-4000:]
     return row
 
 
@@ -924,7 +926,7 @@ def main(argv=None) -> int:
                 raise SystemExit(f"unknown part {part!r}; parts are system, pin_probe, first_iteration, bandwidth, "
                                  "kernels, layers, train, full_graph, macrobatch, shares")
         except Exception as exc:  # noqa: BLE001 - one failed part must not hide the others' numbers
-            got = {"error": f"{type(exc).__name__}: {str(exc)[:500]}"}
+            got = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "traceback": traceback.format_exc()[-4000:]}
         got["seconds"] = time.monotonic() - t0
         result["parts"][part] = got
         save()

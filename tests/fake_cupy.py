@@ -33,10 +33,12 @@ class FakeRuntime:
     """``cupy.cuda.runtime``'s registration, allocation and pointer calls, on plain host memory."""
 
     def __init__(self, seconds_per_mib: float = 0.0, refuse_after: Optional[int] = None, read_only: bool = True,
-                 host_pointer_is_device_pointer: bool = True):
+                 host_pointer_is_device_pointer: bool = True, refuse_over: Optional[int] = None):
         self.seconds_per_mib = seconds_per_mib
         self.refuse_after = refuse_after
         """Refuse every registration after this many (None: never)."""
+        self.refuse_over = refuse_over
+        """Refuse a registration of more than this many bytes (a locked-memory limit; None: never)."""
         self.read_only = read_only
         """Whether the read-only registration flag is supported."""
         self.identity = host_pointer_is_device_pointer
@@ -53,6 +55,8 @@ class FakeRuntime:
         if flags & 8 and not self.read_only:
             raise CUDARuntimeError("cudaErrorNotSupported: operation not supported")
         if self.refuse_after is not None and len(self.registered) >= self.refuse_after:
+            raise CUDARuntimeError("cudaErrorMemoryAllocation: out of memory")
+        if self.refuse_over is not None and nbytes > self.refuse_over:
             raise CUDARuntimeError("cudaErrorMemoryAllocation: out of memory")
         if any(p < ptr + nbytes and ptr < p + n for p, n in self.registered.items()):
             raise CUDARuntimeError("cudaErrorHostMemoryAlreadyRegistered: part or all of the range is registered")
@@ -92,6 +96,14 @@ class FakeRuntime:
     def pinned(self, t: torch.Tensor) -> bool:
         """Whether the fake counts ``t``'s first byte as page-locked (what ``Tensor.is_pinned`` asks CUDA)."""
         return t.numel() > 0 and self.pointerGetAttributes(t.data_ptr()).devicePointer != 0
+
+    def copyable(self, t: torch.Tensor) -> bool:
+        """Whether a CUDA copy of all of ``t`` would be accepted: ONE registration or allocation covers its bytes.
+        The driver refuses a copy whose host range spans two registrations (cudaErrorInvalidValue; seen on an
+        H100: ``Tensor.to("cuda")`` of a table registered in two pieces)."""
+        lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        ranges = list(self.registered.items()) + [(p, n) for p, (n, _) in self.allocated.items()]
+        return any(p <= lo and hi <= p + n for p, n in ranges)
 
     def register_calls(self) -> List[tuple]:
         return [c for c in self.calls if c[0] == "register"]

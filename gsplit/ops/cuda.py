@@ -286,9 +286,9 @@ def _relabel_kernel(dst_nodes: torch.Tensor, src: torch.Tensor):
 def pin_in_place(t: torch.Tensor, what: str = "host feature tensor") -> bool:
     """Page-lock ``t``'s memory where it is (``cudaHostRegister``) and map it for the GPU; ``False`` if impossible.
 
-    :func:`gsplit.ops.pinning.register_in_place` with the policy of the environment: in timed chunks, read-only
-    where supported, undone when ``t``'s storage dies, never for a memory-mapped file, given up (and undone)
-    when it would take longer than its budget; a failure is logged as a WARNING with its reason. Callers that
+    :func:`gsplit.ops.pinning.register_in_place` with the policy of the environment: one range after a timed
+    probe, read-only where supported, undone when ``t``'s storage dies, never for a memory-mapped file, given
+    up when it would take longer than its budget; a failure is logged as a WARNING with its reason. Callers that
     may use a pinned copy instead call :func:`gsplit.ops.pinning.make_host_readable`. Needs CuPy.
     """
     if t.is_pinned():

@@ -5,9 +5,10 @@ needs page-locked ("pinned") memory. :func:`make_host_readable` is the one way g
 graph arrays alike, in this order:
 
 1. **In place** (``cudaHostRegister``), for anonymous and shared memory (an in-memory dataset, the shared-memory
-   copy that :func:`gsplit.launch` gives its ranks): no copy, one copy per host. The range is registered in
-   chunks (16 MiB, then 256 MiB) and timed; once the chunks done project the whole beyond the budget
-   (:class:`PinPolicy`: a few seconds per GiB), every chunk is unregistered and step 2 runs instead.
+   copy that :func:`gsplit.launch` gives its ranks): no copy, one copy per host. A first 16 MiB is
+   registered, timed and undone; when it projects the whole beyond the budget (:class:`PinPolicy`: a few
+   seconds per GiB), step 2 runs instead, else the whole range is registered in one call (CUDA copies refuse a
+   range that spans two registrations).
 2. **A pinned copy** (``cudaHostAlloc``, filled in chunks with progress), when the host has the memory for one
    per rank of the host (:func:`ranks_on_host`).
    A memory-mapped file (a prepared dataset folder) always takes this step: it is never registered in place.
@@ -50,8 +51,6 @@ _REGISTER_PORTABLE, _REGISTER_MAPPED, _REGISTER_READ_ONLY = 1, 2, 8
 """``cudaHostRegister`` flags; read-only needs CUDA >= 11.1 and ``cudaDevAttrHostRegisterReadOnlySupported``."""
 _ALLOC_PORTABLE, _ALLOC_MAPPED = 1, 2
 """``cudaHostAlloc`` flags."""
-_ATTR_CAN_USE_HOST_POINTER = 91
-"""``cudaDevAttrCanUseHostPointerForRegisteredMem``: registered memory is read at its host address."""
 MODES = ("auto", "register", "copy", "off")
 
 
@@ -67,9 +66,9 @@ class PinPolicy:
     min_seconds: float = 3.0
     """... and at least this long for any size."""
     first_chunk_bytes: int = 16 << 20
-    """The first registration is this small, so a slow one is seen early."""
+    """The timed first registration is this small, so a slow one is seen early (then undone)."""
     chunk_bytes: int = 256 << 20
-    """Every later registration (and every step of a copy) is this large."""
+    """Every step of a pinned copy is this large."""
     copy_fraction: float = 0.5
     """A pinned copy may take at most this share of the host's available memory (``MemAvailable``)."""
 
@@ -189,27 +188,25 @@ def _free_host(ptr: int) -> None:
         pass
 
 
-def _chunks(ptr: int, nbytes: int, policy: PinPolicy) -> List[Tuple[int, int]]:
-    """``(address, bytes)`` pieces of the range: a small first one, then ``chunk_bytes`` ones, every boundary
-    inside the range on a page boundary (so no page is registered twice)."""
+def _probe_bytes(ptr: int, nbytes: int, policy: PinPolicy) -> int:
+    """Bytes of the timed first registration: ``first_chunk_bytes`` rounded up to a page boundary, or all."""
     page = mmap.PAGESIZE
-    end = ptr + nbytes
-    pieces, start, size = [], ptr, policy.first_chunk_bytes
-    while start < end:
-        stop = min(end, -(-(start + max(size, page)) // page) * page)
-        pieces.append((start, stop - start))
-        start, size = stop, policy.chunk_bytes
-    return pieces
+    stop = -(-(ptr + max(policy.first_chunk_bytes, page)) // page) * page
+    return min(nbytes, stop - ptr)
 
 
 # ---------------------------------------------------------------------------------------- the strategies
 def register_in_place(t: torch.Tensor, policy: Optional[PinPolicy] = None, step: Optional[SetupStep] = None,
                       where: Optional[Backing] = None) -> Tuple[bool, str]:
-    """Page-lock ``t`` where it is (``cudaHostRegister``, mapped, read-only where supported), in timed chunks.
+    """Page-lock ``t`` where it is (``cudaHostRegister``, mapped, read-only where supported), as ONE range.
 
-    Returns ``(True, "")``, or ``(False, why)`` with nothing left registered: ``t`` is a memory-mapped file
-    (never registered, see the module's docstring), a registration was refused, the chunks registered so far
-    project the whole beyond ``policy.budget``, or CUDA does not read the chunks at their host addresses. The
+    A first small registration (``policy.first_chunk_bytes``) is timed and undone; when it projects the whole
+    within ``policy.budget``, the whole range is registered in one call. One call, not pieces: CUDA copies
+    (``t.to("cuda")``, ``copy_``) refuse a host range that spans two registrations (``cudaErrorInvalidValue``,
+    seen on an H100 when a graph pinned for ``--uva`` was later copied to the GPU), while the kernels would
+    read pieces fine. Returns ``(True, "")``, or ``(False, why)`` with nothing left registered: ``t`` is a
+    memory-mapped file (never registered, see the module's docstring), a registration was refused, the timed
+    first one projects the whole beyond the budget, or CUDA gives the range no device-side address. The
     registration is undone when ``t``'s storage dies. ``where``: what backs ``t``, when the caller has read it
     (:func:`backing`).
     """
@@ -225,38 +222,35 @@ def register_in_place(t: torch.Tensor, policy: Optional[PinPolicy] = None, step:
     rt = _runtime()
     budget = policy.budget(nbytes)
     flags = None
-    done: List[int] = []
-    t0 = time.monotonic()
-    registered = 0
-    for start, size in _chunks(ptr, nbytes, policy):
+    probe = _probe_bytes(ptr, nbytes, policy)
+    if probe < nbytes:
+        t0 = time.monotonic()
         try:
-            flags = _register(rt, start, size, flags)
+            flags = _register(rt, ptr, probe, None)
         except rt.CUDARuntimeError as exc:
-            _unregister(done)
             return False, f"cudaHostRegister refused it ({exc})"
-        done.append(start)
-        registered += size
-        if step is not None:
-            step.update(registered, nbytes)
         elapsed = time.monotonic() - t0
-        projected = elapsed * nbytes / registered
-        if registered < nbytes and projected > budget:
-            _unregister(done)
-            return False, (f"registering it in place would take about {projected:.0f} s ({elapsed:.1f} s for the "
-                           f"first {registered / GIB:.2f} GiB), over its budget of {budget:.0f} s "
+        _unregister([ptr])
+        projected = elapsed * nbytes / probe
+        if projected > budget:
+            return False, (f"registering it in place would take about {projected:.0f} s ({elapsed:.2f} s for the "
+                           f"first {probe / GIB:.3f} GiB), over its budget of {budget:.0f} s "
                            "(GSPLIT_PIN_SECONDS_PER_GIB)")
-    if len(done) > 1 and not _read_at_host_addresses(rt, done):
-        _unregister(done)
-        return False, "CUDA does not read the separately registered pieces at their host addresses"
+    try:
+        _register(rt, ptr, nbytes, flags)
+    except rt.CUDARuntimeError as exc:
+        return False, f"cudaHostRegister refused it ({exc})"
+    if step is not None:
+        step.update(nbytes, nbytes)
     if device_pointer(t) is None:
-        _unregister(done)
+        _unregister([ptr])
         return False, "CUDA gives the registered range no device-side address"
-    weakref.finalize(t.untyped_storage(), _unregister, done)  # the storage, not this view, owns the memory
+    weakref.finalize(t.untyped_storage(), _unregister, [ptr])  # the storage, not this view, owns the memory
     return True, ""
 
 
 def _register(rt, ptr: int, nbytes: int, flags: Optional[int]) -> int:
-    """Register one piece; the first piece tries read-only, then writable; later pieces use what worked."""
+    """Register one range with ``flags``, or (``None``) read-only, else writable; returns the flags used."""
     if flags is not None:
         rt.hostRegister(ptr, nbytes, flags)
         return flags
@@ -268,16 +262,6 @@ def _register(rt, ptr: int, nbytes: int, flags: Optional[int]) -> int:
     except rt.CUDARuntimeError:
         rt.hostRegister(ptr, nbytes, base)  # anonymous or shared memory: writable pinning copies nothing
         return base
-
-
-def _read_at_host_addresses(rt, ptrs: List[int]) -> bool:
-    """Whether pieces registered separately form one range for a kernel: each is read at its host address."""
-    try:
-        if not rt.deviceGetAttribute(_ATTR_CAN_USE_HOST_POINTER, rt.getDevice()):
-            return False
-        return all(rt.pointerGetAttributes(p).devicePointer == p for p in (ptrs[0], ptrs[-1]))
-    except rt.CUDARuntimeError:
-        return False
 
 
 def ranks_on_host() -> int:
