@@ -9,7 +9,11 @@ world size 1 needs no partition map). The synthetic graph (``--nodes``, 15 in-ed
 in order, each stopped when ``--budget`` runs out (what did not run says so in the JSON):
 
 1. ``system``: kernel, memory zones, file systems, transparent huge pages; GPU, driver and versions.
-2. ``pin_probe`` (GPU): the stall's mechanism measured directly. For 256 MiB of (i) anonymous memory, (ii) a
+2. ``gpu_start`` (GPU): what the first row of a process pays before its own work, phase by phase, in two fresh
+   processes (an empty CuPy cache, then the filled one): the CUDA context, importing CuPy, CuPy's probe
+   kernel, compiling each gsplit kernel file (``gsplit.ops.cuda.compile_kernels``), the first matmul. On the
+   2026-11-27 H100 run the first row of ``first_iteration`` was about 7 s slower than the next one.
+2a. ``pin_probe`` (GPU): the stall's mechanism measured directly. For 256 MiB of (i) anonymous memory, (ii) a
    private (copy-on-write) file mapping, as ``np.load(mmap_mode="c")`` makes, (iii) a shared read-only file
    mapping, (iv) ``/dev/shm`` memory, each in its own process with a time cap: ``cudaHostRegister`` read-only
    and writable, its seconds, the process's anonymous / file / shared resident memory before and after, the
@@ -330,6 +334,60 @@ def pin_probe(size: int, folder: Path, timeout: float, budget: Budget, backend: 
             rows.append({"kind": kind, "status": status, "output": out[-1500:]})
         rows[-1]["worker_s"] = time.monotonic() - t0
     return {"MiB": size >> 20, "folder": str(folder), "backend": backend, "rows": rows}
+
+
+# ---------------------------------------------------------------------------------------- 2b. the GPU start
+def gpu_start_worker(cache_dir: str) -> None:
+    """One fresh process's GPU start, phase by phase, as one JSON line: what the first row of a process pays.
+
+    ``CUPY_CACHE_DIR`` is set before CuPy loads, so an empty folder means cold NVRTC compiles and a used one
+    means CuPy's on-disk cache (a later run on the same machine)."""
+    os.environ["CUPY_CACHE_DIR"] = cache_dir
+    phases: Dict[str, float] = {}
+    t = time.perf_counter()
+
+    def mark(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        phases[name] = now - t
+        t = now
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    torch.zeros(1, device=dev)
+    torch.cuda.synchronize(dev)
+    mark("cuda_context_s")
+    import cupy  # noqa: F401 - its import time is a phase
+
+    mark("import_cupy_s")
+    ok = cuda.cupy_available()
+    mark("cupy_probe_s")
+    if ok:
+        for name, secs in cuda.compile_kernels(dev).items():
+            phases[f"compile_{name}_s"] = secs
+        t = time.perf_counter()
+    a = torch.randn(512, 512, device=dev)
+    (a @ a).sum().item()
+    mark("first_matmul_s")
+    print(json.dumps({"phases": phases, "total_s": sum(phases.values())}), flush=True)
+
+
+def gpu_start(dev: torch.device, workdir: Path) -> dict:
+    """Run :func:`gpu_start_worker` twice in fresh processes: with an empty CuPy cache, then with the filled one."""
+    if dev.type != "cuda":
+        return {"status": "skipped: needs a GPU"}
+    cache = workdir / "cupy_cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    cache.mkdir(parents=True)
+    out = {}
+    for run in ("cold_cache", "warm_cache"):
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, __file__, "--gpu-start-worker", str(cache)], capture_output=True,
+                              text=True, timeout=120)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        out[run] = json.loads(lines[-1]) if done.returncode == 0 and lines else {
+            "status": f"exit {done.returncode}", "output": (done.stdout + done.stderr)[-1500:]}
+        out[run]["process_s"] = time.monotonic() - t0  # with Python, torch and gsplit imports
+    return out
 
 
 # ---------------------------------------------------------------------------------------- 3. first iteration
@@ -795,6 +853,12 @@ def print_table(result: dict) -> None:
                          f"{num(f.get('sample_ms'), '7.2f')} {num(f.get('feature_ms'), '7.2f')} "
                          f"{num(f.get('layers_ms'), '7.2f')} {num(r.get('gpu_busy_share'), '8.0%')} "
                          f"{num(r.get('peak_device_GiB'), '8.2f')} {r['status']}")
+    start = parts.get("gpu_start", {})
+    for run in ("cold_cache", "warm_cache"):
+        if "phases" in start.get(run, {}):
+            phases = ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in start[run]["phases"].items())
+            lines.append(f"GPU start, {run.replace('_', ' ')}: {start[run]['total_s']:.2f} s ({phases}); "
+                         f"process with imports {start[run]['process_s']:.1f} s")
     first = parts.get("first_iteration", {}).get("rows", [])
     if first:
         lines.append("")
@@ -849,7 +913,7 @@ def main(argv=None) -> int:
     p.add_sized("--iters", quick=2, full=40, type=int, help="timed iterations per row (default 40; --quick 2)")
     p.add_sized("--profile-iters", quick=1, full=10, type=int, help="profiled iterations per row (default 10)")
     p.add_sized("--repeats", quick=2, full=10, type=int, help="repeats of each kernel timing (default 10)")
-    p.add_argument("--parts", default="system,pin_probe,first_iteration,bandwidth,kernels,layers,train,full_graph,"
+    p.add_argument("--parts", default="system,gpu_start,pin_probe,first_iteration,bandwidth,kernels,layers,train,full_graph,"
                                       "macrobatch")
     p.add_argument("--macrobatches", default="1,16", help="mini-batches per macrobatch in the macrobatch part")
     p.add_argument("--budget", type=float, default=270.0, help="seconds for everything (default 270)")
@@ -858,10 +922,14 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", default=str(setup.RESULTS / "scratch" / "gpu_bench"),
                    help="where the dataset folder and the probe's files go")
     p.add_argument("--probe-worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--gpu-start-worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--probe-backend", default="cuda", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.probe_worker:
         probe_worker(args.probe_worker, args.probe_mib << 20, args.workdir, args.probe_backend)
+        return 0
+    if args.gpu_start_worker:
+        gpu_start_worker(args.gpu_start_worker)
         return 0
     quick, nodes, full_nodes, iters = args.quick, args.nodes, args.full_nodes, args.iters
     warmup = args.warmup if args.warmup is not None else (0 if quick else 10)
@@ -895,6 +963,8 @@ def main(argv=None) -> int:
                       flush=True)
             if part == "system":
                 got = system_facts(dev, workdir)
+            elif part == "gpu_start":
+                got = gpu_start(dev, workdir)
             elif part == "pin_probe":
                 gpu = dev.type == "cuda" and cuda.cupy_available()
                 got = pin_probe((args.probe_mib if gpu or not quick else 16) << 20, workdir / "probe",
@@ -923,7 +993,7 @@ def main(argv=None) -> int:
             elif part == "macrobatch":
                 got = macrobatch(ds, dev, [int(b) for b in args.macrobatches.split(",")], iters, budget)
             else:
-                raise SystemExit(f"unknown part {part!r}; parts are system, pin_probe, first_iteration, bandwidth, "
+                raise SystemExit(f"unknown part {part!r}; parts are system, gpu_start, pin_probe, first_iteration, bandwidth, "
                                  "kernels, layers, train, full_graph, macrobatch, shares")
         except Exception as exc:  # noqa: BLE001 - one failed part must not hide the others' numbers
             got = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "traceback": traceback.format_exc()[-4000:]}

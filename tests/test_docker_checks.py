@@ -223,9 +223,9 @@ def test_gpu_bench_quick_runs_every_part_on_the_cpu(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(out.read_text())
     parts = result["parts"]
-    assert set(parts) == {"system", "pin_probe", "first_iteration", "bandwidth", "kernels", "layers", "train",
-                          "full_graph", "macrobatch"}
-    assert "kernel" in parts["system"]
+    assert set(parts) == {"system", "gpu_start", "pin_probe", "first_iteration", "bandwidth", "kernels", "layers",
+                          "train", "full_graph", "macrobatch"}
+    assert "kernel" in parts["system"] and parts["gpu_start"]["status"] == "skipped: needs a GPU"
     probe = {r["kind"]: r for r in parts["pin_probe"]["rows"]}  # io_uring's long-term pin stands in for CUDA's
     assert set(probe) == {"anonymous", "private-file", "shared-file-read-only", "dev-shm"}
     if probe["private-file"].get("error") is None and "rss_delta_MiB" in probe["private-file"]:

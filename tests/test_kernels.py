@@ -98,6 +98,13 @@ def test_kernel_dir_has_the_kernels_the_wrappers_launch():
         gpu.kernel_source("nope.cu")
 
 
+def test_compile_kernels_names_every_cuda_file_with_one_of_its_kernels():
+    """`compile_kernels` (the GPU benchmark's start phase, a warm-up for users) loads every .cu file."""
+    assert set(gpu.KERNEL_MODULES) == {p.name for p in CU_FILES}
+    for name, kernel in gpu.KERNEL_MODULES.items():
+        assert f"void {kernel}(" in gpu.kernel_source(name), (name, kernel)
+
+
 # ------------------------------------------------------------------------------- kernels on the CPU
 # The kernels run serially on the CPU (see kernel_emulation): built as a shared library, they replace
 # CuPy's launches under gsplit.ops.cuda's own wrappers, which checks the wrappers' argument lists and
@@ -255,6 +262,13 @@ def test_gpu_sampling_matches_cpu(big_case, fanout, replace, where):
         for name, a, b in zip(("src", "dst_index", "edge_ids"), got, want):
             assert a.is_cuda
             assert torch.equal(a.cpu(), b), f"{name} differs (fanout={fanout}, replace={replace}, {where})"
+
+
+@pytest.mark.gpu
+@gpu_ready
+def test_gpu_compile_kernels_loads_every_file():
+    seconds = gpu.compile_kernels(torch.device("cuda", torch.cuda.current_device()))
+    assert set(seconds) == set(gpu.KERNEL_MODULES) and all(s >= 0 for s in seconds.values())
 
 
 @pytest.mark.gpu
