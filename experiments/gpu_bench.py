@@ -380,13 +380,11 @@ def gpu_start(dev: torch.device, workdir: Path) -> dict:
     cache.mkdir(parents=True)
     out = {}
     for run in ("cold_cache", "warm_cache"):
-        t0 = time.monotonic()
-        done = subprocess.run([sys.executable, __file__, "--gpu-start-worker", str(cache)], capture_output=True,
-                              text=True, timeout=120)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        done = run_command([sys.executable, __file__, "--gpu-start-worker", cache], timeout=120, check=False)
+        lines = [line for line in done.output.splitlines() if line.startswith("{")]
         out[run] = json.loads(lines[-1]) if done.returncode == 0 and lines else {
-            "status": f"exit {done.returncode}", "output": (done.stdout + done.stderr)[-1500:]}
-        out[run]["process_s"] = time.monotonic() - t0  # with Python, torch and gsplit imports
+            "status": f"exit {done.returncode}", "output": done.output[-1500:]}
+        out[run]["process_s"] = done.seconds  # with Python, torch and gsplit imports
     return out
 
 
