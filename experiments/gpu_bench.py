@@ -46,7 +46,8 @@ in order, each stopped when ``--budget`` runs out (what did not run says so in t
    split plans for 1, 2, 4 and 8 ranks (``edge`` METIS maps), built in this one process and timed on the GPU --
    split sampling, the UVA gather, each layer's forward and backward, SAGE and GAT
    (``gsplit.estimate.calibrate.time_shares``) -- and one rank of the trainer per model; fits a device profile
-   for ``gsplit estimate --device-profile`` (written beside ``--out`` as ``*_profile.json``).
+   for ``gsplit estimate --device-profile`` (written beside ``--out`` as ``*_profile.json``), its cost per
+   sampled layer held at what the ``kernels`` part timed for one small layer, when that part ran first.
 
 10. ``macrobatch`` (issue 33): ``train_rank`` on one device, world size 1, no feature cache (every input row read
    from pinned host memory through UVA), split and data parallel with ``--macrobatches`` (default 1 and 16)
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import mmap
 import os
@@ -780,8 +782,27 @@ def _full_pyg(ds, dev, sync, epochs: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- the table
-def shares(ds, dev: torch.device, iters: int, budget: Budget, out: str) -> dict:
-    """Issue 34: each rank's share of the 1/2/4/8-rank split plans timed on this device; a fitted device profile."""
+def sample_call_floor_s(kernels_part: Optional[dict]) -> Optional[float]:
+    """Seconds of one sampled layer's kernels (sampling and relabelling) at the smallest size the kernels part timed:
+    on a GPU what a layer costs whatever its size (2026-11-27, H100: 0.55 ms at 1,024 seeds, 0.66 ms at 65,536),
+    which the shares, all of three layers, cannot tell from their per-row cost. ``None`` without that part.
+
+    Example:
+        >>> sample_call_floor_s({"per_seed_count": [{"seeds": 8192, "sample_ms": 0.3, "relabel_kernel_ms": 0.4},
+        ...                                         {"seeds": 1024, "sample_ms": 0.2, "relabel_kernel_ms": 0.3}]})
+        0.0005
+    """
+    rows = [r for r in (kernels_part or {}).get("per_seed_count", ()) if "sample_ms" in r]
+    if not rows:
+        return None
+    row = min(rows, key=lambda r: r["seeds"])
+    relabel = row["relabel_kernel_ms"] if "relabel_kernel_ms" in row else row["relabel_torch_ms"]  # CuPy's, else torch's
+    return (row["sample_ms"] + relabel) * 1e-3
+
+
+def shares(ds, dev: torch.device, iters: int, budget: Budget, out: str, kernels_part: Optional[dict] = None) -> dict:
+    """Issue 34: each rank's share of the 1/2/4/8-rank split plans timed on this device; a fitted device profile
+    (its per-layer sampling cost held at the kernels part's :func:`sample_call_floor_s` when that part ran)."""
     from gsplit.estimate import ModelShape
     from gsplit.estimate.calibrate import fit_device, time_shares, time_steps
     from gsplit.trainer import TrainConfig
@@ -798,11 +819,16 @@ def shares(ds, dev: torch.device, iters: int, budget: Budget, out: str) -> dict:
         cfg = TrainConfig(model=model, system="split", hidden=256, epochs=1, max_iters=max(iters, 3), eval_every=0,
                           final_eval=False, device=str(dev), overlap=False)
         steps[model] = time_steps(ds, cfg)
+    call_s = sample_call_floor_s(kernels_part)
     profile, load, quality = fit_device(f"{torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}",
-                                        records, shapes, steps, source=f"experiments/gpu_bench.py --parts shares on {dev}")
+                                        records, shapes, steps, source=f"experiments/gpu_bench.py --parts shares on {dev}",
+                                        sample_call_s=call_s)
+    if dev.type == "cuda":  # for gsplit estimate's check that a rank's graph and batch fit the card
+        profile.memory_bytes = torch.cuda.get_device_properties(dev).total_memory
     path = Path(out).with_name(Path(out).stem + "_profile.json")
     report.write_json(path, {"device": profile.to_dict(), "load": load, "fit_quality": quality, "steps": steps,
-                             "records": records})
+                             "shapes": {m: dataclasses.asdict(sh) for m, sh in shapes.items()},
+                             "sample_call_s": call_s, "records": records})
     return {"profile_file": str(path), "load": load,
             "fit_median_error_pct": {k: round(v["median_pct"], 1) for k, v in quality.items()},
             "step_ms": {m: round(v["step_s"] * 1e3, 2) for m, v in steps.items()},
@@ -987,7 +1013,7 @@ def main(argv=None) -> int:
             elif part == "full_graph":
                 got = full_graph(full_nodes, dev, sync, 2 if quick else 3)
             elif part == "shares":
-                got = shares(ds, dev, iters, budget, args.out)
+                got = shares(ds, dev, iters, budget, args.out, result["parts"].get("kernels"))
             elif part == "macrobatch":
                 got = macrobatch(ds, dev, [int(b) for b in args.macrobatches.split(",")], iters, budget)
             else:

@@ -84,6 +84,9 @@ def test_wheel_ships_every_kernel_source(installed_wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for source in sorted(p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".cu", ".cpp")):
         assert f"gsplit/_kernels/{source}" in names, sorted(n for n in names if "_kernels" in n)
+    # gsplit estimate and its measured device profile (package data that get_device("h100") reads)
+    assert {"gsplit/estimate/profiles.py", "gsplit/estimate/data/h100_2026-11-27.json"} <= names, \
+        sorted(n for n in names if "estimate" in n)
 
 
 def test_the_images_own_checks_pass_on_the_installed_wheel(installed_wheel):

@@ -22,11 +22,12 @@ EPILOG = """\
 What the numbers rest on: every rank's work (edges, rows, ids and rows exchanged per layer) is counted
 exactly, in this process, from the mini-batches a run with the same seed samples on the graph (or on a
 synthetic graph of the given shape, at up to --sample-nodes vertices). Seconds come from per-unit costs
-measured on ONE GPU (an H100, 2026-11-26: experiments/results/gpu_h100/; the V100 is that profile scaled by
-datasheet ratios) and from a table of published link figures (NVLink, PCIe, nccl-tests; sources in
-gsplit/estimate/links.py); the model and all its assumptions are in gsplit/estimate/model.py. No multi-GPU
-host has been measured: the GPU predictions are unvalidated. The same model, calibrated on CPU ranks of one
-host over gloo, predicted measured iterations of 2 and 4 ranks {validation} (docs/guides/estimate.md).
+measured on ONE GPU (an H100, 2026-11-27: every rank's share of 1-, 2-, 4- and 8-rank split plans timed on it
+and fitted, gsplit/estimate/data/h100_2026-11-27.json; the V100 is that profile with its layers' per-unit
+costs scaled by datasheet ratios) and from a table of published link figures (NVLink, PCIe, nccl-tests;
+sources in gsplit/estimate/links.py); the model and all its assumptions are in gsplit/estimate/model.py.
+No multi-GPU host has been measured: the GPU predictions are unvalidated. The same model, calibrated on CPU
+ranks of one host over gloo, predicted measured iterations of 2 and 4 ranks {validation} (docs/guides/estimate.md).
 Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iteration excluded).
 """
 
@@ -165,7 +166,10 @@ def main(args) -> int:
     choice = est.choice()
     ratio = est.epoch_s("dp") / est.epoch_s("split")
     print(f"choose: {choice} (dp / split = {ratio:.2f}; 'either' within 5 %)")
-    if device.memory_bytes:
+    if not device.memory_bytes:
+        print(f"note: the profile {device.name} gives no device memory (memory_bytes): whether a rank fits its "
+              "device is not checked")
+    else:
         for system in ("split", "dp"):
             if est.memory[system].total > device.memory_bytes:
                 print(f"note: {system} needs {_gib(est.memory[system].total)} GiB per GPU, more than the "

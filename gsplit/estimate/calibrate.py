@@ -401,8 +401,10 @@ def corun_effects(alone: dict, together: Sequence[dict]) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- fitting
-def nnls_relative(x: Sequence[Sequence[float]], y: Sequence[float]) -> List[float]:
-    """Non-negative coefficients ``c`` minimising the relative errors ``(x @ c - y) / y``.
+def nnls_relative(x: Sequence[Sequence[float]], y: Sequence[float],
+                  relative_to: Optional[Sequence[float]] = None) -> List[float]:
+    """Non-negative coefficients ``c`` minimising the relative errors ``(x @ c - y) / y`` (``/ relative_to``
+    when given: ``y`` less a known part, the errors still relative to the whole).
 
     Example:
         >>> [round(c, 3) for c in nnls_relative([[1, 1], [2, 1], [4, 1]], [3, 5, 9])]
@@ -412,8 +414,9 @@ def nnls_relative(x: Sequence[Sequence[float]], y: Sequence[float]) -> List[floa
 
     a = np.asarray(x, dtype=np.float64)
     b = np.asarray(y, dtype=np.float64)
+    whole = b if relative_to is None else np.asarray(relative_to, dtype=np.float64)
     # relative errors, but a timing near zero (noise) must not pull the fit: weights floor at 5 % of the median
-    w = 1.0 / np.maximum(b, max(0.05 * float(np.median(b)), 1e-12))
+    w = 1.0 / np.maximum(whole, max(0.05 * float(np.median(whole)), 1e-12))
     scale = np.maximum(np.abs(a).max(axis=0), 1e-30)
     coef, _ = nnls((a / scale) * w[:, None], b * w)
     return (coef / scale).tolist()
@@ -448,19 +451,27 @@ def fit_copy_bw(shares: Dict[str, List[dict]], shapes: Dict[str, ModelShape]) ->
 
 def fit_device(name: str, shares: Dict[str, List[dict]], shapes: Dict[str, ModelShape], steps: Dict[str, dict],
                host_bw: Optional[float] = None, cores: Optional[int] = None, source: str = "",
-               load_runs: Sequence[dict] = (), cache_bytes: Optional[int] = None) -> tuple:
+               load_runs: Sequence[dict] = (), cache_bytes: Optional[int] = None,
+               sample_call_s: Optional[float] = None) -> tuple:
     """Fit a :class:`DeviceProfile` from :func:`time_shares` records (by model) and :func:`time_steps` results.
 
     Returns ``(profile, load, quality)``: ``load`` is ``{"host_bw", "load_call_s"}`` (the gather's bandwidth
     and fixed cost: from ``load_runs``, :func:`time_steps` results of the real loader, when given, else from the
     shares' gather timings; ``host_bw`` overrides the bandwidth), ``quality`` the fits' relative errors.
+    ``sample_call_s``: a measured cost per sampled layer to hold fixed instead of fitting it (on a GPU, the
+    sampling and relabelling kernels of one layer at a small size); shares that all sample the same number of
+    layers cannot tell it from the per-row cost, and the fit then puts it there or at 0.
     """
     quality = {}
     all_recs = [r for recs in shares.values() for r in recs]
     # sampling: per iteration, the sums over layers of the per-layer features
     xs = [[sum(r["edges"]), sum(r["src"]), sum(r["ids"]), len(r["edges"])] for r in all_recs]
     ys = [r["sample_s"] for r in all_recs]
-    sample = nnls_relative(xs, ys)
+    if sample_call_s is None:
+        sample = nnls_relative(xs, ys)
+    else:  # the rest of each timing is the per-unit costs' share
+        sample = nnls_relative([x[:3] for x in xs], [y - x[3] * sample_call_s for x, y in zip(xs, ys)], ys)
+        sample.append(float(sample_call_s))
     quality["sample"] = fit_errors(xs, ys, sample)
     # loading: bytes and one call
     if load_runs:  # the trainer's own loader: fresh output buffers and cold caches, as in training

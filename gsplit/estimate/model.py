@@ -21,14 +21,16 @@ ASSUMPTIONS (all of them, in one place):
    ``gsplit train --no-overlap``; overlap can at most hide the shuffle terms it reports).
 3. A collective costs latency + bytes / bandwidth, bytes being the largest a rank sends or receives;
    everyone leaves it together. Around each split shuffle a rank copies rows in its own memory (the rows it
-   sends, its own rows of the mixed frontier, what it receives) at ``DeviceProfile.copy_bw`` (CPU: timed
-   with the shares' real shuffle plans; GPUs: not modelled). The first exchange under a tag (which takes two
+   sends, its own rows of the mixed frontier, what it receives) at ``DeviceProfile.copy_bw`` (timed with
+   the shares' real shuffle plans, on a CPU as on a GPU: on the H100 they were mostly fixed costs per shuffle,
+   which one bandwidth spreads over the bytes). The first exchange under a tag (which takes two
    all-to-alls, see :meth:`gsplit.comm.Communicator.all_to_all_counted`) is not modelled: predictions are of
    the steady state.
 4. GPUs: one GPU per rank, its own host thread; every rank loads its input rows through UVA at the link's
    ``host_bw`` without contention from the others (host memory and PCIe switches shared by two GPUs are
    not modelled); split adds two host waits per exchanged layer (the count read and the new frontier's
-   size) at ``DeviceProfile.host_wait_s`` each; data parallelism loads through UVA as DGL does (gsplit's
+   size) at ``DeviceProfile.host_wait_s`` each (0 in a profile fitted to timed shares, whose replayed split
+   sampling contains them); data parallelism loads through UVA as DGL does (gsplit's
    own data-parallel loader gathers on the host, slower). No feature cache.
 5. CPU ranks: ``cores`` cores shared fairly by the ranks that are computing (processor sharing); a rank
    waiting in a gloo collective uses no core; while every core is busy a rank's sampling, loading and
@@ -182,7 +184,8 @@ class DeviceProfile:
     step: List[float]
     """Seconds per :data:`STEP_FEATURES`: per iteration, loss + optimiser + what the trainer does around them."""
     host_wait_s: float = 0.0
-    """GPU: seconds per host wait that split adds (two per exchanged layer); CPU: 0."""
+    """GPU: seconds per host wait that split adds (two per exchanged layer) beyond what ``sample`` contains (0 when
+    ``sample`` was fitted to timed split sampling, which waits as a rank does); CPU: 0."""
     cores: Optional[int] = None
     """CPU: cores that the ranks share (processor sharing). ``None``: every rank has its own device."""
     contention: Dict[str, float] = field(default_factory=dict)
@@ -199,9 +202,8 @@ class DeviceProfile:
     copy_bw: Optional[float] = None
     """Bytes per second of the row copies a split rank makes around each shuffle in its own memory (gathering the
     rows it sends and its own rows, placing what it receives; backward the same and a sum into its rows), which
-    the layer timings do not contain. CPU: fitted to those copies timed on the shares' real shuffle plans
-    (:func:`gsplit.estimate.calibrate.fit_copy_bw`); ``None``: not modelled (GPUs: device-memory copies of a few
-    MB, microseconds)."""
+    the layer timings do not contain: fitted to those copies timed on the shares' real shuffle plans, on a CPU or
+    a GPU (:func:`gsplit.estimate.calibrate.fit_copy_bw`); ``None``: not modelled."""
     source: str = ""
     """Where the coefficients come from (command, date, card)."""
     notes: Dict[str, str] = field(default_factory=dict)

@@ -1,126 +1,87 @@
-"""Device profiles: the per-unit costs of one rank's device, from the last one-device measurements.
+"""Device profiles: the per-unit costs of one rank's device, measured on one device.
 
-``h100`` is derived from the one GPU run this project has had (experiments/results/gpu_h100/3_gpu_bench.json,
-2026-11-26, one NVIDIA H100 80GB HBM3, driver 580.159.04, torch 2.11.0+cu130, CuPy 14.2.0): the layer
-benchmark (one layer-0 block of 997,629 sources, 398,056 destinations, 5,872,211 edges, width 256: mean
-aggregation forward 15.34 ms, SAGE forward + backward 40.65 ms, GAT with 4 heads 88.41 ms), the sampling
-kernel and relabelling (one layer at 1,024 / 8,192 / 65,536 seeds), the UVA gather (41.5 GB/s, the link
-table's ``host_bw``) and one rank training (``train_rank``, split at world size 1, synthetic 1M vertices,
-64-d features, SAGE hidden 128, fanouts 15,10,5, batch 1,024: 5.84 ms sampling, 0.73 ms loading from the
-cache, 17.30 ms training, 25.63 ms per iteration of wall time; that day's code drew the dropout masks on the
-host, ~12 ms of it, which today's code does on the GPU: the step leaves it out). Each coefficient below says how it follows
-from those numbers and what was assumed to separate them. When a GPU is lent again,
-``python experiments/gpu_bench.py --parts shares`` times every rank's share of a mini-batch on the GPU
-(:func:`gsplit.estimate.calibrate.time_shares`) and writes a fitted profile that ``gsplit estimate
---device-profile FILE`` reads.
+``h100`` is measured. On 2026-11-27 ``python experiments/gpu_bench.py --parts ...,shares`` timed, on one NVIDIA
+H100 80GB HBM3 (driver 580.159.04, torch 2.11.0+cu130, CuPy 14.2.0), every rank's share of real mini-batches of
+the split plans for 1, 2, 4 and 8 ranks, each plan built in one process (:func:`gsplit.estimate.calibrate.time_shares`:
+split sampling with the id exchange answered from the plan, the UVA gather of the input rows, each layer's
+forward and backward, the shuffles' row copies; SAGE and GAT, hidden 256, fanouts 15,10,5, 1,024 targets per
+rank, a 2M-vertex synthetic graph with 128-d features) and one rank of the trainer per model. The profile ships
+as package data, ``gsplit/estimate/data/h100_2026-11-27.json``: :func:`gsplit.estimate.calibrate.fit_device`
+on those stored timings (``experiments/results/gpu_h100/4_gpu_bench_profile.json``), as the run fitted them
+except for one term: the cost per sampled layer, which the shares (all of three layers) cannot separate from
+the per-row cost and the free fit put at 0, is held at what the same run timed for one layer's sampling and
+relabelling kernels at 1,024 seeds (0.55 ms; 0.66 ms at 65,536: a fixed cost). Median errors against the
+timings: sampling 15 %, loading 3.4 %, SAGE layers 15 %, GAT 6-11 %, the step 41 % (two points); a whole
+share (sampling, loading, layers) 8 % (SAGE) and 6 % (GAT). Not measured: ``memory_bytes`` (80 GiB, the
+card's), ``host_wait_s`` (0: the replayed split sampling already contains its host waits), GCN's layers
+(SAGE's costs).
 
-``v100`` is ``h100`` scaled by published ratios (V100 SXM2 against H100 SXM 80GB): memory bandwidth
-0.9 / 3.35 TB/s for edge-, row- and sampling terms, FP32 15.7 / 67 TFLOPS for multiply-adds (no measurement
-on a V100 exists here); fixed per-call costs are kept (they are host-side: an equally fast host is assumed).
+Before it, ``h100`` was derived by hand from the 2026-11-26 run (experiments/results/gpu_h100/3_gpu_bench.json:
+one large layer's benchmark, the sampling kernel and one world-1 run, with an assumed GEMM efficiency and
+forward/backward splits); against the 2026-11-27 shares it under-predicted the layers 2-5x at the median
+(it had no per-call costs: it put that time in the step).
+
+``v100`` is ``h100`` scaled by published ratios (V100 SXM2 against H100 SXM 80GB; no V100 was measured): the
+layers' per-edge- and per-row-element costs by memory bandwidth, 0.9 / 3.35 TB/s, and their multiply-adds by
+FP32 throughput, 15.7 / 67 TFLOPS. Everything else is kept, as the H100 run shows it host-bound (an equally fast
+host is assumed): per-call layer costs, the step, loading's fixed cost, the shuffle copies (274 GB/s, 8 % of
+the H100's memory bandwidth) and sampling (one layer of the sampling and relabelling kernels took 0.55 ms at
+1,024 seeds and 0.66 ms at 65,536, 4_gpu_bench.json's part ``kernels``).
 """
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from pathlib import Path
 from typing import Dict
 
-from gsplit.estimate.model import DeviceProfile, LayerCosts, ModelShape, layer_features
+from gsplit.estimate.model import DeviceProfile, LayerCosts
 
-# ---- recorded measurements (experiments/results/gpu_h100/3_gpu_bench.json, parts "layers", "kernels", "cache")
-_BLOCK = dict(src=997_629, dst=398_056, edges=5_872_211, width=256)
-_COPY_U_MEAN_FWD_S = 15.337854500010906e-3
-_SAGE_FWD_BWD_S = 40.64678200000316e-3
-_GAT_FWD_BWD_S = 88.41416949999825e-3
-_SAMPLE_KERNEL = [(15_094, 0.2994130000004702e-3), (120_862, 0.2111229999997022e-3), (966_463, 0.28234300000207213e-3)]
-_RELABEL = [(15_094, 0.36294849999762846e-3), (966_463, 0.4682014999914941e-3)]
-_W1_SAMPLE_S = 5.8372481999995784e-3      # cache part, 100 % row (the process already warm)
-_W1_LOAD_S = 0.7280299000001378e-3
-_W1_ITERATION_S = 25.63479390000083e-3
-_W1_UVA_LOAD_CALL_S = 0.6131326000016202e-3  # 0 % row: the load call's host time (the gather runs on the stream)
-# That run drew the dropout mask banks on the host (the version of that day, commit 0ed4f60); since commit b459ab1
-# they are drawn on the GPU with no host work. Its iteration thus held two banks of 4096 x 128 cells (SAGE, hidden
-# 128: one after each hidden layer) drawn on the host at 12 ms per 4096 x 256 bank (torch.rand on one thread,
-# measured here, commit 3fd9378): ~12 ms that today's code does not spend. The step below leaves it out; the
-# host's speed on the GPU machine is not known, so this correction is uncertain by a few ms.
-_W1_HOST_BANKS_S = 2 * 12e-3 * 128 / 256
-# the work of that world-1 run, counted with gsplit.estimate.count_work (mean of its first 10 iterations):
-#   python -c "import gsplit; from gsplit.estimate import count_work; ds = gsplit.datasets.load('synthetic',
-#   num_nodes=1_000_000, seed=0); count_work(ds.graph, ds.train_idx, gsplit.NeighborSampler([15, 10, 5]), 1024, 1,
-#   None, iterations=10, systems=('dp',))"
-_W1_EDGES = (552_550.7, 51_881.2, 4_875.2)
-_W1_DST = (45_101.7, 5_770.1, 1_024)
-_W1_SRC = (324_650.6, 45_101.7, 5_770.1)
-_W1_SHAPE = ModelShape("sage", feat_dim=64, hidden=128, num_classes=8, num_layers=3)
+H100_PROFILE = "h100_2026-11-27.json"
+"""The measured H100 profile's file in the package data folder ``gsplit/estimate/data``."""
 
-# ---- published figures
-_H100_FP32_MACS = 67e12 / 2          # H100 SXM FP32 67 TFLOPS (NVIDIA H100 datasheet); torch keeps TF32 off for matmul
-_GEMM_EFFICIENCY = 0.7               # assumed share of that peak reached by torch's FP32 GEMMs at these shapes
-_H100_HBM = 3.35e12                  # H100 SXM 80GB HBM3, bytes/s (datasheet)
-_V100_HBM = 0.9e12                   # V100 SXM2, bytes/s (datasheet)
-_V100_FP32_MACS = 15.7e12 / 2        # V100 SXM2 FP32 15.7 TFLOPS (datasheet)
-_HOST_WAIT_S = 25e-6                 # assumed: one device-to-host read (~10 us) plus relaunching the queue behind it
+# published figures (datasheets), for scaling the measured H100 to a V100
+_H100_HBM, _V100_HBM = 3.35e12, 0.9e12                # bytes/s: H100 SXM 80GB HBM3, V100 SXM2
+_H100_FP32, _V100_FP32 = 67e12, 15.7e12               # FP32 FLOPS (torch keeps TF32 off for matmul)
+
+
+def builtin_profile_path(name: str = H100_PROFILE) -> Path:
+    """Where the package data file ``name`` is: ``gsplit/estimate/data`` of a source tree or an installed wheel.
+
+    Example:
+        >>> builtin_profile_path().name
+        'h100_2026-11-27.json'
+    """
+    res = importlib.resources.files("gsplit.estimate").joinpath("data").joinpath(name)
+    if not res.is_file():
+        raise FileNotFoundError(f"the built-in device profile {name!r} is missing from gsplit/estimate/data "
+                                f"({res}); reinstall gsplit (it ships as package data) or run from a full checkout")
+    return Path(str(res))
 
 
 def _h100() -> DeviceProfile:
-    e, d, s, w = _BLOCK["edges"], _BLOCK["dst"], _BLOCK["src"], _BLOCK["width"]
-    k_mac = 1.0 / (_GEMM_EFFICIENCY * _H100_FP32_MACS)
-    # SAGE: the mean aggregation's forward is measured; its backward (a gather of the output gradient and a
-    # scatter-add into the sources) is assumed to cost the same. GEMMs at k_mac (the backward features count
-    # twice the forward's multiply-adds); what is left of the 40.65 ms is element-wise work, half each way.
-    sage = layer_features("sage", (w, w, 1), e, d, s)
-    k_edge_sage = _COPY_U_MEAN_FWD_S / sage[0]
-    k_row = (_SAGE_FWD_BWD_S - 2 * _COPY_U_MEAN_FWD_S - 3 * k_mac * sage[1]) / (2 * sage[2])
-    # GAT: the same GEMM and element-wise costs per unit; the rest is its per-edge work (scores, softmax,
-    # weighted sum), split 1 : 2 between forward and backward (assumed: backward recomputes and scatters twice)
-    gat = layer_features("gat", (w, w, 4), e, d, s)
-    edge_total = (_GAT_FWD_BWD_S - 3 * k_mac * gat[1] - 2 * k_row * gat[2]) / gat[0]
-    layers = {"sage": LayerCosts(forward=[k_edge_sage, k_mac, k_row, 0.0], backward=[k_edge_sage, k_mac, k_row, 0.0]),
-              "gat": LayerCosts(forward=[edge_total / 3, k_mac, k_row, 0.0],
-                                backward=[2 * edge_total / 3, k_mac, k_row, 0.0])}
-    layers["gcn"] = layers["sage"]
-    # sampling: the kernel reaches 3.4e9 edges/s at 65,536 seeds; relabelling adds its slope per edge; what the
-    # world-1 run spent beyond that per layer (host waits for sizes, launches, Python) is the per-layer cost.
-    # Split's exchange sorts and de-duplicates its ids: assumed twice the per-edge cost per id.
-    per_edge = _SAMPLE_KERNEL[-1][1] / _SAMPLE_KERNEL[-1][0] + (_RELABEL[1][1] - _RELABEL[0][1]) / (_RELABEL[1][0] - _RELABEL[0][0])
-    per_layer = (_W1_SAMPLE_S - per_edge * sum(_W1_EDGES)) / len(_W1_EDGES)
-    profile = DeviceProfile(name="h100", sample=[per_edge, 0.0, 2 * per_edge, per_layer], load_call_s=_W1_UVA_LOAD_CALL_S,
-                            layers=layers, step=[0.0, 0.0], host_wait_s=_HOST_WAIT_S, memory_bytes=80 * 2**30)
-    # the step: the world-1 iteration's wall time less its sampling, loading and predicted layers (optimiser,
-    # loss, launches of ~a thousand small kernels, the trainer's bookkeeping)
-    dims = _W1_SHAPE.dims()
-    layers_s = sum(sum(c * f for c, f in zip(coef, layer_features("sage", dims[i], _W1_EDGES[i], _W1_DST[i], _W1_SRC[i],
-                                                                   backward, i > 0)))
-                   for i in range(3) for backward, coef in ((False, layers["sage"].forward),
-                                                            (True, layers["sage"].backward)))
-    profile.step = [0.0, _W1_ITERATION_S - _W1_SAMPLE_S - _W1_LOAD_S - layers_s - _W1_HOST_BANKS_S]
-    profile.source = ("experiments/results/gpu_h100/3_gpu_bench.json (2026-11-26, NVIDIA H100 80GB HBM3, torch "
-                      "2.11.0+cu130): layer benchmark, sampling kernel, world-1 training run")
-    profile.notes = {
-        "layers": f"GEMMs at {_GEMM_EFFICIENCY:.0%} of the FP32 peak (assumed); SAGE aggregation backward = forward "
-                  "(assumed); GAT's per-edge work split 1:2 forward:backward (assumed); no per-layer fixed cost (it is "
-                  "in the step)",
-        "sample": "per-layer cost from the world-1 run (5.84 ms for 3 layers, mostly fixed); ids at 2x per edge (assumed)",
-        "step": "world-1 wall time 25.63 ms less sampling, loading, the predicted layers and ~12 ms of host-drawn "
-                "dropout banks (gone since; uncertain by a few ms); GAT assumed to have SAGE's fixed cost",
-        "host_wait_s": "25 us per added host wait (assumed)"}
-    return profile
+    data = json.loads(builtin_profile_path().read_text())
+    return DeviceProfile.from_dict(data["device"])
 
 
 def _v100(h100: DeviceProfile) -> DeviceProfile:
-    bw, mac = _H100_HBM / _V100_HBM, _H100_FP32_MACS / _V100_FP32_MACS
+    bw, fp32 = _H100_HBM / _V100_HBM, _H100_FP32 / _V100_FP32
 
-    def scaled(coef):
-        return [coef[0] * bw, coef[1] * mac, coef[2] * bw, coef[3]]
+    def scaled(coef):  # LAYER_FEATURES: edge-elements, multiply-adds, row-elements, calls, beyond the cache
+        return [coef[0] * bw, coef[1] * fp32, coef[2] * bw, coef[3]] + [c * bw for c in coef[4:]]
 
     layers = {k: LayerCosts(forward=scaled(v.forward), backward=scaled(v.backward)) for k, v in h100.layers.items()}
-    return DeviceProfile(name="v100", sample=[h100.sample[0] * bw, h100.sample[1] * bw, h100.sample[2] * bw, h100.sample[3]],
-                         load_call_s=h100.load_call_s, layers=layers, step=list(h100.step), host_wait_s=h100.host_wait_s,
-                         memory_bytes=32 * 2**30,
-                         source="h100 scaled by V100/H100 datasheet ratios: memory bandwidth 0.9/3.35 TB/s, FP32 "
-                                "15.7/67 TFLOPS; no V100 was measured",
-                         notes={"fixed costs": "per-layer and per-step costs kept from the H100 run (host-bound; "
-                                               "an equally fast host assumed)", **h100.notes})
+    return DeviceProfile(
+        name="v100", sample=list(h100.sample), load_call_s=h100.load_call_s, layers=layers, step=list(h100.step),
+        host_wait_s=h100.host_wait_s, memory_bytes=32 * 2**30, copy_bw=h100.copy_bw,
+        source=f"the measured h100 (gsplit/estimate/data/{H100_PROFILE}) scaled by V100/H100 datasheet ratios: "
+               "memory bandwidth 0.9/3.35 TB/s, FP32 15.7/67 TFLOPS; no V100 was measured",
+        notes={**h100.notes,
+               "scaled": "the layers' per-edge- and per-row-element costs by memory bandwidth, their multiply-adds "
+                         "by FP32 throughput; per-call costs, sampling, loading's fixed cost, the step and the "
+                         "shuffle copies kept (host-bound on the H100; an equally fast host assumed)",
+               "memory_bytes": "32 GiB: the V100 SXM2 32GB's"})
 
 
 def _builtin() -> Dict[str, DeviceProfile]:
@@ -136,7 +97,7 @@ def get_device(name: str) -> DeviceProfile:
     """A built-in profile (``h100``, ``v100``) or one written by calibration (a JSON file path).
 
     Example:
-        >>> get_device("h100").name, get_device("v100").layers["sage"].forward[0] > get_device("h100").layers["sage"].forward[0]
+        >>> get_device("h100").name, get_device("v100").layers["sage"].forward[1] > get_device("h100").layers["sage"].forward[1]
         ('h100', True)
     """
     builtin = _builtin()
@@ -145,6 +106,7 @@ def get_device(name: str) -> DeviceProfile:
     path = Path(name)
     if not path.is_file():
         raise ValueError(f"device profile {name!r} is neither a built-in one ({', '.join(DEVICES)}) nor a file; "
-                         "pass h100, v100 or a profile JSON written by experiments/estimate_validation.py")
+                         "pass h100, v100 or a profile JSON written by experiments/estimate_validation.py or "
+                         "experiments/gpu_bench.py --parts shares")
     data = json.loads(path.read_text())
     return DeviceProfile.from_dict(data.get("device", data))
