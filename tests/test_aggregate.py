@@ -108,6 +108,35 @@ def test_copy_u_gradcheck(impl, mean):
     assert torch.autograd.gradcheck(lambda x: fn(x, src, dst, 5), (x,))
 
 
+def test_torch_path_keeps_no_per_edge_rows_for_backward_and_has_the_same_gradient_bits():
+    """The GPU path (plain torch) held each layer's [E, F] messages from forward to backward, because torch's
+    index_add_ saves its source: full-graph SAGE peaked at 1.55x torch-geometric's memory on an H100. Now only
+    the indices are kept, and the gradient is the very same gather, bit for bit (float32 on the CPU)."""
+    src, dst = _edges(300, 80, 5000, seed=5)
+    x = torch.randn(300, 16, requires_grad=True)
+    weight = torch.randn(80, 16)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        out = agg.copy_u_sum_torch(x, src, dst, 80)
+    assert (5000, 16) not in saved and all(len(shape) == 1 for shape in saved), saved  # indices only
+    (grad,) = torch.autograd.grad((out * weight).sum(), x)
+    x2 = x.detach().clone().requires_grad_(True)
+    ref = x2.new_zeros((80, 16)).index_add_(0, dst, x2.index_select(0, src))  # torch's own autograd
+    (grad_ref,) = torch.autograd.grad((ref * weight).sum(), x2)
+    assert torch.equal(out, ref) and torch.equal(grad, grad_ref)
+    z, el, er = torch.randn(300, 2, 8), torch.randn(300, 2), torch.randn(80, 2)
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        agg.gat_aggregate_torch(z.requires_grad_(), el.requires_grad_(), er.requires_grad_(), src, dst, 80)
+    assert saved.count((5000, 2, 8)) == 1, saved  # z's gathered rows, for the product's backward; not twice
+
+
+def test_torch_path_double_backward():
+    src, dst = _edges(9, 5, 14, seed=3)
+    x = torch.randn(9, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x: agg.copy_u_mean_torch(x, src, dst, 5) ** 2, (x,))
+
+
 def test_compiled_sum_equals_fallback_and_is_deterministic():
     _require_extension()
     src, dst = _edges(3000, 800, 20000, seed=5)

@@ -100,6 +100,36 @@ def _dst_indptr(ext, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_src: in
 
 
 # ---------------------------------------------------------------------------- plain torch
+class _IndexAddRows(torch.autograd.Function):
+    """``zeros(num_rows, ...).index_add_(0, index, rows)`` whose backward keeps ``index`` only.
+
+    torch's own ``index_add_`` saves ``rows`` for its backward (the formula reads their shape through the
+    tensor), so the per-edge messages ([E, F], the largest tensor of a layer) stayed alive from forward to
+    backward in every layer: full-graph SAGE peaked at 1.55x torch-geometric's device memory on an H100
+    (2026-11-27), 1.50x on the CPU's torch path. The gradient is the same gather, ``grad.index_select(0, index)``
+    (itself differentiable, so double backward still works)."""
+
+    @staticmethod
+    def forward(ctx, rows, index, num_rows):
+        ctx.save_for_backward(index)
+        return rows.new_zeros((int(num_rows),) + tuple(rows.shape[1:])).index_add_(0, index, rows)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return grad.index_select(0, index), None, None
+
+
+def index_add_rows(rows: torch.Tensor, index: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """``out[index[i]] += rows[i]`` into ``num_rows`` zero rows; differentiable in ``rows`` without keeping them.
+
+    Example:
+        >>> index_add_rows(torch.tensor([[1.], [2.], [4.]]), torch.tensor([0, 0, 1]), 3).flatten().tolist()
+        [3.0, 4.0, 0.0]
+    """
+    return _IndexAddRows.apply(rows, index, num_rows)
+
+
 def copy_u_sum_torch(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> torch.Tensor:
     """Plain-torch :func:`copy_u_sum`: gather the sources' rows per edge, scatter-add into destinations.
 
@@ -110,8 +140,7 @@ def copy_u_sum_torch(x: torch.Tensor, edge_src: torch.Tensor, edge_dst: torch.Te
         [6.0, 1.0, 0.0]
     """
     _check_edges(edge_src, edge_dst, num_dst)
-    out = x.new_zeros((int(num_dst),) + tuple(x.shape[1:]))
-    return out.index_add_(0, edge_dst, x.index_select(0, edge_src))
+    return index_add_rows(x.index_select(0, edge_src), edge_dst, num_dst)
 
 
 def degrees(index: torch.Tensor, size: int) -> torch.Tensor:
@@ -182,7 +211,7 @@ def gat_aggregate_torch(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edg
     if attn_drop is not None:
         alpha = attn_drop(alpha)
     messages = z.index_select(0, edge_src) * alpha.unsqueeze(-1)
-    return messages.new_zeros((int(num_dst),) + tuple(z.shape[1:])).index_add_(0, edge_dst, messages)
+    return index_add_rows(messages, edge_dst, num_dst)
 
 
 # ---------------------------------------------------------------------------- compiled CPU kernels
