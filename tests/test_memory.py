@@ -69,12 +69,14 @@ def test_feature_check_reads_the_features_in_chunks(monkeypatch):
     features = ds.features.clone()
     chunk_bytes = 100 * 16 * 4  # 100 rows
     monkeypatch.setattr(finite_module, "_CHECK_BYTES", chunk_bytes, raising=False)
-    seen = []
-    real = torch.isfinite
-    monkeypatch.setattr(torch, "isfinite", lambda t: (seen.append(t.numel()), real(t))[1])
+    seen = []  # the elements of every tensor that the check scans (aminmax: every chunk; isfinite: a bad one)
+    real_isfinite, real_aminmax = torch.isfinite, torch.aminmax
+    monkeypatch.setattr(torch, "isfinite", lambda t: (seen.append(t.numel()), real_isfinite(t))[1])
+    monkeypatch.setattr(torch, "aminmax", lambda t: (seen.append(t.numel()), real_aminmax(t))[1])
     gsplit.DataLoader(ds.graph, ds.train_idx, gsplit.NeighborSampler([2]), batch_size=64, features=features,
                       labels=ds.labels)
     assert seen and max(seen) <= chunk_bytes // 4 < features.numel(), (max(seen), features.numel())
+    assert sum(seen) >= features.numel()  # every row was read
     features[1537, 3] = float("inf")
     seen.clear()
     with pytest.raises(ValueError, match="features row 1537 holds NaN or inf"):
