@@ -85,6 +85,18 @@ def test_feature_check_reads_the_features_in_chunks(monkeypatch):
     assert max(seen) <= chunk_bytes // 4
 
 
+def test_features_that_turn_nan_after_loading_are_still_caught_by_the_loader():
+    """The dataset checked its features when it was built; normalising them in place afterwards (a zero
+    standard deviation) can make NaN, which the loader's own scan must still find."""
+    ds = gsplit.datasets.load("synthetic", num_nodes=500, avg_degree=4, feature_dim=8, seed=0)
+    ds.features[:, 5] = 0.0
+    ds.features -= ds.features.mean(0)
+    ds.features /= ds.features.std(0)  # column 5: 0 / 0
+    with pytest.raises(ValueError, match="features row 0 holds NaN or inf"):
+        gsplit.DataLoader(ds.graph, ds.train_idx, gsplit.NeighborSampler([2]), batch_size=64, features=ds.features,
+                          labels=ds.labels)
+
+
 # ------------------------------------------------------------------ (c) the graph is pinned in place
 @pytest.fixture
 def fake_cuda(monkeypatch):

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from gsplit.finite import check_finite, known_finite, mark_finite
+from gsplit.finite import check_finite, known_finite
 from gsplit.graph import Graph
 
 log = logging.getLogger(__name__)
@@ -97,8 +97,8 @@ class Dataset:
                 raise ValueError(f"labels[{row}] = {bad} is outside [0, {self.num_classes}) "
                                  "(-1 marks an unlabelled vertex); fix the labels or num_classes")
         if not known_finite(self.features):  # a prepared folder's writer scanned it (datasets.folder)
-            check_finite(self.features, "features")
-            mark_finite(self.features)  # the loaders' own check (first_non_finite_row) then skips a second pass
+            check_finite(self.features, "features")  # not marked: the loaders check again (cheap), as features
+            # normalised in place after loading (a zero std) may have become NaN
         counts = torch.zeros(n, dtype=torch.int32)
         for what in ("train_idx", "val_idx", "test_idx"):
             idx = getattr(self, what)
