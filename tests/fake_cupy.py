@@ -33,7 +33,7 @@ class FakeRuntime:
     """``cupy.cuda.runtime``'s registration, allocation and pointer calls, on plain host memory."""
 
     def __init__(self, seconds_per_mib: float = 0.0, refuse_after: Optional[int] = None, read_only: bool = True,
-                 host_pointer_is_device_pointer: bool = True, refuse_over: Optional[int] = None):
+                 refuse_over: Optional[int] = None):
         self.seconds_per_mib = seconds_per_mib
         self.refuse_after = refuse_after
         """Refuse every registration after this many (None: never)."""
@@ -41,7 +41,6 @@ class FakeRuntime:
         """Refuse a registration of more than this many bytes (a locked-memory limit; None: never)."""
         self.read_only = read_only
         """Whether the read-only registration flag is supported."""
-        self.identity = host_pointer_is_device_pointer
         self.registered: Dict[int, int] = {}
         """Live registrations: address -> bytes."""
         self.allocated: Dict[int, Tuple[int, object]] = {}
@@ -82,15 +81,8 @@ class FakeRuntime:
     def pointerGetAttributes(self, ptr: int):  # noqa: N802
         for base, n in list(self.registered.items()) + [(p, n) for p, (n, _) in self.allocated.items()]:
             if base <= ptr < base + n:
-                device = ptr if self.identity else ptr + (1 << 44)
-                return types.SimpleNamespace(devicePointer=device, hostPointer=ptr, type=1)
+                return types.SimpleNamespace(devicePointer=ptr, hostPointer=ptr, type=1)
         return types.SimpleNamespace(devicePointer=0, hostPointer=0, type=0)
-
-    def deviceGetAttribute(self, attribute: int, device: int) -> int:  # noqa: N802
-        return int(self.identity) if attribute == 91 else 0
-
-    def getDevice(self) -> int:  # noqa: N802
-        return 0
 
     # ------------------------------------------------------------------ helpers
     def pinned(self, t: torch.Tensor) -> bool:

@@ -37,7 +37,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -172,11 +172,9 @@ def device_pointer(t: torch.Tensor) -> Optional[int]:
     return ptr or None
 
 
-def _unregister(ptrs: List[int]) -> None:
+def _unregister(ptr: int) -> None:
     try:
-        rt = _runtime()
-        for ptr in ptrs:
-            rt.hostUnregister(ptr)
+        _runtime().hostUnregister(ptr)
     except Exception:  # noqa: BLE001 - at interpreter exit CUDA may already be gone; nothing to undo then
         pass
 
@@ -230,7 +228,7 @@ def register_in_place(t: torch.Tensor, policy: Optional[PinPolicy] = None, step:
         except rt.CUDARuntimeError as exc:
             return False, f"cudaHostRegister refused it ({exc})"
         elapsed = time.monotonic() - t0
-        _unregister([ptr])
+        _unregister(ptr)
         projected = elapsed * nbytes / probe
         if projected > budget:
             return False, (f"registering it in place would take about {projected:.0f} s ({elapsed:.2f} s for the "
@@ -243,9 +241,9 @@ def register_in_place(t: torch.Tensor, policy: Optional[PinPolicy] = None, step:
     if step is not None:
         step.update(nbytes, nbytes)
     if device_pointer(t) is None:
-        _unregister([ptr])
+        _unregister(ptr)
         return False, "CUDA gives the registered range no device-side address"
-    weakref.finalize(t.untyped_storage(), _unregister, [ptr])  # the storage, not this view, owns the memory
+    weakref.finalize(t.untyped_storage(), _unregister, ptr)  # the storage, not this view, owns the memory
     return True, ""
 
 
