@@ -4,7 +4,8 @@ that GPUs run) against torch-geometric's full-batch GraphSAGE, each in a fresh p
 The GPU benchmark saw gsplit's full-graph SAGE peak at 1.55x torch-geometric's device memory on an H100
 (2026-11-27); on the CPU the plain-torch path (``gsplit-torch``: the compiled kernels switched off, as on a GPU)
 shows the same excess, so this script measures it where no GPU is needed. SAGE, 3 layers, hidden 256, 128-d
-features, dropout 0.5, one optimiser step per epoch; the figure is the process's peak RSS (``VmHWM``) during
+features, dropout 0.5, one optimiser step per epoch (``harness.runs.full_graph_step``, the models the GPU
+benchmark times); the figure is the process's peak RSS (``VmHWM``) during
 two epochs less its RSS before the model was built.
 
     python experiments/full_graph_memory.py                      # 50k vertices, ~1 min on 2 cores
@@ -18,7 +19,7 @@ import json
 import sys
 import time
 
-from harness import memory, report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import memory, report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 from harness.rounds import checkout_env, run_command
 import torch
 
@@ -29,8 +30,6 @@ HIDDEN, LAYERS, EPOCHS = 256, 3, 2
 def worker(system: str, nodes: int, seed: int) -> None:
     """One system's epochs in this process; prints one JSON line."""
     import gsplit
-    from gsplit.nn import build_model
-    from gsplit.trainer import SYSTEMS as TRAIN_SYSTEMS, TrainConfig
 
     if system == "gsplit-torch":
         import gsplit.ops.aggregate as aggregate
@@ -38,33 +37,10 @@ def worker(system: str, nodes: int, seed: int) -> None:
         aggregate._use_extension = lambda *tensors: None  # the path a GPU runs: gather + index_add_
     ds = gsplit.datasets.load("synthetic", num_nodes=nodes, feature_dim=128, seed=seed)
     before = memory.status_kb("VmRSS") * 1024
-    torch.manual_seed(seed)
-    if system == "pyg":
-        from torch_geometric.nn.models import GraphSAGE
-
-        model = GraphSAGE(128, HIDDEN, num_layers=LAYERS, out_channels=ds.num_classes, dropout=0.5)
-        edge_index = torch.stack([ds.graph.indices, ds.graph.edge_dst()])
-
-        def loss():
-            out = model(ds.features, edge_index)
-            return torch.nn.functional.cross_entropy(out[ds.train_idx], ds.labels[ds.train_idx])
-    else:
-        cfg = TrainConfig(system="full", fanouts=[-1] * LAYERS, hidden=HIDDEN, device="cpu", eval_every=0)
-        impl = TRAIN_SYSTEMS["full"]
-        loader = impl.make_loader(cfg, ds, ds.graph, ds.train_idx, None, torch.device("cpu"), None, True)
-        model = impl.prepare_model(cfg, build_model("sage", 128, HIDDEN, ds.num_classes, num_layers=LAYERS,
-                                                    dropout=cfg.dropout), loader)
-
-        def loss():
-            (_, _, blocks), = list(loader)
-            logits = model(blocks, blocks[0].srcdata["feat"], loader.comm)
-            return impl.loss(logits, blocks[-1].dstdata["label"], blocks[-1], 1)
-    opt = torch.optim.Adam(model.parameters(), lr=0.003)
+    step = runs.full_graph_step("pyg" if system == "pyg" else "gsplit", ds, torch.device("cpu"), HIDDEN, LAYERS)
     t0 = time.perf_counter()
     for _ in range(EPOCHS):
-        opt.zero_grad()
-        loss().backward()
-        opt.step()
+        step()
     print(json.dumps({"system": system, "epoch_s": (time.perf_counter() - t0) / EPOCHS, "edges": ds.graph.num_edges,
                       "peak_growth_GiB": (memory.vm_hwm() - before) / 2**30}), flush=True)
 

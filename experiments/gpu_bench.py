@@ -79,7 +79,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from harness import memory, report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import memory, report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 from harness.rounds import Budget, median_ms, run_command
 import torch
 
@@ -709,21 +709,19 @@ def train(ds, dev: torch.device, sync, rows_spec, warmup: int, iters: int, profi
 
 # ---------------------------------------------------------------------------------------- 8. full graph
 def full_graph(nodes: int, dev: torch.device, sync, epochs: int) -> dict:
-    from gsplit.trainer import TrainConfig
-
     ds = gsplit.datasets.load("synthetic", num_nodes=nodes, feature_dim=128, seed=1)
     out = {"nodes": nodes, "edges": ds.graph.num_edges, "hidden": HIDDEN, "layers": 3}
-    cfg = TrainConfig(system="full", fanouts=[-1, -1, -1], hidden=HIDDEN, device=str(dev), eval_every=0)
-    try:
-        out["gsplit"] = _full_gsplit(ds, dev, sync, cfg, epochs)
-    except torch.cuda.OutOfMemoryError as exc:
-        out["gsplit"] = {"status": f"out of memory: {str(exc)[:200]}"}
-    try:
-        out["pyg"] = _full_pyg(ds, dev, sync, epochs)
-    except ImportError as exc:
-        out["pyg"] = {"status": f"not importable ({type(exc).__name__})"}
-    except torch.cuda.OutOfMemoryError as exc:
-        out["pyg"] = {"status": f"out of memory: {str(exc)[:200]}"}
+    for system in ("gsplit", "pyg"):
+        try:
+            out[system] = _timed_epochs(runs.full_graph_step(system, ds, dev, HIDDEN), epochs, sync, dev)
+        except ImportError as exc:
+            out[system] = {"status": f"not importable ({type(exc).__name__})"}
+        except torch.cuda.OutOfMemoryError as exc:
+            out[system] = {"status": f"out of memory: {str(exc)[:200]}"}
+    if "ms_per_epoch" in out["pyg"]:
+        import torch_geometric
+
+        out["pyg"]["version"] = torch_geometric.__version__
     if "ms_per_epoch" in out["gsplit"] and "ms_per_epoch" in out["pyg"]:
         out["gsplit_over_pyg"] = out["gsplit"]["ms_per_epoch"] / out["pyg"]["ms_per_epoch"]
     return out
@@ -737,48 +735,6 @@ def _timed_epochs(step, epochs: int, sync, dev: torch.device) -> dict:
     if dev.type == "cuda":
         out["peak_device_GiB"] = torch.cuda.max_memory_allocated(dev) / 2**30
     return out
-
-
-def _full_gsplit(ds, dev, sync, cfg, epochs: int) -> dict:
-    from gsplit.nn import build_model
-    from gsplit.trainer import SYSTEMS as TRAIN_SYSTEMS
-
-    impl = TRAIN_SYSTEMS["full"]
-    loader = impl.make_loader(cfg, ds, ds.graph, ds.train_idx, None, dev, None, True)
-    model = impl.prepare_model(cfg, build_model("sage", ds.features.shape[1], HIDDEN, ds.num_classes, num_layers=3,
-                                                dropout=cfg.dropout).to(dev), loader)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-
-    def step():
-        for _, _, blocks in loader:
-            opt.zero_grad()
-            logits = model(blocks, blocks[0].srcdata["feat"], loader.comm)
-            impl.loss(logits, blocks[-1].dstdata["label"], blocks[-1], 1).backward()
-            opt.step()
-
-    return _timed_epochs(step, epochs, sync, dev)
-
-
-def _full_pyg(ds, dev, sync, epochs: int) -> dict:
-    import torch_geometric
-    from torch_geometric.nn.models import GraphSAGE
-
-    x = ds.features.to(dev)
-    y = ds.labels.to(dev)
-    edge_index = torch.stack([ds.graph.indices, ds.graph.edge_dst()]).to(dev)
-    train = ds.train_idx.to(dev)
-    torch.manual_seed(0)
-    model = GraphSAGE(x.shape[1], HIDDEN, num_layers=3, out_channels=ds.num_classes, dropout=0.5).to(dev)
-    opt = torch.optim.Adam(model.parameters(), lr=0.003)
-
-    def step():
-        model.train()
-        opt.zero_grad()
-        out = model(x, edge_index)
-        torch.nn.functional.cross_entropy(out[train], y[train]).backward()
-        opt.step()
-
-    return {**_timed_epochs(step, epochs, sync, dev), "version": torch_geometric.__version__}
 
 
 # ---------------------------------------------------------------------------------------- the table

@@ -112,3 +112,48 @@ def shuffle_bytes_per_layer(traffic_bytes_by_tag: Dict[str, int], num_layers: in
 def id_bytes(traffic_bytes_by_tag: Dict[str, int]) -> int:
     """Bytes of the sampling id exchanges (all layers, all ranks)."""
     return sum(n for tag, n in traffic_bytes_by_tag.items() if tag.startswith("ids/"))
+
+
+def full_graph_step(system: str, dataset, device: torch.device, hidden: int, num_layers: int = 3):
+    """One full-batch SAGE training step as a function, ``system`` ``"gsplit"`` (gsplit's full-graph system, one
+    rank) or ``"pyg"`` (torch-geometric's ``GraphSAGE`` over an ``edge_index``): what the GPU benchmark times
+    and ``full_graph_memory.py`` measures, built once here so both compare the same two models."""
+    if system == "pyg":
+        from torch_geometric.nn.models import GraphSAGE
+
+        x, y = dataset.features.to(device), dataset.labels.to(device)
+        edge_index = torch.stack([dataset.graph.indices, dataset.graph.edge_dst()]).to(device)
+        train = dataset.train_idx.to(device)
+        torch.manual_seed(0)
+        model = GraphSAGE(x.shape[1], hidden, num_layers=num_layers, out_channels=dataset.num_classes,
+                          dropout=0.5).to(device)
+        opt = torch.optim.Adam(model.parameters(), lr=0.003)
+
+        def step():
+            model.train()
+            opt.zero_grad()
+            out = model(x, edge_index)
+            torch.nn.functional.cross_entropy(out[train], y[train]).backward()
+            opt.step()
+
+        return step
+    if system != "gsplit":
+        raise ValueError(f"system {system!r}: use 'gsplit' or 'pyg'")
+    from gsplit.nn import build_model
+    from gsplit.trainer import SYSTEMS as TRAIN_SYSTEMS
+
+    cfg = TrainConfig(system="full", fanouts=[-1] * num_layers, hidden=hidden, device=str(device), eval_every=0)
+    impl = TRAIN_SYSTEMS["full"]
+    loader = impl.make_loader(cfg, dataset, dataset.graph, dataset.train_idx, None, device, None, True)
+    model = impl.prepare_model(cfg, build_model("sage", dataset.features.shape[1], hidden, dataset.num_classes,
+                                                num_layers=num_layers, dropout=cfg.dropout).to(device), loader)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+
+    def step():
+        for _, _, blocks in loader:
+            opt.zero_grad()
+            logits = model(blocks, blocks[0].srcdata["feat"], loader.comm)
+            impl.loss(logits, blocks[-1].dstdata["label"], blocks[-1], 1).backward()
+            opt.step()
+
+    return step

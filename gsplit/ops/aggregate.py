@@ -106,7 +106,7 @@ class _IndexAddRows(torch.autograd.Function):
     torch's own ``index_add_`` saves ``rows`` for its backward (the formula reads their shape through the
     tensor), so the per-edge messages ([E, F], the largest tensor of a layer) stayed alive from forward to
     backward in every layer: full-graph SAGE peaked at 1.55x torch-geometric's device memory on an H100
-    (2026-11-27), 1.50x on the CPU's torch path. The gradient is the same gather, ``grad.index_select(0, index)``
+    (2026-11-27), 1.46x on the CPU's torch path. The gradient is the same gather, ``grad.index_select(0, index)``
     (itself differentiable, so double backward still works)."""
 
     @staticmethod
