@@ -61,9 +61,15 @@ def save_blocks(path: Path, args) -> dict:
 def gsplit_side(blocks_path: Path, models, args) -> dict:
     """Time and profile this process's gsplit on the saved blocks."""
     from gsplit.nn.models import GAT, SAGE
+    from gsplit.resources import keep_freed_heap
     from gsplit.sampling.block import Block
 
     torch.set_num_threads(args.threads)
+    # As a training rank on a CPU (train_rank, gsplit.launch): freed large temporaries keep their pages. Without
+    # it a backward kernel's fresh [sources x width] gradient faults its pages in at every step, which hid a
+    # 2x faster kernel here (2026-11-27); DGL's ranks run with glibc's defaults (--systems dgl-keepheap in
+    # vs_dgl.py measured that setting at 0.99x for them), so its side keeps them.
+    keep_freed_heap()
     data = read_blocks(blocks_path)
     z = np.load(blocks_path)
     for i, b in enumerate(data["batches"]):

@@ -3,9 +3,10 @@
 // A block's edges are grouped by destination (edge_dst non-decreasing), so the edge list already is a
 // CSR matrix by destination: row pointers come from one pass over edge_dst, the column of edge e is
 // edge_src[e]. Forward kernels run one destination row per iteration of a parallel loop (no atomics,
-// each row summed in edge order: deterministic). Backward kernels scatter into the sources without a
-// transpose: each thread owns a range of source rows and walks all edges in order, adding only into its
-// rows, so every source row is again summed in edge order (the same bits for any thread count).
+// each row summed in edge order: deterministic). Backward kernels regroup the edges by source (a stable
+// counting sort, O(edges + sources)) and gather: one source row per iteration of a parallel loop, its
+// terms summed in edge order (the same bits for any thread count), reading the destinations' gradient
+// rows, a table much smaller than the sources' that stays in cache.
 // Nothing here materialises an [edges x width] message tensor; GAT keeps [edges x heads] scalars.
 
 #include <torch/extension.h>
@@ -21,8 +22,10 @@ namespace {
 
 // Rows per scheduling chunk: rows are short (tens of edges) and degrees are skewed, so dynamic chunks.
 constexpr int64_t kChunk = 64;
-// How many edges ahead the gather loops prefetch a source row.
-constexpr int64_t kAhead = 4;
+// How many edges ahead the gather loops prefetch a source row, across row boundaries (most rows have fewer
+// edges than that: a row-local window never prefetched a row's first edges). 8 against 4 row-local: a 64-wide
+// layer-0 aggregation 1.5x faster (16-18 -> 11-13 ms on a 358k-edge block, one thread), a wider one unchanged.
+constexpr int64_t kAhead = 8;
 
 int num_threads() { return std::max(1, at::get_num_threads()); }
 
@@ -83,6 +86,7 @@ namespace {
 template <typename T>
 void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, const T* __restrict__ x,
                T* __restrict__ out, int64_t rows, int64_t F, bool mean) {
+  const int64_t last = p[rows];  // the end of the edge list: prefetch runs across rows
 #pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
   for (int64_t i = 0; i < rows; ++i) {
     T* __restrict__ o = out + i * F;
@@ -90,7 +94,7 @@ void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, c
     const int64_t end = p[i + 1];
     for (int64_t j = p[i]; j < end; ++j) {
       // Source rows are scattered over x: ask for a later one while this one is summed.
-      if (j + kAhead < end) prefetch_row(x + col[j + kAhead] * F, F);
+      if (j + kAhead < last) prefetch_row(x + col[j + kAhead] * F, F);
       const T* __restrict__ xr = x + col[j] * F;
 #pragma omp simd
       for (int64_t f = 0; f < F; ++f) o[f] += xr[f];
@@ -103,46 +107,103 @@ void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, c
   }
 }
 
-// The sources [lo, hi) that thread t of T owns in a scatter over ns rows: contiguous ranges, so a row is
-// written by one thread only (no atomics) and every row is summed in edge order (deterministic, and the
-// same order as a stable transpose of the edge list would give).
-inline void owned_range(int64_t ns, int t, int T, int64_t* lo, int64_t* hi) {
-  *lo = ns * t / T;
-  *hi = ns * (t + 1) / T;
+// The destination-grouped edge list regrouped by source, stably (a counting sort): source u's edges are
+// [ptr[u], ptr[u + 1]) of `dst` (each edge's destination, in edge order, hence ascending) and of `edge`.
+struct EdgesBySource {
+  std::vector<int64_t> ptr, dst, edge;  // edge: each entry's index in the destination-grouped list
+};
+
+inline EdgesBySource edges_by_source(const int64_t* __restrict__ p, const int64_t* __restrict__ src, int64_t nd,
+                                     int64_t ns) {
+  EdgesBySource t;
+  t.ptr.assign(ns + 1, 0);
+  t.dst.resize(p[nd] - p[0]);
+  t.edge.resize(p[nd] - p[0]);
+  for (int64_t e = p[0]; e < p[nd]; ++e) ++t.ptr[src[e] + 1];
+  for (int64_t u = 0; u < ns; ++u) t.ptr[u + 1] += t.ptr[u];
+  std::vector<int64_t> next(t.ptr.begin(), t.ptr.end() - 1);
+  for (int64_t v = 0; v < nd; ++v) {
+    for (int64_t e = p[v]; e < p[v + 1]; ++e) {
+      const int64_t j = next[src[e]]++;
+      t.dst[j] = v;
+      t.edge[j] = e;
+    }
+  }
+  return t;
 }
 
-// grad_x[u] = sum over edges e = (u -> v), in edge order, of g[v] (mean: g[v] / deg(v)), without a transpose:
-// every thread walks the destination-grouped edges and adds the rows of the sources it owns. With one
-// thread that is one pass; with T threads each reads all edge indices but only its sources' rows.
+// g's rows (row stride ld, F columns from column `off`) divided by their destination's edge count where it is
+// above 1 (the bits of torch's `grad / deg`), as a compact [nd, F] table.
 template <typename T>
-void spmm_scatter(const int64_t* __restrict__ p, const int64_t* __restrict__ src, const T* __restrict__ g,
-                  T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F, bool mean) {
-  const int nt = static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, ns / 256)));
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), T_ = omp_get_num_threads();
-    int64_t lo, hi;
-    owned_range(ns, t, T_, &lo, &hi);
-    std::fill(gx + lo * F, gx + hi * F, T(0));
-    std::vector<T> scaled(mean ? F : 0);
-    for (int64_t v = 0; v < nd; ++v) {
-      const int64_t b = p[v], end = p[v + 1];
-      if (b == end) continue;
-      const T* __restrict__ gv = g + v * F;
-      if (mean && end - b > 1) {  // g / deg once per destination (the bits of torch's `grad / deg`)
-        const T deg = T(end - b);
-        T* __restrict__ sc = scaled.data();
-        for (int64_t f = 0; f < F; ++f) sc[f] = gv[f] / deg;
-        gv = sc;
-      }
-      for (int64_t e = b; e < end; ++e) {
-        const int64_t u = src[e];
-        if (u < lo || u >= hi) continue;
-        T* __restrict__ o = gx + u * F;
-#pragma omp simd
-        for (int64_t f = 0; f < F; ++f) o[f] += gv[f];
+std::vector<T> per_edge_rows(const int64_t* __restrict__ p, const T* __restrict__ g, int64_t nd, int64_t F,
+                             int64_t ld, int64_t off) {
+  std::vector<T> out(nd * F);
+  T* __restrict__ o = out.data();
+  at::parallel_for(0, nd, kChunk, [&](int64_t b, int64_t e) {
+    for (int64_t v = b; v < e; ++v) {
+      const T* __restrict__ gv = g + v * ld + off;
+      T* __restrict__ ov = o + v * F;
+      const int64_t deg = p[v + 1] - p[v];
+      if (deg > 1) {
+        const T d = T(deg);
+        for (int64_t f = 0; f < F; ++f) ov[f] = gv[f] / d;
+      } else {
+        std::copy(gv, gv + F, ov);
       }
     }
+  });
+  return out;
+}
+
+// gx[u] = the sum, in edge order, of rows[v] (row stride ld) over u's edges u -> v; with `self`, also self[u - d0]
+// (row stride self_ld) for d0 <= u < d0 + nd, summed where destination u - d0 falls in that order (before the
+// edges of that destination). A gather per source row: every row is written once, by one thread, in the order
+// and with the bits of the scatter over the destination-grouped edges that it replaces, for any thread count.
+// Gathering reads the destinations' rows, a table much smaller than the sources' (it stays in cache), where the
+// scatter read and wrote source rows all over a large gradient: 12-19 -> 6.4-9.5 ms on a 48k-edge, 256-wide block
+// (experiments/README.md, "Backward kernels gather by source").
+template <typename T>
+void gather_by_source(const EdgesBySource& t, const T* __restrict__ rows, int64_t ld, T* __restrict__ gx, int64_t ns,
+                      int64_t F, const T* __restrict__ self, int64_t self_ld, int64_t d0, int64_t nd) {
+  const int64_t last = t.ptr[ns];
+#pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
+  for (int64_t u = 0; u < ns; ++u) {
+    T* __restrict__ o = gx + u * F;
+    std::fill(o, o + F, T(0));
+    const int64_t own = u - d0;  // the destination whose own row u is, if any
+    bool self_due = self != nullptr && own >= 0 && own < nd;
+    const int64_t end = t.ptr[u + 1];
+    for (int64_t j = t.ptr[u]; j < end; ++j) {
+      const int64_t v = t.dst[j];
+      if (self_due && v >= own) {
+        const T* __restrict__ sr = self + own * self_ld;
+#pragma omp simd
+        for (int64_t f = 0; f < F; ++f) o[f] += sr[f];
+        self_due = false;
+      }
+      if (j + kAhead < last) prefetch_row(rows + t.dst[j + kAhead] * ld, F);
+      const T* __restrict__ r = rows + v * ld;
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) o[f] += r[f];
+    }
+    if (self_due) {
+      const T* __restrict__ sr = self + own * self_ld;
+#pragma omp simd
+      for (int64_t f = 0; f < F; ++f) o[f] += sr[f];
+    }
+  }
+}
+
+// grad_x[u] = sum over edges e = (u -> v), in edge order, of g[v] (mean: g[v] / deg(v)).
+template <typename T>
+void spmm_transpose(const int64_t* __restrict__ p, const int64_t* __restrict__ src, const T* __restrict__ g,
+                  T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F, bool mean) {
+  const EdgesBySource t = edges_by_source(p, src, nd, ns);
+  if (mean) {
+    const std::vector<T> scaled = per_edge_rows(p, g, nd, F, F, 0);
+    gather_by_source<T>(t, scaled.data(), F, gx, ns, F, nullptr, 0, 0, 0);
+  } else {
+    gather_by_source<T>(t, g, F, gx, ns, F, nullptr, 0, 0, 0);
   }
 }
 
@@ -180,7 +241,7 @@ torch::Tensor spmm_mean(torch::Tensor indptr, torch::Tensor col, torch::Tensor x
 }
 
 // Backward of spmm_sum / spmm_mean (by destination row pointers indptr, columns edge_src) w.r.t. x:
-// grad_x [num_src, F], each source row summed in edge order, with no transposed CSR built.
+// grad_x [num_src, F], each source row summed in edge order (a gather over the edges regrouped by source).
 torch::Tensor spmm_backward(torch::Tensor indptr, torch::Tensor edge_src, torch::Tensor grad_out, int64_t num_src,
                             bool mean) {
   check_index(indptr, "indptr");
@@ -191,7 +252,7 @@ torch::Tensor spmm_backward(torch::Tensor indptr, torch::Tensor edge_src, torch:
   TORCH_CHECK_VALUE(g.size(0) == nd, "spmm_backward: grad_out has ", g.size(0), " rows for ", nd, " destinations");
   auto gx = torch::empty({num_src, F}, g.options());
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "spmm_backward", [&] {
-    spmm_scatter<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(), g.data_ptr<scalar_t>(),
+    spmm_transpose<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(), g.data_ptr<scalar_t>(),
                            gx.data_ptr<scalar_t>(), nd, num_src, F, mean);
   });
   return gx;
@@ -203,6 +264,7 @@ namespace {
 template <typename T>
 void sage_concat_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ col, const T* __restrict__ x,
                       T* __restrict__ out, int64_t nd, int64_t F, int64_t d0) {
+  const int64_t last = p[nd];
 #pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
   for (int64_t i = 0; i < nd; ++i) {
     T* __restrict__ self = out + i * 2 * F;
@@ -211,7 +273,7 @@ void sage_concat_impl(const int64_t* __restrict__ p, const int64_t* __restrict__
     std::fill(o, o + F, T(0));
     const int64_t end = p[i + 1];
     for (int64_t j = p[i]; j < end; ++j) {
-      if (j + kAhead < end) prefetch_row(x + col[j + kAhead] * F, F);
+      if (j + kAhead < last) prefetch_row(x + col[j + kAhead] * F, F);
       const T* __restrict__ xr = x + col[j] * F;
 #pragma omp simd
       for (int64_t f = 0; f < F; ++f) o[f] += xr[f];
@@ -231,39 +293,9 @@ template <typename T>
 void sage_concat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
                                const T* __restrict__ g, T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F,
                                int64_t d0) {
-  const int nt = static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, ns / 256)));
-#pragma omp parallel num_threads(nt)
-  {
-    const int t = omp_get_thread_num(), T_ = omp_get_num_threads();
-    int64_t lo, hi;
-    owned_range(ns, t, T_, &lo, &hi);
-    std::fill(gx + lo * F, gx + hi * F, T(0));
-    std::vector<T> scaled(F);
-    for (int64_t v = 0; v < nd; ++v) {
-      const T* __restrict__ gs = g + v * 2 * F;
-      if (d0 + v >= lo && d0 + v < hi) {
-        T* __restrict__ o = gx + (d0 + v) * F;
-#pragma omp simd
-        for (int64_t f = 0; f < F; ++f) o[f] += gs[f];
-      }
-      const int64_t b = p[v], end = p[v + 1];
-      if (b == end) continue;
-      const T* __restrict__ gv = gs + F;
-      if (end - b > 1) {
-        const T deg = T(end - b);
-        T* __restrict__ sc = scaled.data();
-        for (int64_t f = 0; f < F; ++f) sc[f] = gv[f] / deg;
-        gv = sc;
-      }
-      for (int64_t e = b; e < end; ++e) {
-        const int64_t u = src[e];
-        if (u < lo || u >= hi) continue;
-        T* __restrict__ o = gx + u * F;
-#pragma omp simd
-        for (int64_t f = 0; f < F; ++f) o[f] += gv[f];
-      }
-    }
-  }
+  const EdgesBySource t = edges_by_source(p, src, nd, ns);
+  const std::vector<T> scaled = per_edge_rows(p, g, nd, F, 2 * F, F);  // the mean half, divided by the degree
+  gather_by_source<T>(t, scaled.data(), F, gx, ns, F, g, 2 * F, d0, nd);
 }
 
 }  // namespace
@@ -309,7 +341,7 @@ void gat_forward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__
                       const scalar_t* __restrict__ zp, const scalar_t* __restrict__ lp,
                       const scalar_t* __restrict__ rp, scalar_t* __restrict__ op, scalar_t* __restrict__ ap,
                       int64_t nd, int64_t H, int64_t D, scalar_t sl) {
-  const int64_t HD = H * D;
+  const int64_t HD = H * D, last = p[nd];
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<scalar_t> buf(2 * H);  // per thread: running maximum and sum of each head
@@ -341,7 +373,7 @@ void gat_forward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__
         }
       }
       for (int64_t e = b; e < f; ++e) {
-        if (e + kAhead < f) prefetch_row(zp + src[e + kAhead] * HD, HD);
+        if (e + kAhead < last) prefetch_row(zp + src[e + kAhead] * HD, HD);
         scalar_t* __restrict__ a = ap + e * H;
         const scalar_t* __restrict__ zr = zp + src[e] * HD;
         for (int64_t k = 0; k < H; ++k) {
@@ -390,7 +422,8 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
                        const scalar_t* __restrict__ rp, const scalar_t* __restrict__ ap,
                        scalar_t* __restrict__ gpre, scalar_t* __restrict__ gzp, scalar_t* __restrict__ glp,
                        scalar_t* __restrict__ grp, int64_t nd, int64_t ns, int64_t H, int64_t D, scalar_t sl) {
-  const int64_t HD = H * D;
+  const int64_t HD = H * D, last = p[nd];
+  const EdgesBySource t = edges_by_source(p, src, nd, ns);
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<scalar_t> dot(H);  // per thread: sum_e alpha_e * dalpha_e, the softmax Jacobian's rank-one term
@@ -401,7 +434,7 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
       const scalar_t* __restrict__ r = rp + v * H;
       std::fill(dot.begin(), dot.end(), scalar_t(0));
       for (int64_t e = b; e < f; ++e) {  // d loss / d alpha_e = g_v . z_u
-        if (e + kAhead < f) prefetch_row(zp + src[e + kAhead] * HD, HD);
+        if (e + kAhead < last) prefetch_row(zp + src[e + kAhead] * HD, HD);
         const scalar_t* __restrict__ zr = zp + src[e] * HD;
         const scalar_t* __restrict__ a = ap + e * H;
         scalar_t* __restrict__ ga = gpre + e * H;
@@ -426,23 +459,19 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
         }
       }
     }
-    // Pass 2, after pass 1's implicit barrier: every thread walks the edges in destination order and adds
-    // into the sources it owns (no transpose; each source row summed in edge order).
-    const int t = omp_get_thread_num(), T_ = omp_get_num_threads();
-    int64_t lo, hi;
-    owned_range(ns, t, T_, &lo, &hi);
-    std::fill(gzp + lo * HD, gzp + hi * HD, scalar_t(0));
-    std::fill(glp + lo * H, glp + hi * H, scalar_t(0));
-    for (int64_t v = 0; v < nd; ++v) {
-      const scalar_t* __restrict__ gv = gp + v * HD;
-      const int64_t f = p[v + 1];
-      for (int64_t e = p[v]; e < f; ++e) {
-        const int64_t u = src[e];
-        if (u < lo || u >= hi) continue;
-        scalar_t* __restrict__ gz = gzp + u * HD;
-        scalar_t* __restrict__ gl = glp + u * H;
-        const scalar_t* __restrict__ a = ap + e * H;
-        const scalar_t* __restrict__ ga = gpre + e * H;
+    // Pass 2, after pass 1's implicit barrier: a gather per source over its edges in edge order (the order and
+    // bits of a scatter over the destination-grouped edges; reads the destinations' small gradient rows).
+#pragma omp for schedule(dynamic, kChunk)
+    for (int64_t u = 0; u < ns; ++u) {
+      scalar_t* __restrict__ gz = gzp + u * HD;
+      scalar_t* __restrict__ gl = glp + u * H;
+      std::fill(gz, gz + HD, scalar_t(0));
+      std::fill(gl, gl + H, scalar_t(0));
+      const int64_t f = t.ptr[u + 1];
+      for (int64_t j = t.ptr[u]; j < f; ++j) {
+        const scalar_t* __restrict__ gv = gp + t.dst[j] * HD;
+        const scalar_t* __restrict__ a = ap + t.edge[j] * H;
+        const scalar_t* __restrict__ ga = gpre + t.edge[j] * H;
         for (int64_t k = 0; k < H; ++k) {
           const scalar_t w = a[k];
 #pragma omp simd
@@ -458,7 +487,7 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
 
 // GAT backward from grad_out [nd, H, D]: returns (grad_z [ns, H, D], grad_el [ns, H], grad_er [nd, H]).
 // Pass 1 (rows = destinations): grad of alpha, softmax and leaky_relu per edge, summed into grad_er.
-// Pass 2 (a scatter into the sources, each thread owning a range of them): grad_z and grad_el.
+// Pass 2 (a gather per source over its edges, regrouped by source): grad_z and grad_el.
 std::vector<torch::Tensor> gat_backward(torch::Tensor grad_out, torch::Tensor indptr, torch::Tensor edge_src,
                                         torch::Tensor z, torch::Tensor el, torch::Tensor er, torch::Tensor alpha,
                                         double slope) {
@@ -502,6 +531,16 @@ void relu_dropout_rows_impl(const T* __restrict__ h, const int64_t* __restrict__
   });
 }
 
+// Cells of m[0..n) other than 0 and 1: counted, not and-ed into a bool, so that it vectorises (0.36 instead of
+// 1.48 ms for a 4096 x 256 bank, which every call checks: four calls per step of an overlapped 3-layer model).
+template <typename T>
+int64_t non_binary_cells(const T* __restrict__ m, int64_t n) {
+  int64_t bad = 0;
+#pragma omp simd reduction(+ : bad)
+  for (int64_t k = 0; k < n; ++k) bad += (m[k] != T(0)) & (m[k] != T(1));
+  return bad;
+}
+
 template <typename T>
 void relu_dropout_rows_backward_impl(const T* __restrict__ g, const T* __restrict__ out, T scale, T* __restrict__ gh,
                                      int64_t numel) {
@@ -531,9 +570,9 @@ torch::Tensor relu_dropout_rows(torch::Tensor h, torch::Tensor rows, torch::Tens
   auto out = torch::empty_like(hc);
   AT_DISPATCH_FLOATING_TYPES(hc.scalar_type(), "relu_dropout_rows", [&] {
     const scalar_t* m = mc.data_ptr<scalar_t>();
-    bool binary = true;
-    for (int64_t k = 0; k < mc.numel(); ++k) binary &= (m[k] == scalar_t(0)) | (m[k] == scalar_t(1));
-    TORCH_CHECK_VALUE(binary, "relu_dropout_rows: the mask must hold only 0 and 1 (a dropout bank)");
+    const int64_t bad = non_binary_cells(m, mc.numel());
+    TORCH_CHECK_VALUE(bad == 0, "relu_dropout_rows: the mask must hold only 0 and 1 (a dropout bank); ", bad,
+                      " cells hold something else");
     relu_dropout_rows_impl<scalar_t>(hc.data_ptr<scalar_t>(), rows.data_ptr<int64_t>(), m, static_cast<scalar_t>(scale),
                                      out.data_ptr<scalar_t>(), hc.size(0), hc.size(1));
   });
@@ -662,7 +701,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dst_indptr", &dst_indptr, "row pointers of a destination-grouped edge list; checks all indices");
   m.def("spmm_sum", &spmm_sum, "out[i] = sum of x[col[j]] over row i's entries");
   m.def("spmm_mean", &spmm_mean, "spmm_sum divided by each row's entry count");
-  m.def("spmm_backward", &spmm_backward, "grad of spmm_sum / spmm_mean w.r.t. x, by a scatter in edge order");
+  m.def("spmm_backward", &spmm_backward, "grad of spmm_sum / spmm_mean w.r.t. x, each source row summed in edge order");
   m.def("sage_concat", &sage_concat, "[x[dst_start + i] | mean of x over row i's entries]");
   m.def("sage_concat_backward", &sage_concat_backward, "grad of sage_concat w.r.t. x");
   m.def("gat_forward", &gat_forward, "fused GAT edge softmax and weighted sum: (out, alpha)");

@@ -4,9 +4,9 @@ A block's edges are grouped by destination (``edge_dst`` non-decreasing), so its
 a CSR matrix by destination. On CPU (float32 / float64) the compiled kernels of
 ``kernels/aggregate_cpu.cpp`` sum each destination's source rows directly, one row per parallel task,
 without materialising an ``[edges x width]`` message tensor (the mean divides inside the kernel); backward
-adds each destination's gradient row into its sources by a scatter in edge order, each thread owning a
-range of source rows (no transposed CSR, no atomics). Each row is summed in edge order, so CPU results
-are a pure function of the inputs, whatever the thread count.
+regroups the edges by source (a counting sort) and sums each source's gradient row from its destinations'
+rows, one row per parallel task (no atomics). Each row is summed in edge order, so CPU results are a pure
+function of the inputs, whatever the thread count.
 
 The same extension holds GAT's per-vertex score halves, :func:`gat_scores` (``(z * attn).sum(-1)`` without its
 [n, H, D] temporaries), and the step between two layers of gsplit's models, :func:`relu_dropout_rows` (ReLU and a
