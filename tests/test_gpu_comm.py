@@ -524,7 +524,7 @@ class _FakeCupy:
             def __exit__(self, *exc):
                 fake.current.pop()
 
-        self.cuda = types.SimpleNamespace(Device=Device, ExternalStream=lambda ptr: contextlib.nullcontext())
+        self.cuda = types.SimpleNamespace(Device=Device, ExternalStream=lambda ptr, device_id=-1: contextlib.nullcontext())
 
 
 @pytest.fixture
@@ -569,3 +569,32 @@ def test_kernels_are_loaded_per_device(monkeypatch, process_on_gpu0):
         on1 = cuda._function("relabel.cu", "gsplit_relabel_lookup")
     on0 = cuda._function("relabel.cu", "gsplit_relabel_lookup")
     assert on1 == ("gsplit_relabel_lookup", 1) and on0 == ("gsplit_relabel_lookup", 0)
+
+
+def test_cupy_launches_on_torchs_stream_through_the_stream_protocol_where_cupy_has_it():
+    """CuPy 14 deprecates ExternalStream (a DeprecationWarning at every launch, seen on the H100): a CuPy with
+    Stream.from_external gets torch's stream object; an older CuPy, or a torch stream without __cuda_stream__
+    (torch < 2.8), the raw handle with its device."""
+    from gsplit.ops import cuda
+
+    calls = []
+    external = lambda ptr, device_id=-1: calls.append(("ExternalStream", ptr, device_id))  # noqa: E731
+
+    class Stream:
+        @classmethod
+        def from_external(cls, obj):
+            calls.append(("from_external", obj))
+
+    class TorchStream:  # what torch >= 2.8 gives: the protocol and the raw handle
+        cuda_stream = 1234
+
+        def __cuda_stream__(self):
+            return (0, self.cuda_stream)
+
+    new_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=Stream, ExternalStream=external))
+    old_cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(ExternalStream=external))
+    stream = TorchStream()
+    cuda._cupy_stream(new_cupy, stream, 1)
+    cuda._cupy_stream(old_cupy, stream, 1)
+    cuda._cupy_stream(new_cupy, types.SimpleNamespace(cuda_stream=99), 0)  # an old torch's stream
+    assert calls == [("from_external", stream), ("ExternalStream", 1234, 1), ("ExternalStream", 99, 0)]

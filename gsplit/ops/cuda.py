@@ -231,8 +231,18 @@ def _torch_stream(device: torch.device) -> Iterator[None]:
     device check compares with it, and the process's current device may be another GPU."""
     import cupy
 
-    with cupy.cuda.Device(device.index), cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
+    with cupy.cuda.Device(device.index), _cupy_stream(cupy, torch.cuda.current_stream(device), device.index):
         yield
+
+
+def _cupy_stream(cupy, stream, device_index: int):
+    """torch's ``stream`` as a CuPy stream: through the CUDA stream protocol (``Stream.from_external``, CuPy 14+,
+    with a torch whose streams have ``__cuda_stream__``), which CuPy 14 asks for: its ``ExternalStream`` warns
+    (DeprecationWarning) at every launch. Older CuPy or torch: ``ExternalStream`` on the raw handle."""
+    from_external = getattr(getattr(cupy.cuda, "Stream", None), "from_external", None)
+    if from_external is not None and hasattr(stream, "__cuda_stream__"):
+        return from_external(stream)
+    return cupy.cuda.ExternalStream(stream.cuda_stream, device_index)
 
 
 def _launch(module: str, kernel: str, threads: int, args: tuple) -> None:
