@@ -31,24 +31,49 @@ def _fake_cuda(monkeypatch_setattr):
     monkeypatch_setattr(torch.cuda, "current_stream", lambda device=None: "stream")
 
 
+class _Clock:
+    """A host clock that moves only when the test 'sleeps': the stretches are exact, however busy the machine
+    (with real sleeps a loaded CI host stretched a 20 ms sleep to 74 ms)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock_time(monkeypatch):
+    """``time.perf_counter`` (what LayerClock and FakeEvent stamp with) on a :class:`_Clock`; ``_sleep`` advances it."""
+    fake = _Clock()
+    monkeypatch.setattr(time, "perf_counter", fake.perf_counter)
+    monkeypatch.setattr(_Sleepy, "sleep", staticmethod(fake.sleep))
+    return fake
+
+
 def _timed_step(clock):
     """Two 'layers' with known sleeps, forward and backward, and a wait between them that is nobody's."""
     x = torch.ones(4, requires_grad=True)
     h = layer_starts(clock, 0, x)
-    time.sleep(0.01)
+    _Sleepy.sleep(0.01)
     h = layer_ends(clock, 0, _Sleepy.apply(h * 2, 0.03))
-    time.sleep(0.02)  # a shuffle / a wait: booked to no layer
+    _Sleepy.sleep(0.02)  # a shuffle / a wait: booked to no layer
     h = layer_starts(clock, 1, h)
-    time.sleep(0.02)
+    _Sleepy.sleep(0.02)
     h = layer_ends(clock, 1, _Sleepy.apply(h * 3, 0.01))
     h.sum().backward()
     clock.mark(None)
-    time.sleep(0.02)  # the optimiser: no layer's
+    _Sleepy.sleep(0.02)  # the optimiser: no layer's
     clock.close("it")
 
 
 class _Sleepy(torch.autograd.Function):
     """Identity whose backward sleeps (a layer's backward compute)."""
+
+    sleep = staticmethod(time.sleep)  # the clock_time fixture makes it advance a fake clock
 
     @staticmethod
     def forward(ctx, h, seconds):
@@ -57,21 +82,21 @@ class _Sleepy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        time.sleep(ctx.seconds)
+        _Sleepy.sleep(ctx.seconds)
         return grad, None
 
 
-def test_layer_clock_books_each_stretch_to_its_layer_and_leaves_the_waits_out():
+def test_layer_clock_books_each_stretch_to_its_layer_and_leaves_the_waits_out(clock_time):
     clock = LayerClock(torch.device("cpu"))
     _timed_step(clock)
     [(key, s)] = clock.ready()
     assert key == "it" and len(s.forward) == len(s.backward) == 2
-    assert s.forward[0] == pytest.approx(0.01, abs=0.008) and s.forward[1] == pytest.approx(0.02, abs=0.008)
-    assert s.backward[0] == pytest.approx(0.03, abs=0.008) and s.backward[1] == pytest.approx(0.01, abs=0.008)
+    assert s.forward[0] == pytest.approx(0.01) and s.forward[1] == pytest.approx(0.02)
+    assert s.backward[0] == pytest.approx(0.03) and s.backward[1] == pytest.approx(0.01)
     assert clock.ready() == [] and clock.finish() == []
 
 
-def test_layer_clock_reads_gpu_marks_only_once_they_completed(monkeypatch):
+def test_layer_clock_reads_gpu_marks_only_once_they_completed(monkeypatch, clock_time):
     _fake_cuda(monkeypatch.setattr)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pytest.fail("device-wide synchronize"))
     clock = LayerClock(torch.device("cuda", 0), event_factory=FakeEvent)
@@ -80,10 +105,10 @@ def test_layer_clock_reads_gpu_marks_only_once_they_completed(monkeypatch):
     assert "synchronize" not in FakeEvent.log and FakeEvent.log.count("record") >= 9
     FakeEvent.gpu_at[0] = time.perf_counter()
     [(_, s)] = clock.ready()
-    assert s.backward[0] == pytest.approx(0.03, abs=0.008)
+    assert s.backward[0] == pytest.approx(0.03)
     _timed_step(clock)
     [(_, s)] = clock.finish()  # the epoch's end: the one place it waits, on its own events
-    assert s.forward[1] == pytest.approx(0.02, abs=0.008) and "synchronize" in FakeEvent.log
+    assert s.forward[1] == pytest.approx(0.02) and "synchronize" in FakeEvent.log
 
 
 # ------------------------------------------------------------------------------------------ in training
