@@ -108,17 +108,18 @@ void spmm_rows(const int64_t* __restrict__ p, const int64_t* __restrict__ col, c
 }
 
 // The destination-grouped edge list regrouped by source, stably (a counting sort): source u's edges are
-// [ptr[u], ptr[u + 1]) of `dst` (each edge's destination, in edge order, hence ascending) and of `edge`.
+// [ptr[u], ptr[u + 1]) of `dst` (each edge's destination, in edge order, hence ascending) and, with
+// `with_edge_ids` (GAT's backward reads per-edge scalars), of `edge`.
 struct EdgesBySource {
   std::vector<int64_t> ptr, dst, edge;  // edge: each entry's index in the destination-grouped list
 };
 
 inline EdgesBySource edges_by_source(const int64_t* __restrict__ p, const int64_t* __restrict__ src, int64_t nd,
-                                     int64_t ns) {
+                                     int64_t ns, bool with_edge_ids = false) {
   EdgesBySource t;
   t.ptr.assign(ns + 1, 0);
   t.dst.resize(p[nd] - p[0]);
-  t.edge.resize(p[nd] - p[0]);
+  if (with_edge_ids) t.edge.resize(p[nd] - p[0]);
   for (int64_t e = p[0]; e < p[nd]; ++e) ++t.ptr[src[e] + 1];
   for (int64_t u = 0; u < ns; ++u) t.ptr[u + 1] += t.ptr[u];
   std::vector<int64_t> next(t.ptr.begin(), t.ptr.end() - 1);
@@ -126,7 +127,7 @@ inline EdgesBySource edges_by_source(const int64_t* __restrict__ p, const int64_
     for (int64_t e = p[v]; e < p[v + 1]; ++e) {
       const int64_t j = next[src[e]]++;
       t.dst[j] = v;
-      t.edge[j] = e;
+      if (with_edge_ids) t.edge[j] = e;
     }
   }
   return t;
@@ -135,7 +136,7 @@ inline EdgesBySource edges_by_source(const int64_t* __restrict__ p, const int64_
 // g's rows (row stride ld, F columns from column `off`) divided by their destination's edge count where it is
 // above 1 (the bits of torch's `grad / deg`), as a compact [nd, F] table.
 template <typename T>
-std::vector<T> per_edge_rows(const int64_t* __restrict__ p, const T* __restrict__ g, int64_t nd, int64_t F,
+std::vector<T> rows_over_degree(const int64_t* __restrict__ p, const T* __restrict__ g, int64_t nd, int64_t F,
                              int64_t ld, int64_t off) {
   std::vector<T> out(nd * F);
   T* __restrict__ o = out.data();
@@ -197,10 +198,10 @@ void gather_by_source(const EdgesBySource& t, const T* __restrict__ rows, int64_
 // grad_x[u] = sum over edges e = (u -> v), in edge order, of g[v] (mean: g[v] / deg(v)).
 template <typename T>
 void spmm_transpose(const int64_t* __restrict__ p, const int64_t* __restrict__ src, const T* __restrict__ g,
-                  T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F, bool mean) {
+                    T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F, bool mean) {
   const EdgesBySource t = edges_by_source(p, src, nd, ns);
   if (mean) {
-    const std::vector<T> scaled = per_edge_rows(p, g, nd, F, F, 0);
+    const std::vector<T> scaled = rows_over_degree(p, g, nd, F, F, 0);
     gather_by_source<T>(t, scaled.data(), F, gx, ns, F, nullptr, 0, 0, 0);
   } else {
     gather_by_source<T>(t, g, F, gx, ns, F, nullptr, 0, 0, 0);
@@ -253,7 +254,7 @@ torch::Tensor spmm_backward(torch::Tensor indptr, torch::Tensor edge_src, torch:
   auto gx = torch::empty({num_src, F}, g.options());
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "spmm_backward", [&] {
     spmm_transpose<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(), g.data_ptr<scalar_t>(),
-                           gx.data_ptr<scalar_t>(), nd, num_src, F, mean);
+                             gx.data_ptr<scalar_t>(), nd, num_src, F, mean);
   });
   return gx;
 }
@@ -294,7 +295,7 @@ void sage_concat_backward_impl(const int64_t* __restrict__ p, const int64_t* __r
                                const T* __restrict__ g, T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F,
                                int64_t d0) {
   const EdgesBySource t = edges_by_source(p, src, nd, ns);
-  const std::vector<T> scaled = per_edge_rows(p, g, nd, F, 2 * F, F);  // the mean half, divided by the degree
+  const std::vector<T> scaled = rows_over_degree(p, g, nd, F, 2 * F, F);  // the mean half, divided by the degree
   gather_by_source<T>(t, scaled.data(), F, gx, ns, F, g, 2 * F, d0, nd);
 }
 
@@ -423,7 +424,7 @@ void gat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict_
                        scalar_t* __restrict__ gpre, scalar_t* __restrict__ gzp, scalar_t* __restrict__ glp,
                        scalar_t* __restrict__ grp, int64_t nd, int64_t ns, int64_t H, int64_t D, scalar_t sl) {
   const int64_t HD = H * D, last = p[nd];
-  const EdgesBySource t = edges_by_source(p, src, nd, ns);
+  const EdgesBySource t = edges_by_source(p, src, nd, ns, /*with_edge_ids=*/true);
 #pragma omp parallel num_threads(num_threads())
   {
     std::vector<scalar_t> dot(H);  // per thread: sum_e alpha_e * dalpha_e, the softmax Jacobian's rank-one term
