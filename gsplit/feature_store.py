@@ -36,6 +36,7 @@ import torch
 from gsplit import ops
 from gsplit.graph import id_range_error
 from gsplit.ops import pinning
+from gsplit.ops.rows import gather_rows, scatter_rows_
 from gsplit.timing import timed_step
 
 log = logging.getLogger(__name__)
@@ -342,7 +343,7 @@ class FeatureStore:
         if self.mode == "resident":
             ids = ids.to(self.device, torch.int64)
             self._check_range(*self._min_max(ids))
-            rows = self.features.index_select(0, ids)
+            rows = gather_rows(self.features, ids)
             counts = CacheCounts(hits=ids.numel())
         elif self.mode == "cpu":
             rows, counts = self._gather_cpu(ids.to(torch.int64).cpu())
@@ -375,13 +376,13 @@ class FeatureStore:
     def _gather_cpu(self, ids: torch.Tensor) -> Tuple[torch.Tensor, CacheCounts]:
         self._check_range(*self._min_max(ids))
         if self._slot_of is None:
-            return self.features.index_select(0, ids), self._counts_for(ids.numel(), 0)
+            return gather_rows(self.features, ids), self._counts_for(ids.numel(), 0)
         slots = self._slot_of.index_select(0, ids).to(torch.int64)  # index_select: ids are 1-D, faster than x[ids]
         hit = slots >= 0
         hit_pos, miss_pos = hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
         out = self._empty(ids.numel())
-        out.index_copy_(0, hit_pos, self.cache.index_select(0, slots.index_select(0, hit_pos)))
-        out.index_copy_(0, miss_pos, self.features.index_select(0, ids.index_select(0, miss_pos)))
+        scatter_rows_(out, hit_pos, gather_rows(self.cache, slots.index_select(0, hit_pos)))
+        scatter_rows_(out, miss_pos, gather_rows(self.features, ids.index_select(0, miss_pos)))
         return out, self._counts_for(ids.numel(), hit_pos.numel())
 
     def _slots_and_checks(self, ids: torch.Tensor) -> Tuple[torch.Tensor, int]:
@@ -415,7 +416,7 @@ class FeatureStore:
         hit = slots >= 0
         hit_pos, miss_pos = hit.nonzero().squeeze(1), (~hit).nonzero().squeeze(1)
         if hit_pos.numel():
-            out.index_copy_(0, hit_pos, self.cache.index_select(0, slots.index_select(0, hit_pos)))
+            scatter_rows_(out, hit_pos, gather_rows(self.cache, slots.index_select(0, hit_pos)))
         if miss_pos.numel():
             miss_ids = ids.index_select(0, miss_pos).cpu()
             # Pinned staging, so the copy below is asynchronous; torch's pinned allocator keeps the

@@ -41,6 +41,7 @@ path on the same blocks.
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import replace
 from typing import Callable, List, Optional, Sequence
@@ -50,6 +51,8 @@ import torch.distributed as dist
 
 from gsplit.comm.communicator import Communicator
 from gsplit.comm.waits import track_in_flight, waiting_for_peers
+from gsplit.ops.aggregate import SharedSourceGrad
+from gsplit.ops.rows import gather_rows, scatter_rows_
 from gsplit.sampling.block import Block, OverlapSplit, split_destinations, without_stretch
 from gsplit.timing import LayerClock, layer_ends, layer_starts
 
@@ -192,7 +195,7 @@ class _SendBoundary(torch.autograd.Function):
     def forward(ctx, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows, tag: str, clock: Optional[LayerClock],
                 layer: int) -> torch.Tensor:
         ctx.plan, ctx.ex, ctx.shape, ctx.clock, ctx.layer = plan, ex, hb.shape, clock, layer
-        ex.start(hb.index_select(0, plan.send_idx), plan.send_counts, plan.recv_counts, f"{tag}/fwd")
+        ex.start(gather_rows(hb, plan.send_idx), plan.send_counts, plan.recv_counts, f"{tag}/fwd")
         return hb.new_empty(0)  # a token that orders _Assemble after this in the graph
 
     @staticmethod
@@ -204,7 +207,7 @@ class _SendBoundary(torch.autograd.Function):
         if ctx.clock is not None:
             ctx.clock.mark(("bwd", ctx.layer))
         if plan.send_inverse is not None:  # each boundary row went to one rank: gather its one gradient
-            grad = back.index_select(0, plan.send_inverse)
+            grad = gather_rows(back, plan.send_inverse)
         else:  # a row sent to several ranks sums their gradients
             grad = back.new_zeros(ctx.shape)
             grad.index_add_(0, plan.send_idx, back)
@@ -218,33 +221,42 @@ class _Assemble(torch.autograd.Function):
     """Forward: the next block's source rows from this rank's rows and the received ones (after the wait).
     Backward: start returning the received rows' gradients, give this rank's rows theirs.
 
-    Every place is written once (``index_copy_``) and every row read from where it is (``hi``, ``hb``, the
-    received rows): no concatenation, no advanced indexing; the interior rows, each read once here, land
-    in one ``index_copy_`` and their gradients come back in one ``index_select``."""
+    Every place is written once and every row read from where it is (``hi``, ``hb``, the received rows): no
+    concatenation, no advanced indexing. The interior rows, each read once here, are either copied in (one
+    scatter, their gradients back in one gather) or, ``placed``, already in ``hi``: the between-layer step wrote
+    them to their places in a ``[num_mixed, width]`` tensor (``between(..., place=...)``), which is then filled
+    in place, and its backward reads their gradients from that whole gradient itself (no copy either way)."""
 
     @staticmethod
     def forward(ctx, token, hi: torch.Tensor, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows,
-                tag: str) -> torch.Tensor:
-        ctx.plan, ctx.ex, ctx.tag, ctx.token_shape = plan, ex, tag, token.shape
-        out = hi.new_empty((plan.num_mixed,) + tuple(hi.shape[1:]))
-        out.index_copy_(0, plan.interior_pos, hi)
+                tag: str, placed: bool = False) -> torch.Tensor:
+        ctx.plan, ctx.ex, ctx.tag, ctx.token_shape, ctx.placed = plan, ex, tag, token.shape, placed
+        if placed:
+            if hi.shape[0] != plan.num_mixed:
+                raise ValueError(f"between(..., place=({plan.num_mixed}, pos)) returned {hi.shape[0]} rows; with place "
+                                 f"it must return the rows placed in a new [{plan.num_mixed}, width] tensor "
+                                 "(gsplit.ops.rows.place_rows)")
+            out = hi
+            ctx.mark_dirty(out)
+        else:
+            out = scatter_rows_(hi.new_empty((plan.num_mixed,) + tuple(hi.shape[1:])), plan.interior_pos, hi)
         if plan.keep_boundary_idx.numel():
-            out.index_copy_(0, plan.keep_boundary_pos, hb.index_select(0, plan.keep_boundary_idx))
-        out.index_copy_(0, plan.recv_pos, ex.wait())
+            scatter_rows_(out, plan.keep_boundary_pos, gather_rows(hb, plan.keep_boundary_idx))
+        scatter_rows_(out, plan.recv_pos, ex.wait())
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         plan: OverlapSplit = ctx.plan
         # the received rows' gradients go back first; the interior backward runs while they travel
-        ctx.ex.start(grad_out.index_select(0, plan.recv_pos), plan.recv_counts, plan.send_counts, f"{ctx.tag}/bwd")
-        grad_hi = grad_out.index_select(0, plan.interior_pos)
+        ctx.ex.start(gather_rows(grad_out, plan.recv_pos), plan.recv_counts, plan.send_counts, f"{ctx.tag}/bwd")
+        grad_hi = grad_out if ctx.placed else gather_rows(grad_out, plan.interior_pos)
         # the boundary rows' gradient is made by _SendBoundary's backward (which runs next, after the wait),
         # from the returning gradients and these: one buffer, no zeros and no sum of two
         if plan.keep_boundary_idx.numel():
-            ctx.ex.kept_grad = grad_out.index_select(0, plan.keep_boundary_pos)
+            ctx.ex.kept_grad = gather_rows(grad_out, plan.keep_boundary_pos)
         # a (size-0) gradient for the token, so that autograd runs _SendBoundary's backward: the wait
-        return grad_out.new_zeros(ctx.token_shape), grad_hi, None, None, None, None
+        return grad_out.new_zeros(ctx.token_shape), grad_hi, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------- forward
@@ -254,8 +266,11 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
     """:func:`gsplit.sp_forward` on blocks that carry :class:`~gsplit.sampling.block.OverlapSplit` plans:
     each layer but the last computes its boundary rows, starts their shuffle, computes the interior rows,
     then waits (see the module docstring). ``between(i, h, block)`` gets the part's block, whose
-    ``dst_nodes`` are the rows of ``h``. ``clock`` times each layer's compute, its waits left out (see
-    :func:`gsplit.sp_forward`). Returns what ``sp_forward`` returns, up to rounding.
+    ``dst_nodes`` are the rows of ``h``; a ``between`` that also takes ``place=(num_rows, pos)`` (as gsplit's
+    models' does) returns the interior part's rows placed as :func:`gsplit.ops.rows.place_rows` places them, the
+    next layer's input, which the assembly then fills in place (no copy of the interior rows either way).
+    ``clock`` times each layer's compute, its waits left out (see :func:`gsplit.sp_forward`). Returns what
+    ``sp_forward`` returns, up to rounding.
 
     Example:
         >>> logits = overlapped_sp_forward(model.layers, blocks[0].srcdata["feat"], blocks, model.between,
@@ -266,6 +281,7 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
                          "(gsplit's SAGEConv, GATConv, GraphConv); run sp_forward, which falls back to the plain path")
     h = feat
     last = len(layers) - 1
+    placed = between is not None and _takes_place(between)
     for i, (layer, block) in enumerate(zip(layers, blocks)):
         h = layer_starts(clock, i, h)
         if i == last:
@@ -274,18 +290,36 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
         tag = f"{blocks[i + 1].shuffle_index.tag}/overlap"
         bb, ib = plan.boundary_block, plan.interior_block
         sources = layer.project_sources(block, h)  # once, for both parts
-        hb = layer.combine(bb, sources)
+        # one gradient of the aggregated sources for both parts (the first part's backward makes it, the other adds)
+        share = {"source_grad": SharedSourceGrad()} if _shares_source_grad(layer) else {}
+        hb = layer.combine(bb, sources, **share)
         if between is not None:
             hb = between(i, hb, bb)
         ex = AsyncRows(comm)
         token = _SendBoundary.apply(hb, plan, ex, tag, clock, i)
-        hi = layer.combine(ib, sources)  # computed while the boundary rows travel
-        if between is not None:
+        hi = layer.combine(ib, sources, **share)  # computed while the boundary rows travel
+        if placed:  # straight to their places in the next layer's input
+            hi = between(i, hi, ib, place=(plan.num_mixed, plan.interior_pos))
+        elif between is not None:
             hi = between(i, hi, ib)
         if clock is not None:  # the wait in _Assemble is not the layer's compute
             clock.mark(None)
-        h = layer_ends(clock, i, _Assemble.apply(token, hi, hb, plan, ex, tag))
+        h = layer_ends(clock, i, _Assemble.apply(token, hi, hb, plan, ex, tag, placed))
     return h
+
+
+def _takes_place(between: Callable) -> bool:
+    """Whether ``between`` takes a ``place`` (gsplit's models' does): the interior rows are then written straight to
+    their places in the next layer's input."""
+    try:
+        return "place" in inspect.signature(between).parameters
+    except (TypeError, ValueError):  # a callable without a signature (a builtin): the plain assembly
+        return False
+
+
+def _shares_source_grad(layer: torch.nn.Module) -> bool:
+    """Whether ``layer.combine`` takes a ``source_grad`` (gsplit's SAGEConv and GraphConv do)."""
+    return "source_grad" in inspect.signature(layer.combine).parameters
 
 
 def splits_sources(layers: Sequence[torch.nn.Module]) -> bool:

@@ -260,10 +260,12 @@ def _unfused_relu_dropout_rows(h, rows, mask, scale):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows_n", [37, 0])
-def test_relu_dropout_rows_has_the_bits_of_the_unfused_ops(dtype, rows_n):
+@pytest.mark.parametrize("bool_mask", [False, True])
+def test_relu_dropout_rows_has_the_bits_of_the_unfused_ops(dtype, rows_n, bool_mask):
     """The fused kernel (one pass forward, one backward, only its output kept) equals ReLU, the gather of the
     scaled mask rows and the product, value for value forward and in the gradient, signed zeros and infinities
-    included; a NaN stays NaN forward (the models' between-layer step relies on it: split parity compares bits)."""
+    included; a NaN stays NaN forward (the models' between-layer step relies on it: split parity compares bits).
+    A bool mask (the bank as drawn, what gsplit's models pass) gives the bits of its 0/1 float copy."""
     _require_extension()
     g = torch.Generator().manual_seed(1)
     h = torch.randn(rows_n, 24, generator=g, dtype=dtype)
@@ -274,7 +276,8 @@ def test_relu_dropout_rows_has_the_bits_of_the_unfused_ops(dtype, rows_n):
     mask = (torch.rand(5, 24, generator=g) < 0.5).to(dtype)
     rows = torch.randint(0, 5, (rows_n,), generator=g)
     weight = torch.randn(rows_n, 24, generator=g, dtype=dtype)
-    fused, (g_fused,) = _grads(lambda x: agg.relu_dropout_rows(x, rows, mask, 1 / 0.7), [h], weight)
+    given = mask.bool() if bool_mask else mask
+    fused, (g_fused,) = _grads(lambda x: agg.relu_dropout_rows(x, rows, given, 1 / 0.7), [h], weight)
     plain, (g_plain,) = _grads(lambda x: _unfused_relu_dropout_rows(x, rows, mask, 1 / 0.7), [h], weight)
     assert "ReluDropoutRows" in type(fused.grad_fn).__name__  # the kernel ran
     assert torch.equal(fused.isnan(), plain.isnan()) and torch.equal(fused.nan_to_num(7.0), plain.nan_to_num(7.0))
@@ -385,3 +388,108 @@ def test_gat_scores_gradient_only_where_asked_and_bad_shapes_say_so(monkeypatch)
     out = agg.gat_scores(z, attn)
     assert "GATScores" not in type(out.grad_fn).__name__
     torch.testing.assert_close(out, (z * attn).sum(-1))
+
+
+# ------------------------------------------------------------------ one gradient for the parts of a layer
+def _parts(num_src, num_dst, num_edges, cut, seed=0):
+    """A destination-grouped block's edges and destinations cut at destination ``cut`` into two parts, each as
+    (edge_src, edge_dst relative to the part, num_dst, dst_start): an overlapped layer's interior and boundary."""
+    src, dst = _edges(num_src, num_dst, num_edges, seed=seed, isolated=())
+    first = dst < cut
+    return [(src[first], dst[first], cut, 0), (src[~first], dst[~first] - cut, num_dst - cut, cut)]
+
+
+AGGREGATIONS = {
+    "sum": lambda x, s, d, nd, d0, share: agg.copy_u_sum(x, s, d, nd, share),
+    "mean": lambda x, s, d, nd, d0, share: agg.copy_u_mean(x, s, d, nd, share),
+    "self_and_mean": lambda x, s, d, nd, d0, share: agg.self_and_mean(x, s, d, nd, d0, share),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", sorted(AGGREGATIONS))
+@pytest.mark.parametrize("order", ["first part first", "second part first"])
+def test_shared_source_grad_has_the_bits_of_two_gradients_added(dtype, kind, order):
+    """Two parts of one layer's destinations over the same sources (as an overlapped layer computes them): with a
+    SharedSourceGrad the first backward makes the gradient and the second adds into it, in either order; the bits
+    equal autograd adding the two parts' full gradients, and a second backward (retain_graph) starts afresh."""
+    _require_extension()
+    fn = AGGREGATIONS[kind]
+    x = torch.randn(60, 16, dtype=dtype, generator=torch.Generator().manual_seed(2))
+    parts = _parts(60, 20, 300, cut=14)  # the first 14 destinations' rows are sources 0..13 (self_and_mean)
+    weights = [torch.randn(nd, 16 * (2 if kind == "self_and_mean" else 1), dtype=dtype) for _, _, nd, _ in parts]
+
+    def grads(share):
+        xs = x.clone().requires_grad_()
+        # autograd runs the backward of the part made last first
+        made = [1, 0] if order == "first part first" else [0, 1]
+        terms = {i: (fn(xs, *parts[i], share) * weights[i]).sum() for i in made}
+        loss = terms[0] + terms[1]
+        g1 = torch.autograd.grad(loss, xs, retain_graph=True)[0]
+        g2 = torch.autograd.grad(loss, xs)[0]
+        return g1, g2
+
+    plain, plain_again = grads(None)
+    shared, shared_again = grads(agg.SharedSourceGrad())
+    assert torch.equal(shared, plain) and torch.equal(shared_again, plain_again)
+    assert shared.abs().sum() > 0
+
+
+def test_shared_source_grad_counts_only_parts_that_need_a_gradient_and_checks_shapes():
+    """Sources that need no gradient register nothing (their backward never runs); two parts over different
+    source tensors are refused with the shapes."""
+    _require_extension()
+    src, dst = torch.tensor([0, 1]), torch.tensor([0, 0])
+    share = agg.SharedSourceGrad()
+    agg.copy_u_sum(torch.randn(3, 4), src, dst, 1, source_grad=share)
+    assert share.parts == 0
+    agg.copy_u_sum(torch.randn(3, 4, requires_grad=True), src, dst, 1, source_grad=share)
+    assert share.parts == 1
+    with pytest.raises(ValueError, match=r"aggregates \(5, 4\) source rows but another \(3, 4\)"):
+        agg.copy_u_sum(torch.randn(5, 4, requires_grad=True), src, dst, 1, source_grad=share)
+
+
+def test_overlapped_layer_passes_one_shared_gradient_to_both_parts(monkeypatch):
+    """gsplit.overlap gives both parts of a SAGE layer the same SharedSourceGrad (a layer whose combine takes
+    none, GAT's, gets none)."""
+    from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
+    from gsplit.overlap import _shares_source_grad
+
+    assert _shares_source_grad(SAGEConv(4, 4)) and _shares_source_grad(GraphConv(4, 4))
+    assert not _shares_source_grad(GATConv(4, 2, num_heads=2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("bool_mask", [False, True])
+@pytest.mark.parametrize("compiled", [True, False])
+def test_relu_dropout_rows_placed_equals_the_rows_placed_after(dtype, bool_mask, compiled, monkeypatch):
+    """``place=(num_rows, pos)`` writes row i to row pos[i] of a new tensor: the rows and the gradient (read from the
+    rows pos of the whole gradient) have the bits of the unplaced op followed by a copy to those places, NaN and
+    signed zeros included; the fallback (no kernel) places with gsplit.ops.rows.place_rows."""
+    if compiled:
+        _require_extension()
+    else:
+        monkeypatch.setenv("GSPLIT_NO_EXTENSIONS", "1")
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(30, 16, generator=g, dtype=dtype)
+    h[0, :3] = torch.tensor([float("nan"), -0.0, float("inf")], dtype=dtype)
+    mask = (torch.rand(6, 16, generator=g) < 0.5).to(dtype)
+    given = mask.bool() if bool_mask else mask
+    rows = torch.randint(0, 6, (30,), generator=g)
+    pos = torch.randperm(45, generator=g)[:30]
+    weight = torch.randn(45, 16, generator=g, dtype=dtype)[pos]  # the loss reads only the placed rows
+
+    def placed(x):
+        return agg.relu_dropout_rows(x, rows, given, 1 / 0.6, place=(45, pos)).index_select(0, pos)
+
+    out, (g_placed,) = _grads(placed, [h], weight)
+    ref, (g_ref,) = _grads(lambda x: agg.relu_dropout_rows(x, rows, given, 1 / 0.6), [h], weight)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.nan_to_num(7.0), ref.nan_to_num(7.0))
+    assert torch.equal(g_placed, g_ref)
+    made = agg.relu_dropout_rows(h, rows, given, 1 / 0.6, place=(45, pos))
+    assert made.shape == (45, 16)
+    if compiled:
+        assert "Placed" in type(agg.relu_dropout_rows(h.requires_grad_(), rows, given, 2.0, place=(45, pos)).grad_fn
+                                ).__name__
+        with pytest.raises(IndexError, match=r"an index is outside \[0, 45\)"):
+            agg.relu_dropout_rows(h, rows, given, 2.0, place=(45, pos + 20))

@@ -303,3 +303,45 @@ def test_recomputed_layers_run_the_plain_path(monkeypatch):
             recompute_layers(model)
         model(blocks, feats[blocks[0].src_nodes]).sum().backward()
         assert len(starts) == (0 if recompute else 2 * (len(FANOUTS) - 1)), (recompute, starts)
+
+
+def _placed_against_copied(rank, world_size):
+    """One overlapped step of each model twice on the same blocks: the models' ``between`` (which takes ``place``,
+    so the interior rows are written straight into the next layer's input) and the same step behind a wrapper
+    without it (the interior rows copied in by the assembly)."""
+    from gsplit import overlap
+    from gsplit.nn.forward import sp_forward
+
+    graph, feats, labels, train_idx = make_problem()
+    owner = make_maps(graph, train_idx, world_size)["random"]
+    loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=3), partition=owner, use_ddp=True,
+                        batch_size=BATCH, shuffle=True, features=feats, labels=labels, overlap=True)
+    _, _, blocks = next(iter(loader))
+    modes, assemble = [], overlap._Assemble.apply
+    overlap._Assemble.apply = lambda *args: (modes.append(args[-1]), assemble(*args))[1]  # this process only
+    out = {}
+    for name in ("sage", "gat", "gcn"):
+        torch.manual_seed(0)
+        model = build_model(name, FEAT_DIM, 8, NUM_CLASSES, num_layers=len(FANOUTS), heads=2, dropout=DROPOUT)
+        model = model.double().train()
+        model.step = 1
+        for placed in (True, False):
+            between = model.between if placed else (lambda i, h, block: model.between(i, h, block))
+            model.zero_grad()
+            logits = model.output(sp_forward(model.layers, blocks[0].srcdata["feat"], blocks, between=between,
+                                             group=loader.comm))
+            loss = split_cross_entropy(logits, blocks[-1].dstdata["label"], blocks[-1])
+            loss.backward()
+            out[(name, placed)] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    return out, modes
+
+
+def test_placed_interior_rows_have_the_bits_of_the_copied_ones():
+    """Writing an overlapped layer's interior rows straight to their places (``between(..., place=...)``) computes
+    exactly what copying them in does: the same loss and gradients, bit for bit (float64, dropout on)."""
+    for out, modes in launch(_placed_against_copied, 2):
+        assert modes == [True, True, False, False] * 3, modes  # both paths ran, per model and layer
+        for name in ("sage", "gat", "gcn"):
+            (loss_p, grads_p), (loss_c, grads_c) = out[(name, True)], out[(name, False)]
+            assert torch.equal(loss_p, loss_c), name
+            assert all(torch.equal(grads_p[k], grads_c[k]) for k in grads_c), name

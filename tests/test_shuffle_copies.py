@@ -1,4 +1,5 @@
-"""The shuffles and the overlapped assembly copy rows with ``index_select`` / ``index_copy_`` only.
+"""The shuffles and the overlapped assembly copy rows with ``index_select`` / ``index_copy_`` (or their compiled
+CPU versions, :mod:`gsplit.ops.rows`) only.
 
 On the CPU, advanced indexing (``x[idx]``: ``aten::index``; ``out[pos] = v`` and the accumulate it becomes
 in backward: ``aten::_index_put_impl_``) is several times slower than ``index_select`` / ``index_copy_``,
@@ -30,6 +31,8 @@ from test_split_parity import BATCH, DROPOUT, FANOUTS, FEAT_DIM, NUM_CLASSES, ma
 
 SLOW_COPIES = {"aten::index", "aten::_index_put_impl_", "aten::index_put_", "aten::cat"}
 """Ops the row copies of a shuffle must not use (see the module docstring)."""
+ROW_COPIES = {"aten::index_select", "aten::index_copy_", "gsplit::gather_rows", "gsplit::scatter_rows_"}
+"""The ops they use: torch's, or the compiled copies on the CPU (:mod:`gsplit.ops.rows`)."""
 ROW_PATH = ("_Shuffle", "_ShuffleBackward", "_SendBoundary", "_SendBoundaryBackward", "_Assemble",
             "_AssembleBackward", "feature shuffle")
 """The profiled regions of the shuffle path: its autograd functions and the loader's feature shuffle."""
@@ -96,8 +99,7 @@ def test_shuffle_path_copies_rows_without_advanced_indexing_or_cat(overlap):
                 for region, counts in ops.items()}
         assert not any(slow.values()), f"rank {rank} copies rows with slow ops: {slow}"
         for region, counts in ops.items():  # each region copies its rows (the wait only waits)
-            assert "aten::index_select" in counts or "aten::index_copy_" in counts or region.endswith(
-                "SendBoundaryBackward"), (rank, region, counts)
+            assert ROW_COPIES & set(counts) or region.endswith("SendBoundaryBackward"), (rank, region, counts)
         # a rank's own rows are copied directly, never sent to itself through the all-to-all
         assert own and not any(own), (rank, own)
 

@@ -11,15 +11,17 @@ import torch
 
 from gsplit.comm.communicator import Communicator, as_communicator, group_of
 from gsplit.sampling.block import Block, ShuffleIndex, without_stretch
+from gsplit.ops.rows import gather_rows, scatter_rows_  # noqa: I001 - after sampling, which imports gsplit.ops first
 
 
 def shuffle_rows(h: torch.Tensor, index: ShuffleIndex, comm: Communicator, tag_suffix: str = "fwd") -> torch.Tensor:
     """Local-frontier rows -> mixed-frontier rows, without autograd (used for input features).
 
-    The rows this rank reads itself are copied directly (``index_select`` + ``index_copy_``); only the rows of
-    other ranks go through the all-to-all (this rank's own count in it is 0: same traffic counted, fewer
-    copies). Rows are gathered with ``index_select`` (advanced indexing is several times slower on the CPU),
-    and every mixed-frontier row is received exactly once, so writing with ``index_copy_`` is exact.
+    The rows this rank reads itself are copied directly (a gather and a scatter); only the rows of other ranks go
+    through the all-to-all (this rank's own count in it is 0: same traffic counted, fewer copies). The copies are
+    :func:`gsplit.ops.rows.gather_rows` / :func:`~gsplit.ops.rows.scatter_rows_` (torch's ``index_select`` /
+    ``index_copy_``, compiled on the CPU; advanced indexing is several times slower there), and every
+    mixed-frontier row is received exactly once, so the scatter is exact.
     """
     if h.shape[0] != index.num_local:
         raise ValueError(f"shuffle input has {h.shape[0]} rows but this rank's local frontier has "
@@ -31,10 +33,10 @@ def shuffle_rows(h: torch.Tensor, index: ShuffleIndex, comm: Communicator, tag_s
     out = h.new_empty((index.num_mixed,) + tuple(h.shape[1:]))
     if comm.world_size > 1:  # one collective, as before, even when no row goes to another rank
         send_counts, recv_counts = index.counts_to_others(rank)
-        recv = comm.all_to_all_rows(h.index_select(0, without_stretch(index.send_idx, own_send)), send_counts,
+        recv = comm.all_to_all_rows(gather_rows(h, without_stretch(index.send_idx, own_send)), send_counts,
                                     recv_counts, tag=f"{index.tag}/{tag_suffix}")
-        out.index_copy_(0, without_stretch(index.recv_pos, own_recv), recv)
-    out.index_copy_(0, index.recv_pos[own_recv], h.index_select(0, index.send_idx[own_send]))
+        scatter_rows_(out, without_stretch(index.recv_pos, own_recv), recv)
+    scatter_rows_(out, index.recv_pos[own_recv], gather_rows(h, index.send_idx[own_send]))
     return out
 
 
@@ -53,12 +55,12 @@ class _Shuffle(torch.autograd.Function):
         # Transpose of the forward: return each received row's gradient to its owner, who sums the
         # gradients of a vertex that several ranks read.
         grad_h = grad_out.new_zeros((index.num_local,) + tuple(grad_out.shape[1:]))
-        own = grad_out.index_select(0, index.recv_pos[own_recv])
+        own = gather_rows(grad_out, index.recv_pos[own_recv])
         if comm.world_size == 1:
             grad_h.index_add_(0, index.send_idx[own_send], own)
             return grad_h, None, None
         send_counts, recv_counts = index.counts_to_others(rank)
-        back = comm.all_to_all_rows(grad_out.index_select(0, without_stretch(index.recv_pos, own_recv)),
+        back = comm.all_to_all_rows(gather_rows(grad_out, without_stretch(index.recv_pos, own_recv)),
                                     recv_counts, send_counts, tag=f"{index.tag}/bwd")
         # summed in rank order, this rank's own rows at its place: the order (and bits) of one index_add_
         # over the rows of every rank

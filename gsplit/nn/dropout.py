@@ -13,12 +13,13 @@ vertices up to that small chance.
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 from gsplit import ops
 from gsplit.ops.aggregate import relu_dropout_rows
+from gsplit.ops.rows import place_rows
 from gsplit.sampling import counter_rng
 
 _SALT = 0xD40D  # keeps dropout streams apart from the sampler's, which use the same counter hash
@@ -42,14 +43,16 @@ def vertex_dropout(h: torch.Tensor, vertex_ids: torch.Tensor, p: float, seed: in
     rows, bank = _mask_rows(h, vertex_ids, p, seed, step, layer, bank_rows, bank)
     # Scale the (small) bank, not the rows: one product over h forward and one backward instead of two. The
     # mask is 0 or 1, so h * (mask * s) has the bits of (h * mask) * s.
-    return h * (bank * _scale(p)).index_select(0, rows)
+    return h * (bank.to(h.dtype) * _scale(p)).index_select(0, rows)
 
 
 def relu_vertex_dropout(h: torch.Tensor, vertex_ids: torch.Tensor, p: float, seed: int, step: int, layer: int,
-                        bank_rows: int = DEFAULT_BANK_ROWS, bank: Optional[torch.Tensor] = None) -> torch.Tensor:
+                        bank_rows: int = DEFAULT_BANK_ROWS, bank: Optional[torch.Tensor] = None,
+                        place: Optional[Tuple[int, torch.Tensor]] = None) -> torch.Tensor:
     """``vertex_dropout(relu(h), ...)`` with the same bits, in one pass on CPU (``ops.aggregate.relu_dropout_rows``):
     what gsplit's models apply between layers. On a 30k x 256 layer output it replaces ReLU, a gather of the
-    mask rows and a product, forward and backward, by one fused pass each.
+    mask rows and a product, forward and backward, by one fused pass each. ``place=(num_rows, pos)``: the result
+    placed as :func:`gsplit.ops.rows.place_rows` places it (the kernel writes the rows there directly).
 
     Example:
         >>> h = torch.randn(4, 8)
@@ -58,9 +61,10 @@ def relu_vertex_dropout(h: torch.Tensor, vertex_ids: torch.Tensor, p: float, see
         True
     """
     if p == 0.0 or h.numel() == 0 or h.dim() != 2:  # vertex_dropout checks p
-        return vertex_dropout(torch.relu(h), vertex_ids, p, seed, step, layer, bank_rows, bank)
+        out = vertex_dropout(torch.relu(h), vertex_ids, p, seed, step, layer, bank_rows, bank)
+        return out if place is None else place_rows(out, *place)
     rows, bank = _mask_rows(h, vertex_ids, p, seed, step, layer, bank_rows, bank)
-    return relu_dropout_rows(h, rows, bank, _scale(p))
+    return relu_dropout_rows(h, rows, bank, _scale(p), place)
 
 
 def _check_p(p: float) -> None:
@@ -87,9 +91,11 @@ def _scale(p: float) -> float:
 
 
 def dropout_bank(h: torch.Tensor, p: float, seed: int, step: int, layer: int,
-                 bank_rows: int = DEFAULT_BANK_ROWS) -> torch.Tensor:
+                 bank_rows: int = DEFAULT_BANK_ROWS, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """The mask bank :func:`vertex_dropout` draws for rows like ``h`` (pass it as ``bank=`` to draw it once for
-    several calls of one step and layer, e.g. the two parts of an overlapped layer).
+    several calls of one step and layer, e.g. the two parts of an overlapped layer), of zeros and ones in ``dtype``
+    (default ``h``'s; ``torch.bool``: the cells as drawn, which the CPU kernel of :func:`relu_vertex_dropout` reads
+    directly, without converting 4096 x 256 cells per layer and step).
 
     Example:
         >>> h = torch.ones(4, 8)
@@ -107,4 +113,4 @@ def dropout_bank(h: torch.Tensor, p: float, seed: int, step: int, layer: int,
     key = counter_rng.stream_key(seed ^ _SALT, step, layer, 1)  # 1: apart from the row choice's stream (0)
     cells = bank_rows * math.prod(h.shape[1:])
     keep = ops.keep_cells(key, cells, counter_rng.keep_threshold(p), h.device)
-    return keep.view((bank_rows,) + tuple(h.shape[1:])).to(h.dtype)
+    return keep.view((bank_rows,) + tuple(h.shape[1:])).to(dtype or h.dtype)

@@ -27,8 +27,8 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import nn
 
-from gsplit.ops.aggregate import (copy_u_mean, copy_u_sum, degrees, edge_softmax, gat_aggregate, gat_aggregate_torch,
-                                  gat_scores, self_and_mean)
+from gsplit.ops.aggregate import (SharedSourceGrad, copy_u_mean, copy_u_sum, degrees, edge_softmax, gat_aggregate,
+                                  gat_aggregate_torch, gat_scores, self_and_mean)
 from gsplit.sampling.block import Block
 
 __all__ = ["SAGEConv", "GATConv", "GraphConv", "edge_softmax"]
@@ -122,25 +122,28 @@ class SAGEConv(nn.Module):
         # Project before aggregating when that narrows the summed rows (DGL's rule; same result, less work).
         return h, (self.fc_neigh(h) if self.in_feats > self.out_feats else h)
 
-    def combine(self, block: Block, sources: Tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The destinations of ``block`` from :meth:`project_sources`' terms (of the same sources)."""
+    def combine(self, block: Block, sources: Tuple[torch.Tensor, ...],
+                source_grad: Optional[SharedSourceGrad] = None) -> torch.Tensor:
+        """The destinations of ``block`` from :meth:`project_sources`' terms (of the same sources).
+        ``source_grad``: shared by the parts of one layer's destinations (:mod:`gsplit.overlap`), for the
+        aggregated rows' gradient (:class:`~gsplit.ops.aggregate.SharedSourceGrad`)."""
         h, x = sources
         nd, d0 = block.num_dst, block.dst_start
         src, dst = block.edge_src, block.edge_dst
         lin_first = self.in_feats > self.out_feats
         if self.aggregator == "mean" and lin_first:  # x is W_neigh h already: add W_self h_dst (+ b) to its mean
-            out = torch.addmm(copy_u_mean(x, src, dst, nd), h[d0:d0 + nd], self.fc_self.weight.t())
+            out = torch.addmm(copy_u_mean(x, src, dst, nd, source_grad), h[d0:d0 + nd], self.fc_self.weight.t())
             if self.bias is not None:
                 out = out.add_(self.bias)  # addmm's backward does not need its output: in place is safe
         elif self.aggregator == "mean":
             # One product of [h_dst | mean] with [W_self | W_neigh] (+ b in the same GEMM): no sum temporaries, and
             # one gradient over h in backward instead of a zero-filled slice gradient plus the scatter's.
-            both = self_and_mean(h, src, dst, nd, d0)
+            both = self_and_mean(h, src, dst, nd, d0, source_grad)
             w = torch.cat([self.fc_self.weight, self.fc_neigh.weight], dim=1)
             out = both @ w.t() if self.bias is None else torch.addmm(self.bias, both, w.t())
         else:  # gcn
             deg = degrees(dst, nd).to(h.dtype).unsqueeze(1)
-            neigh = (copy_u_sum(x, src, dst, nd) + x[d0:d0 + nd]) / (deg + 1)
+            neigh = (copy_u_sum(x, src, dst, nd, source_grad) + x[d0:d0 + nd]) / (deg + 1)
             out = neigh if lin_first else self.fc_neigh(neigh)
             if self.bias is not None:
                 out = out + self.bias
@@ -297,11 +300,13 @@ class GraphConv(nn.Module):
         # Multiply by W on the narrower side of the aggregation (same result, less work).
         return (h @ self.weight if self.in_feats > self.out_feats else h),
 
-    def combine(self, block: Block, sources: Tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """The destinations of ``block`` from :meth:`project_sources`' term (of the same sources)."""
+    def combine(self, block: Block, sources: Tuple[torch.Tensor, ...],
+                source_grad: Optional[SharedSourceGrad] = None) -> torch.Tensor:
+        """The destinations of ``block`` from :meth:`project_sources`' term (of the same sources); ``source_grad``
+        as :meth:`SAGEConv.combine`'s."""
         (x,) = sources
         nd, src, dst = block.num_dst, block.edge_src, block.edge_dst
-        out = copy_u_sum(x, src, dst, nd)
+        out = copy_u_sum(x, src, dst, nd, source_grad)
         if self.in_feats <= self.out_feats:
             out = out @ self.weight
         if self.norm in ("both", "right"):

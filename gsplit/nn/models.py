@@ -6,7 +6,7 @@ blocks (single process, data parallel) the shuffle is the identity, so one model
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +15,7 @@ from torch import nn
 from gsplit.nn.dropout import dropout_bank, relu_vertex_dropout
 from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
 from gsplit.nn.forward import sp_forward
+from gsplit.ops.rows import place_rows
 from gsplit.sampling.block import Block
 
 
@@ -51,10 +52,15 @@ class _Stack(nn.Module):
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def between(self, i: int, h: torch.Tensor, block: Block) -> torch.Tensor:
+    def between(self, i: int, h: torch.Tensor, block: Block,
+                place: Optional[Tuple[int, torch.Tensor]] = None) -> torch.Tensor:
+        """ReLU and dropout after layer ``i`` (not the last) on its rows of ``block``'s destinations. ``place``: the
+        result placed as :func:`gsplit.ops.rows.place_rows` places it (an overlapped layer's interior rows go
+        straight into the next layer's input, :mod:`gsplit.overlap`)."""
         if self.training and self.dropout > 0:  # ReLU and dropout in one pass (the same bits as one after the other)
-            return relu_vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i, bank=self._bank(i, h))
-        return F.relu(h)
+            return relu_vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i, bank=self._bank(i, h),
+                                       place=place)
+        return F.relu(h) if place is None else place_rows(F.relu(h), *place)
 
     def _bank(self, i: int, h: torch.Tensor) -> torch.Tensor:
         """Layer ``i``'s dropout mask bank of this step, drawn once: an overlapped layer (:mod:`gsplit.overlap`)
@@ -64,7 +70,7 @@ class _Stack(nn.Module):
         if key not in banks:
             if any(k[0] != self.step for k in banks):
                 banks.clear()
-            banks[key] = dropout_bank(h, self.dropout, self.seed, self.step, i)
+            banks[key] = dropout_bank(h, self.dropout, self.seed, self.step, i, dtype=torch.bool)  # as drawn
         return banks[key]
 
     def output(self, h: torch.Tensor) -> torch.Tensor:
@@ -121,8 +127,9 @@ class GAT(_Stack):
         layers.append(GATConv(dim, num_classes, 1))
         super().__init__(layers, dropout)
 
-    def between(self, i: int, h: torch.Tensor, block: Block) -> torch.Tensor:
-        return super().between(i, h.flatten(1), block)
+    def between(self, i: int, h: torch.Tensor, block: Block,
+                place: Optional[Tuple[int, torch.Tensor]] = None) -> torch.Tensor:
+        return super().between(i, h.flatten(1), block, place)
 
     def output(self, h: torch.Tensor) -> torch.Tensor:
         return h.mean(1)  # average the output layer's heads

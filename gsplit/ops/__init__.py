@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 import torch
 
 from gsplit.graph import Graph
-from gsplit.ops import aggregate, cpu_ext, cuda, sample_cpu, sample_cuda, torch_ops
+from gsplit.ops import aggregate, cpu_ext, cuda, rows, sample_cpu, sample_cuda, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
 from gsplit.sampling import counter_rng
 
