@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import weakref
 from dataclasses import replace
 from typing import Callable, List, Optional, Sequence
 
@@ -281,7 +282,7 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
                          "(gsplit's SAGEConv, GATConv, GraphConv); run sp_forward, which falls back to the plain path")
     h = feat
     last = len(layers) - 1
-    placed = between is not None and _takes_place(between)
+    placed = between is not None and _takes(between, "place")
     for i, (layer, block) in enumerate(zip(layers, blocks)):
         h = layer_starts(clock, i, h)
         if i == last:
@@ -291,7 +292,7 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
         bb, ib = plan.boundary_block, plan.interior_block
         sources = layer.project_sources(block, h)  # once, for both parts
         # one gradient of the aggregated sources for both parts (the first part's backward makes it, the other adds)
-        share = {"source_grad": SharedSourceGrad()} if _shares_source_grad(layer) else {}
+        share = {"source_grad": SharedSourceGrad()} if _takes(layer.combine, "source_grad") else {}
         hb = layer.combine(bb, sources, **share)
         if between is not None:
             hb = between(i, hb, bb)
@@ -308,18 +309,30 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
     return h
 
 
-def _takes_place(between: Callable) -> bool:
-    """Whether ``between`` takes a ``place`` (gsplit's models' does): the interior rows are then written straight to
-    their places in the next layer's input."""
+_PARAMETERS: "weakref.WeakKeyDictionary[Callable, frozenset]" = weakref.WeakKeyDictionary()
+"""Parameter names by function, read once: ``inspect.signature`` costs ~25 us, and the overlapped forward asks about
+every layer's ``combine`` and the model's ``between`` at every step (a GPU step is ~14 ms)."""
+
+
+def _takes(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` takes a parameter ``name``: ``place`` for a ``between`` (gsplit's models' does: the interior rows
+    are then written straight to their places in the next layer's input), ``source_grad`` for a layer's ``combine``
+    (gsplit's SAGEConv and GraphConv do). A callable without a signature (a builtin) takes neither."""
+    func = getattr(fn, "__func__", fn)  # a bound method's function: one entry per class, not per instance
     try:
-        return "place" in inspect.signature(between).parameters
-    except (TypeError, ValueError):  # a callable without a signature (a builtin): the plain assembly
-        return False
+        params = _PARAMETERS[func]
+    except KeyError:
+        params = _PARAMETERS[func] = _parameters(func)
+    except TypeError:  # no weak reference to it (a builtin): read each time
+        params = _parameters(func)
+    return name in params
 
 
-def _shares_source_grad(layer: torch.nn.Module) -> bool:
-    """Whether ``layer.combine`` takes a ``source_grad`` (gsplit's SAGEConv and GraphConv do)."""
-    return "source_grad" in inspect.signature(layer.combine).parameters
+def _parameters(func: Callable) -> frozenset:
+    try:
+        return frozenset(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
 
 
 def splits_sources(layers: Sequence[torch.nn.Module]) -> bool:

@@ -228,12 +228,8 @@ template <typename T>
 void spmm_transpose(const int64_t* __restrict__ p, const int64_t* __restrict__ src, const T* __restrict__ g,
                     T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F, bool mean, bool add) {
   const EdgesBySource t = edges_by_source(p, src, nd, ns);
-  if (mean) {
-    const std::vector<T> scaled = rows_over_degree(p, g, nd, F, F, 0);
-    gather_by_source<T>(t, scaled.data(), F, gx, ns, F, nullptr, 0, 0, 0, add);
-  } else {
-    gather_by_source<T>(t, g, F, gx, ns, F, nullptr, 0, 0, 0, add);
-  }
+  const std::vector<T> scaled = mean ? rows_over_degree(p, g, nd, F, F, 0) : std::vector<T>();
+  gather_by_source<T>(t, mean ? scaled.data() : g, F, gx, ns, F, nullptr, 0, 0, 0, add);
 }
 
 }  // namespace
@@ -591,22 +587,43 @@ void relu_dropout_rows_impl(const T* __restrict__ h, const int64_t* __restrict__
   });
 }
 
+// f(m) with the mask's cells: bytes for a bool mask, T for a float one (the kernels are templated on both).
+template <typename T, typename Fn>
+void with_mask(const torch::Tensor& mc, Fn&& f) {
+  if (mc.scalar_type() == torch::kBool) {
+    f(bool_bytes(mc));
+  } else {
+    f(static_cast<const T*>(mc.data_ptr<T>()));
+  }
+}
+
+// h [n, F], one mask row per row of h, and a 2-D CPU mask of h's width, bool or of h's dtype (a float one holding
+// only 0 and 1, which backward relies on: one pass over the small bank). Shared by the plain and the placed forward.
+void check_relu_dropout_args(const torch::Tensor& h, const torch::Tensor& rows, const torch::Tensor& mask,
+                             const char* what) {
+  check_values(h, "h", 2);
+  check_index(rows, "rows");
+  const bool bool_mask = mask.scalar_type() == torch::kBool;
+  TORCH_CHECK_VALUE(mask.device().is_cpu() && mask.dim() == 2 && (bool_mask || mask.scalar_type() == h.scalar_type()) &&
+                        rows.numel() == h.size(0) && mask.size(1) == h.size(1),
+                    what, ": h ", h.sizes(), " ", h.scalar_type(), " needs one row index per row and a 2-D CPU mask "
+                    "of its width, bool or of its dtype; got rows ", rows.sizes(), " and mask ", mask.sizes(), " ",
+                    mask.scalar_type());
+}
+
 // The forward of relu_dropout_rows(_placed) for a bool mask or a float one (checked to hold only 0 and 1).
 template <typename T>
 void relu_dropout_rows_dispatch(const torch::Tensor& hc, const torch::Tensor& rows, const torch::Tensor& mc,
                                 double scale, const int64_t* pos, torch::Tensor& out, const char* what) {
-  const T s = static_cast<T>(scale);
-  if (mc.scalar_type() == torch::kBool) {
-    relu_dropout_rows_impl<T, uint8_t>(hc.data_ptr<T>(), rows.data_ptr<int64_t>(), bool_bytes(mc), s, pos,
-                                       out.data_ptr<T>(), hc.size(0), hc.size(1));
-    return;
+  if (mc.scalar_type() != torch::kBool) {
+    const int64_t bad = non_binary_cells(mc.data_ptr<T>(), mc.numel());
+    TORCH_CHECK_VALUE(bad == 0, what, ": the mask must hold only 0 and 1 (a dropout bank); ", bad,
+                      " cells hold something else");
   }
-  const T* m = mc.data_ptr<T>();
-  const int64_t bad = non_binary_cells(m, mc.numel());
-  TORCH_CHECK_VALUE(bad == 0, what, ": the mask must hold only 0 and 1 (a dropout bank); ", bad,
-                    " cells hold something else");
-  relu_dropout_rows_impl<T, T>(hc.data_ptr<T>(), rows.data_ptr<int64_t>(), m, s, pos, out.data_ptr<T>(), hc.size(0),
-                               hc.size(1));
+  with_mask<T>(mc, [&](const auto* m) {
+    relu_dropout_rows_impl<T>(hc.data_ptr<T>(), rows.data_ptr<int64_t>(), m, static_cast<T>(scale), pos,
+                              out.data_ptr<T>(), hc.size(0), hc.size(1));
+  });
 }
 
 template <typename T>
@@ -628,14 +645,7 @@ void relu_dropout_rows_backward_impl(const T* __restrict__ g, const T* __restric
 // Rows must index the mask (the caller draws them below mask.size(0)); not checked per cell. The mask is bool, or
 // of h's dtype holding only 0 and 1 (backward relies on it): checked here, one pass over the (small) bank.
 torch::Tensor relu_dropout_rows(torch::Tensor h, torch::Tensor rows, torch::Tensor mask, double scale) {
-  check_values(h, "h", 2);
-  check_index(rows, "rows");
-  const bool bool_mask = mask.scalar_type() == torch::kBool;
-  TORCH_CHECK_VALUE(mask.device().is_cpu() && mask.dim() == 2 && (bool_mask || mask.scalar_type() == h.scalar_type()) &&
-                        rows.numel() == h.size(0) && mask.size(1) == h.size(1),
-                    "relu_dropout_rows: h ", h.sizes(), " ", h.scalar_type(), " needs one row index per row and a 2-D "
-                    "CPU mask of its width, bool or of its dtype; got rows ", rows.sizes(), " and mask ", mask.sizes(),
-                    " ", mask.scalar_type());
+  check_relu_dropout_args(h, rows, mask, "relu_dropout_rows");
   auto hc = h.contiguous(), mc = mask.contiguous();
   auto out = torch::empty_like(hc);
   AT_DISPATCH_FLOATING_TYPES(hc.scalar_type(), "relu_dropout_rows", [&] {
@@ -687,14 +697,9 @@ void relu_dropout_placed_backward_impl(const T* __restrict__ g, const T* __restr
 
 void check_placed_args(const torch::Tensor& h, const torch::Tensor& rows, const torch::Tensor& mask,
                        const torch::Tensor& pos, int64_t num_rows, const char* what) {
-  check_values(h, "h", 2);
-  check_index(rows, "rows");
-  TORCH_CHECK_VALUE(mask.device().is_cpu() && mask.dim() == 2 &&
-                        (mask.scalar_type() == torch::kBool || mask.scalar_type() == h.scalar_type()) &&
-                        rows.numel() == h.size(0) && pos.numel() == h.size(0) && mask.size(1) == h.size(1),
-                    what, ": h ", h.sizes(), " ", h.scalar_type(), " needs one row index and one place per row and a "
-                    "2-D CPU mask of its width, bool or of its dtype; got rows ", rows.sizes(), ", pos ", pos.sizes(),
-                    " and mask ", mask.sizes(), " ", mask.scalar_type());
+  check_relu_dropout_args(h, rows, mask, what);
+  TORCH_CHECK_VALUE(pos.numel() == h.size(0), what, ": h ", h.sizes(), " needs one place per row; got pos ",
+                    pos.sizes());
   check_rows_index(pos, num_rows, what);
 }
 
@@ -724,18 +729,12 @@ torch::Tensor relu_dropout_rows_placed_backward(torch::Tensor grad, torch::Tenso
   auto hc = h.contiguous(), mc = mask.contiguous();
   auto gh = torch::empty_like(hc);
   AT_DISPATCH_FLOATING_TYPES(hc.scalar_type(), "relu_dropout_rows_placed_backward", [&] {
-    const scalar_t s = static_cast<scalar_t>(scale);
-    if (mc.scalar_type() == torch::kBool) {
-      relu_dropout_placed_backward_impl<scalar_t, uint8_t>(gc.data_ptr<scalar_t>(), hc.data_ptr<scalar_t>(),
-                                                           rows.data_ptr<int64_t>(), bool_bytes(mc), s,
-                                                        pos.data_ptr<int64_t>(), gh.data_ptr<scalar_t>(), hc.size(0),
-                                                        hc.size(1));
-    } else {
-      relu_dropout_placed_backward_impl<scalar_t, scalar_t>(gc.data_ptr<scalar_t>(), hc.data_ptr<scalar_t>(),
-                                                            rows.data_ptr<int64_t>(), mc.data_ptr<scalar_t>(), s,
-                                                            pos.data_ptr<int64_t>(), gh.data_ptr<scalar_t>(),
-                                                            hc.size(0), hc.size(1));
-    }
+    with_mask<scalar_t>(mc, [&](const auto* m) {
+      relu_dropout_placed_backward_impl<scalar_t>(gc.data_ptr<scalar_t>(), hc.data_ptr<scalar_t>(),
+                                                  rows.data_ptr<int64_t>(), m, static_cast<scalar_t>(scale),
+                                                  pos.data_ptr<int64_t>(), gh.data_ptr<scalar_t>(), hc.size(0),
+                                                  hc.size(1));
+    });
   });
   return gh;
 }
@@ -851,7 +850,6 @@ std::tuple<torch::Tensor, torch::Tensor> gat_scores_backward(torch::Tensor grad,
 // its index_select 1.2-1.6x. Indices are checked first (one pass): a bad one raises, as torch's ops do.
 
 namespace {
-
 
 template <typename T>
 void copy_rows(const T* __restrict__ x, const int64_t* __restrict__ xi, T* __restrict__ out,

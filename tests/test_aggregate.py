@@ -453,10 +453,11 @@ def test_overlapped_layer_passes_one_shared_gradient_to_both_parts(monkeypatch):
     """gsplit.overlap gives both parts of a SAGE layer the same SharedSourceGrad (a layer whose combine takes
     none, GAT's, gets none)."""
     from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
-    from gsplit.overlap import _shares_source_grad
+    from gsplit.overlap import _takes
 
-    assert _shares_source_grad(SAGEConv(4, 4)) and _shares_source_grad(GraphConv(4, 4))
-    assert not _shares_source_grad(GATConv(4, 2, num_heads=2))
+    assert _takes(SAGEConv(4, 4).combine, "source_grad") and _takes(GraphConv(4, 4).combine, "source_grad")
+    assert not _takes(GATConv(4, 2, num_heads=2).combine, "source_grad")
+    assert not _takes(len, "place")  # a builtin without a signature (and no weak reference): the plain assembly
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -75,7 +75,7 @@ def place_rows(x: torch.Tensor, num_rows: int, pos: torch.Tensor) -> torch.Tenso
     """A new ``[num_rows, ...]`` tensor with row ``i`` of ``x`` at row ``pos[i]`` (distinct places) and the other
     rows uninitialised, for the caller to fill in place; differentiable in ``x`` (backward gathers the rows
     ``pos`` of the gradient). What an overlapped layer's interior part becomes in the next layer's input when
-    its between-layer step has no placed kernel (:meth:`gsplit.nn.models.GNN.between`).
+    its between-layer step has no placed kernel (gsplit's models' ``between``).
 
     Example:
         >>> out = place_rows(torch.tensor([[1., 2.], [3., 4.]]), 3, torch.tensor([2, 0]))
