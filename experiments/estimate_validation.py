@@ -9,7 +9,8 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    the real trainer per model (what a step costs beyond its layers, and the loader's gather), and the same
    one-rank run in as many independent processes as the host has cores, at once, against it in one fresh
    process just before (how much slower a rank computes while every core is busy: ``contention``); gloo
-   all-to-all and all-reduce micro-benchmarks at 2 and 4 ranks. Fits the CPU device profile (``cores`` = this
+   all-to-all and all-reduce micro-benchmarks at 2 and 4 ranks (each call alone, after memory work, as training
+   issues them). Fits the CPU device profile (``cores`` = this
    host's cores: ranks beyond them share cores) and the ``cpu-gloo`` link. Nothing here runs the multi-rank
    training it predicts.
 2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),

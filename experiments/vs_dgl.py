@@ -27,11 +27,12 @@ and hidden size, all on CPU ranks over gloo:
   table on CPU ranks;
 * ``split-prefetch`` (not in the default): ``split`` with ``--prefetch``: the next mini-batch sampled and loaded
   in a background thread (on its own process group) while one trains;
-* ``split-mbB``, ``dp-mbB``, ``split-shuffle-mbB`` (issue 33, ``--macrobatch 4,16`` adds them after their base
-  system): the same with ``--macrobatch B``: B mini-batches sampled and loaded in one exchange, then trained
-  one by one (the same steps). Every gsplit run also reports its collectives per iteration (rank 0's log)
-  and every run the peak private memory of its largest process (a rank; ``Private_Clean + Private_Dirty`` of
-  ``/proc/PID/smaps_rollup`` sampled every second by ``gsplit.resources.HostMemoryMeter``).
+* ``split-mbB``, ``dp-mbB``, ``split-shuffle-mbB``, ``split-prefetch-mbB``, ``split-shm-mbB`` (issue 33,
+  ``--macrobatch 4,16`` adds them after their base system): the same with ``--macrobatch B``: B mini-batches
+  sampled and loaded in one exchange, then trained one by one (the same steps). Every gsplit run also reports its
+  collectives per iteration (rank 0's log) and every run the peak private memory of its largest process (a rank;
+  ``Private_Clean + Private_Dirty`` of ``/proc/PID/smaps_rollup`` sampled every second by
+  ``gsplit.resources.HostMemoryMeter``).
 
 Each run is its own process (``python -m gsplit.cli train`` from this checkout, the same as
 ``.venv/bin/gsplit train`` in the main checkout) with ``--epochs 2``; the second epoch is reported (the
@@ -86,7 +87,7 @@ DGL_KEEP_HEAP_ENV = keep_freed_heap_env()
 (``gsplit.resources.keep_freed_heap``, by ``mallopt``; glibc reads the same from these variables): the allocator's
 share of a difference, measured apart from the libraries' own work."""
 
-MACROBATCH_BASES = ("split", "dp", "split-shuffle")
+MACROBATCH_BASES = ("split", "dp", "split-shuffle", "split-prefetch", "split-shm")
 """Systems ``--macrobatch`` adds ``-mbB`` variants of."""
 
 
@@ -118,8 +119,8 @@ def parse_args(argv=None):
     p.add_argument("--models", default="sage,gat", help="comma-separated: sage, gat")
     p.add_argument("--systems", default=",".join(s for s in SYSTEMS if s not in NOT_BY_DEFAULT),
                    help=f"comma-separated subset of {', '.join(SYSTEMS)} (default all but {', '.join(NOT_BY_DEFAULT)})")
-    p.add_argument("--macrobatch", default="", help="comma-separated macrobatch sizes > 1: adds split-mbB / dp-mbB "
-                   "(/ split-shuffle-mbB) after each of split, dp (split-shuffle) in --systems")
+    p.add_argument("--macrobatch", default="", help="comma-separated macrobatch sizes > 1: adds BASE-mbB after each "
+                   f"BASE of {', '.join(MACROBATCH_BASES)} in --systems")
     p.add_argument("--batch-size", type=int, default=1024, help="targets per rank per iteration")
     p.add_argument("--fanouts", default="15,10,5")
     p.add_argument("--hidden", type=int, default=256)

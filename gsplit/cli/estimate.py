@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -31,22 +32,20 @@ ranks of one host over gloo, predicted measured iterations of 2 and 4 ranks {val
 Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iteration excluded).
 """
 
-VALIDATION_SUMMARY = ("within 20 % in 10 of 16 runs in the latest pass, as medians of three calibrate-and-measure "
-                      "rounds after split's row copies changed (median |error| 18 %, largest 38 %, every run "
-                      "under-predicted; 15 of 16 with each prediction scaled by the host's measured slowdown between "
-                      "calibration and runs; 8 to 13 of 16 for a single round), the split/dp choice right in 5 of 6 "
-                      "cases more than 10 % apart; in 13 of 16 in the pass before it (median |error| 15 %, largest "
-                      "34 %), the choice right in all 6; in 15 of 16 in each of the two passes before those, as "
-                      "medians of five and of three rounds (median |error| 11 % in both, largest 22 % and 23 %; 2 to "
-                      "16 of 16 for a single round), the choice right in all 6 and all 5; two earlier passes on this "
-                      "shared host, whose speed drifts up to 2x within minutes: 16 and 10 of 16, the choice wrong in 1 "
-                      "of 6 in both. Where the choice went wrong it was SAGE at 4 ranks on 1M vertices, measured 0.80 "
-                      "to 1.22 from pass to pass")
-"""How far off the CPU validation found the model (experiments/results/estimate_validation_rounds_rows.json, the
-latest pass; estimate_validation_rounds_gather.json, the one before it; estimate_validation_rounds5.json and
-estimate_validation_rounds.json, the two before those: the medians over the rounds, and each round alone; the earlier
-passes: estimate_validation_rounds_0902.json and estimate_validation_rounds_1010.json); tests/test_estimate.py checks it
-against those files."""
+VALIDATION_SUMMARY = ("within 20 % in 16 of 16 and 14 of 16 runs in the two latest passes (each the median of three "
+                      "calibrate-and-measure rounds, collectives timed one at a time after compute, as training issues "
+                      "them: median |error| 10 % and 13 %, largest 20 % and 22 %, every run under-predicted), the "
+                      "split/dp choice right in every case more than 10 % apart (6 of 6 and 4 of 4); in 10 to 16 of 16 "
+                      "in 7 earlier passes on this shared host, whose speed drifts up to 2x within minutes, the choice "
+                      "wrong in at most 1 case of 6: SAGE at 4 ranks on 1M vertices, measured 0.80 to 1.22 from pass "
+                      "to pass")
+"""How far off the CPU validation found the model: the two latest passes are
+experiments/results/estimate_validation_rounds_cold.json and estimate_validation_rounds_cold2.json, the earlier ones
+:data:`EARLIER_PASSES`; tests/test_estimate.py checks the text against those files."""
+
+EARLIER_PASSES = ("0902", "1010", "rounds", "rounds5", "gather", "rows", "quiet1128")
+"""The earlier validation passes (``experiments/results/estimate_validation_rounds_<name>.json``; ``rounds`` and
+``rounds5`` are ``estimate_validation_rounds.json`` and ``estimate_validation_rounds5.json``), oldest first."""
 
 
 def _fanouts(text: str):
@@ -63,7 +62,8 @@ def _fanouts(text: str):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``gsplit estimate``."""
     p.description = DESCRIPTION
-    p.epilog = EPILOG.format(validation=VALIDATION_SUMMARY)
+    # one paragraph, filled to the terminal's usual width (the quoted validation is one long line)
+    p.epilog = textwrap.fill(" ".join(EPILOG.format(validation=VALIDATION_SUMMARY).split()), 110)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--gpus", type=int, required=True, help="GPUs of the host (one rank each)")
     p.add_argument("--link", choices=sorted(LINKS), default="nvlink4",

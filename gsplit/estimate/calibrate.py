@@ -514,10 +514,15 @@ def fit_device(name: str, shares: Dict[str, List[dict]], shapes: Dict[str, Model
 
 
 # ---------------------------------------------------------------------------------------------- transport
+_EVICT_BYTES = 64 << 20
+"""Memory each rank streams before every timed collective of :func:`transport_profile` (beyond the caches)."""
+
+
 def _transport_rank(rank: int, world: int, sizes: Sequence[int], repeats: int, iters: int) -> Optional[dict]:
     import torch.distributed as dist
 
     out = {"all_to_all": {}, "all_reduce": {}}
+    evict = torch.zeros(_EVICT_BYTES // FLOAT_BYTES)
     for size in sizes:
         # every rank sends ``size`` bytes in total to the others (none to itself), float32 rows of one element
         per_peer = max(1, size // FLOAT_BYTES // (world - 1))
@@ -528,13 +533,18 @@ def _transport_rank(rank: int, world: int, sizes: Sequence[int], repeats: int, i
         grad = torch.ones(max(1, size // FLOAT_BYTES))
         for key, op in (("all_to_all", lambda: dist.all_to_all_single(y, x, recv, splits)),
                         ("all_reduce", lambda: dist.all_reduce(grad))):
+            # one call at a time, after a stretch of memory work, the ranks released together by a barrier: a
+            # training iteration issues its collectives one by one between layers, and there gloo's exchange costs
+            # about twice what it costs in a back-to-back series (0.5 MB to the peer, 2 ranks: 0.37 ms back to
+            # back, 0.7-0.8 ms after 10 ms of compute; a split shuffle of 1.1 MB: 0.5 ms against 1.2-1.5 inside
+            # training). The work streams a buffer larger than the last-level cache, as a layer does.
             times = []
-            for _ in range(repeats):
+            for _ in range(repeats * iters):
+                evict.add_(1.0)
                 dist.barrier()
                 t0 = time.perf_counter()
-                for _ in range(iters):
-                    op()
-                times.append((time.perf_counter() - t0) / iters)
+                op()
+                times.append(time.perf_counter() - t0)
             t = torch.tensor([statistics.median(times)], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             out[key][size] = float(t)
@@ -561,7 +571,10 @@ def fit_link(raw: Dict[int, dict], host_bw: float) -> LinkProfile:
 def transport_profile(worlds: Sequence[int], sizes: Sequence[int], host_bw: float, repeats: int = 5, iters: int = 10,
                       progress: Optional[Callable[[str], None]] = None) -> tuple:
     """Time gloo's all-to-all and all-reduce between ``w`` CPU ranks of this host for every ``w`` in ``worlds``
-    (one torch thread per rank, as the trainer's ranks have) and fit a ``cpu-gloo`` :class:`LinkProfile`.
+    (one torch thread per rank, as the trainer's ranks have) and fit a ``cpu-gloo`` :class:`LinkProfile`. Each
+    call is timed alone (``repeats * iters`` of them per size, median), after each rank streamed
+    ``_EVICT_BYTES`` of memory and a barrier released the ranks together, as training issues them between
+    layers: a series of back-to-back calls runs about twice as fast per call.
 
     Returns ``(link, raw)``: ``raw[w][collective][bytes]`` are the measured seconds (slowest rank, median).
     """
