@@ -15,9 +15,10 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    training it predicts.
 2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
    2 and 4 ranks x SAGE/GAT x the graphs x split/dp, ``--iters`` iterations each (``--no-overlap``; CPU
-   defaults otherwise: direct input rows), per iteration the slowest rank's sample + load + train.
+   defaults otherwise: direct input rows), per iteration the slowest rank's sample + load + train, the first
+   ``--warmup`` left out (the heap is still being faulted in there).
 3. ``report``: the work of exactly those iterations counted in one process (``gsplit.estimate.count_work``),
-   predicted with the calibrated profile, against the measured medians (first iteration excluded in both);
+   predicted with the calibrated profile, against the measured medians (the warm-up excluded in both);
    the split/dp ratios; the table and the JSON.
 
 Both phases also time a fixed workload (``gsplit.estimate.calibrate.host_speed_reference``, ~50 ms in a fresh
@@ -75,7 +76,12 @@ def parse_args(argv=None):
     p.add_sized("--worlds", quick=[2], full=[2, 4], type=setup.int_list, help="rank counts (default 2,4; quick 2)")
     p.add_sized("--models", quick=["sage"], full=["sage", "gat"], type=lambda text: [m for m in text.split(",") if m],
                 help="default sage,gat; quick sage")
-    p.add_sized("--iters", quick=4, full=8, type=int, help="iterations per measured run (default 8; quick 4)")
+    p.add_sized("--iters", quick=4, full=12, type=int, help="iterations per measured run, warm-up included (default 12; "
+                "quick 4)")
+    p.add_sized("--warmup", quick=1, full=4, type=int,
+                help="iterations left out at the start of every measured and one-rank calibration run (default 4; quick "
+                     "1): a fresh rank faults its heap in over the first few, ~40k pages an iteration for GAT on 1M "
+                     "vertices, which doubled their backward; the model predicts the steady state")
     p.add_sized("--shares-iters", quick=1, full=2, type=int,
                 help="mini-batches per world size in calibration (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="timings per share (median)")
@@ -90,6 +96,9 @@ def parse_args(argv=None):
                         "the runs' own spread; report reads this one)")
     args = p.parse_args(argv)
     args.parts = args.parts.split(",")
+    if not 0 <= args.warmup < args.iters:
+        raise SystemExit(f"--warmup {args.warmup} --iters {args.iters}: leave at least one measured iteration "
+                         "after the warm-up")
     return args
 
 
@@ -137,14 +146,14 @@ def calibrate(args) -> dict:
             for rec in time_shares(ds, shapes[model], sampler, BATCH, owners, iterations=args.shares_iters,
                                    repeats=args.repeats, seed=args.seed, input_features="direct", progress=say):
                 shares[model].append({"nodes": nodes, **rec})
-            cfg = run_config(model, "split", 6, args.seed)
-            got = time_steps(ds, cfg, progress=say)
+            cfg = run_config(model, "split", 5 + args.warmup, args.seed)
+            got = time_steps(ds, cfg, progress=say, warmup=args.warmup)
             # the same one-rank run in `cores` independent processes at once: how much slower a rank computes
             # while every core is busy (no process group, nothing exchanged), against the same run in one fresh
             # process just before (not this process's run above: a fresh process's heap and caches, and the
             # host's speed of that minute, which drifts here by more than the effect measured)
-            alone = corun_steps(ds, cfg, copies=1)[0]
-            together = corun_steps(ds, cfg, copies=cores)
+            alone = corun_steps(ds, cfg, copies=1, warmup=args.warmup)[0]
+            together = corun_steps(ds, cfg, copies=cores, warmup=args.warmup)
             slowdown = statistics.median(r["iteration_s"] for r in together) / alone["iteration_s"]
             say(f"  {cores} one-rank runs at once: {slowdown:.2f}x the time of one alone")
             steps[model].append({"nodes": nodes, **got, "num_classes": ds.num_classes, "corun": together,
@@ -197,14 +206,14 @@ def measure(args) -> dict:
             logs = runs.run_repeated(ds, world, jobs)
             reference = (before + host_speed_reference()) / 2
             for (model, system), job_logs in logs.items():
-                times = runs.iteration_times(job_logs, skip_first=1)
+                times = runs.iteration_times(job_logs, skip_first=args.warmup)
                 per_it = [max(sum(r) for r in row) for row in times["per_iteration"]]
                 first = job_logs[0]["epochs"][0]
                 measured.append({"nodes": nodes, "world": world, "model": model, "system": system,
                                  "iteration_s": times["total_s"], "per_iteration_s": per_it,
                                  "sample_s": times["sample_s"], "load_s": times["load_s"], "train_s": times["train_s"],
                                  "edges": first["edges"], "input_rows": first["input_rows"],
-                                 "terms": measured_terms(job_logs), "host_reference_s": reference})
+                                 "terms": measured_terms(job_logs, args.warmup), "host_reference_s": reference})
                 say(f"  {model} {system} {world} ranks: {times['total_s'] * 1e3:.0f} ms per iteration "
                     f"(sample {times['sample_s'] * 1e3:.0f}, load {times['load_s'] * 1e3:.0f}, "
                     f"train {times['train_s'] * 1e3:.0f})")
@@ -223,9 +232,9 @@ def _collective_term(tag: str) -> str:
     return "layer shuffles" if tag.startswith("shuffle/") else "all-reduce"
 
 
-def measured_terms(job_logs: list) -> dict:
-    """Seconds per iteration of the measured runs by term, means over ranks and iterations (the first of each run
-    left out): each layer's forward and backward (``LayerClock``, waits excluded), each kind of collective's
+def measured_terms(job_logs: list, warmup: int = 1) -> dict:
+    """Seconds per iteration of the measured runs by term, means over ranks and iterations (the first ``warmup`` of
+    each run left out): each layer's forward and backward (``LayerClock``, waits excluded), each kind of collective's
     transfer (its least seconds over ranks: the last rank to arrive waits for no one) and, summed over every
     collective, the waiting beyond it (:func:`gsplit.counters.iteration_balance`). The same names as the model's
     terms, so that a miss can be placed; measured layers run under the co-run contention that the model books
@@ -234,7 +243,7 @@ def measured_terms(job_logs: list) -> dict:
 
     totals, iterations = dict.fromkeys(MEASURED_TERMS, 0.0), 0
     for log in job_logs:
-        ranks = [{**r, "per_iteration": r["per_iteration"][1:]} for r in log["epochs"][0]["ranks"]]
+        ranks = [{**r, "per_iteration": r["per_iteration"][warmup:]} for r in log["epochs"][0]["ranks"]]
         bal = iteration_balance(ranks)
         iterations += len(bal["per_iteration"])
         totals["forward"] += sum(bal["layer_fwd_s_mean"])
@@ -290,7 +299,7 @@ def report_table(args, works: dict, cal: dict, meas: dict, quiet: bool = False) 
             work, iters_per_epoch, shapes = works[nodes, world]
             for model in args.models:
                 shape = shapes[model]
-                pred = {s: predict(work[s][1:], shape, device, link) for s in ("split", "dp")}
+                pred = {s: predict(work[s][args.warmup:], shape, device, link) for s in ("split", "dp")}
                 got = {s: by_key.get((nodes, world, model, s)) for s in ("split", "dp")}
                 recs = {}
                 for s in ("split", "dp"):
@@ -407,6 +416,7 @@ def main(argv=None) -> int:
     cal_stem, meas_stem = report.output_stem(args, args.calibration), report.output_stem(args, args.measured)
     cal_path, meas_path = Path(f"{cal_stem}.json"), Path(f"{meas_stem}.json")
     settings = {"nodes": args.nodes, "worlds": args.worlds, "models": args.models, "iters": args.iters,
+                "warmup": args.warmup,
                 "fanouts": FANOUTS, "batch_size": BATCH, "hidden": HIDDEN, "seed": args.seed}
     # Rounds alternate calibration and measurement, so that both see the host's speed at its drifts (it
     # changes 1.5-2x over minutes here); the main JSONs hold the medians over the rounds so far (rewritten
@@ -437,6 +447,10 @@ def main(argv=None) -> int:
             print(f"refitted {path}")
     if "report" in args.parts:
         cal, meas = report.read_json(cal_path), report.read_json(meas_path)
+        # the iterations the runs had and left out (files measured before --warmup existed left out one)
+        args.iters = meas.get("settings", {}).get("iters", args.iters)
+        args.warmup = meas.get("settings", {}).get("warmup", 1)
+        settings.update(iters=args.iters, warmup=args.warmup)
         works = count_works(args)
         result = report_table(args, works, cal, meas)
         # each round's calibration against the same round's runs: how far one round alone would have been off

@@ -335,15 +335,17 @@ class _WorldOne:
         self.traffic = TrafficCounter()
 
 
-def time_steps(dataset, cfg, progress: Optional[Callable[[str], None]] = None) -> dict:
+def time_steps(dataset, cfg, progress: Optional[Callable[[str], None]] = None, warmup: int = 1) -> dict:
     """One rank of the real trainer (``train_rank(0, 1, cfg, ...)``): per iteration, what the step costs beyond its
-    layers (``train_s`` less the layers' forward and backward), and the phases, medians over all but the first."""
+    layers (``train_s`` less the layers' forward and backward), and the phases, medians over all but the first
+    ``warmup`` iterations (a fresh process faults its heap in over the first few: on GAT with 1M vertices ~40k
+    pages in each of iterations 0-3, which doubled their backward)."""
     from gsplit.trainer import train_rank
 
     log_ = train_rank(0, 1, cfg, dataset, None)
-    its = [it for epoch in log_["epochs"] for r in epoch["ranks"] for it in r["per_iteration"]][1:]
+    its = [it for epoch in log_["epochs"] for r in epoch["ranks"] for it in r["per_iteration"]][warmup:]
     if not its:
-        raise ValueError("time_steps needs at least 2 iterations (the first is warm-up); raise cfg.max_iters")
+        raise ValueError(f"time_steps needs more than warmup={warmup} iterations; raise cfg.max_iters")
     step = [it["train_s"] - sum(it["layer_fwd_s"]) - sum(it["layer_bwd_s"]) for it in its]
     out = {"step_s": statistics.median(step), "iterations": len(its),
            "input_rows": statistics.median(it["input_rows"] for it in its),
@@ -359,17 +361,17 @@ def time_steps(dataset, cfg, progress: Optional[Callable[[str], None]] = None) -
     return out
 
 
-def _corun_worker(dataset, cfg, start, results) -> None:
+def _corun_worker(dataset, cfg, warmup, start, results) -> None:
     torch.set_num_threads(1)
     start.wait()
-    results.put(time_steps(dataset, cfg))
+    results.put(time_steps(dataset, cfg, warmup=warmup))
 
 
-def corun_steps(dataset, cfg, copies: int = 2) -> List[dict]:
+def corun_steps(dataset, cfg, copies: int = 2, warmup: int = 1) -> List[dict]:
     """:func:`time_steps` in ``copies`` independent one-rank processes at once (one torch thread each, no process
     group, nothing exchanged): what each rank's work costs while ``copies`` cores are busy with the same kind of
     work. The ratio to :func:`time_steps` alone is the machine's contention (``DeviceProfile.contention``)."""
-    return _in_fresh_processes(_corun_worker, (dataset, cfg), copies=copies)
+    return _in_fresh_processes(_corun_worker, (dataset, cfg, warmup), copies=copies)
 
 
 def corun_effects(alone: dict, together: Sequence[dict]) -> dict:
