@@ -369,6 +369,20 @@ def test_a_map_for_another_gpu_count_is_refused(capsys, tmp_path):
     assert rc == 2 and "has 2 parts but --gpus is 4" in err, err
 
 
+def test_one_rank_step_timings_leave_the_warmup_iterations_out():
+    """A fresh rank faults its heap in over its first iterations; the calibration's one-rank runs (and the
+    validation's measured runs) keep only those after ``warmup``, as the model predicts the steady state."""
+    from gsplit.estimate.calibrate import time_steps
+
+    cfg = TrainConfig(model="sage", fanouts=FANOUTS, batch_size=BATCH, hidden=8, epochs=1, max_iters=4, seed=SEED,
+                      eval_every=0, final_eval=False, device="cpu", log_iterations=True)
+    ds = small_dataset()
+    assert [time_steps(ds, cfg, warmup=w)["iterations"] for w in (1, 3)] == [3, 1]
+    assert len(time_steps(ds, cfg, warmup=2)["per_iteration"]) == 2
+    with pytest.raises(ValueError, match="more than warmup=4 iterations"):
+        time_steps(ds, cfg, warmup=4)
+
+
 def test_transport_calibration_times_each_collective_alone_after_a_barrier(monkeypatch):
     """Training issues its collectives one at a time between layers, where gloo's calls cost about twice what a
     back-to-back series of them does: the calibration must time single calls, each released by a barrier."""
@@ -393,7 +407,7 @@ def test_the_validation_summary_users_read_is_the_measured_one():
     import json
     from pathlib import Path
 
-    from gsplit.cli.estimate import EARLIER_PASSES, VALIDATION_SUMMARY
+    from gsplit.cli.estimate import EARLIER_PASSES, LATEST_PASSES, VALIDATION_SUMMARY
 
     results = Path(__file__).resolve().parents[1] / "experiments" / "results"
 
@@ -407,16 +421,20 @@ def test_the_validation_summary_users_read_is_the_measured_one():
     def ratio_rows(doc):  # split rows whose measured split/dp ratio is more than 10 % from 1
         return [r for r in doc["rows"] if r[3] == "split" and r[11] in ("yes", "NO")]
 
-    latest = [load("cold"), load("cold2")]
-    assert [doc["rounds"] for doc in latest] == [3, 3]
+    def listed(items, unit=""):  # "a, b and c"
+        items = [f"{x}{unit}" for x in items]
+        return ", ".join(items[:-1]) + " and " + items[-1]
+
+    latest = [load(name) for name in LATEST_PASSES]
+    assert [doc["rounds"] for doc in latest] == [3, 3, 3] and latest[-1]["settings"]["warmup"] == 4
     got = [doc["summary"] for doc in latest]
-    pct = lambda key: " % and ".join(str(round(100 * g[key])) for g in got)  # noqa: E731
-    assert (f"within 20 % in {got[0]['within_20pct']} of 16 and {got[1]['within_20pct']} of 16 runs in the two latest "
-            f"passes") in VALIDATION_SUMMARY
-    assert f"median |error| {pct('median_abs_error')} %, largest {pct('max_abs_error')} %" in VALIDATION_SUMMARY
+    assert f"within 20 % in {listed([g['within_20pct'] for g in got])} of 16 runs in the three latest passes" \
+        in VALIDATION_SUMMARY
+    assert (f"median |error| {listed([round(100 * g['median_abs_error']) for g in got], ' %')}, largest "
+            f"{listed([round(100 * g['max_abs_error']) for g in got], ' %')}") in VALIDATION_SUMMARY
     assert all(float(r[8]) < 0 for doc in latest for r in doc["rows"])  # "every run under-predicted"
     assert not any(r[11] == "NO" for doc in latest for r in ratio_rows(doc))
-    assert " and ".join(f"{len(ratio_rows(d))} of {len(ratio_rows(d))}" for d in latest) in VALIDATION_SUMMARY
+    assert listed([f"{len(ratio_rows(d))} of {len(ratio_rows(d))}" for d in latest]) in VALIDATION_SUMMARY
     earlier = [load(name) for name in EARLIER_PASSES]
     counts = [doc["summary"]["within_20pct"] for doc in earlier]
     assert f"in {min(counts)} to {max(counts)} of 16 in {len(earlier)} earlier passes" in VALIDATION_SUMMARY

@@ -29,19 +29,23 @@ costs scaled by datasheet ratios) and from a table of published link figures (NV
 sources in gsplit/estimate/links.py); the model and all its assumptions are in gsplit/estimate/model.py.
 No multi-GPU host has been measured: the GPU predictions are unvalidated. The same model, calibrated on CPU
 ranks of one host over gloo, predicted measured iterations of 2 and 4 ranks {validation} (docs/guides/estimate.md).
-Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iteration excluded).
+Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iterations, which fault the heap in, excluded).
 """
 
-VALIDATION_SUMMARY = ("within 20 % in 16 of 16 and 14 of 16 runs in the two latest passes (each the median of three "
+VALIDATION_SUMMARY = ("within 20 % in 16, 14 and 15 of 16 runs in the three latest passes (each the median of three "
                       "calibrate-and-measure rounds, collectives timed one at a time after compute, as training issues "
-                      "them: median |error| 10 % and 13 %, largest 20 % and 22 %, every run under-predicted), the "
-                      "split/dp choice right in every case more than 10 % apart (6 of 6 and 4 of 4); in 10 to 16 of 16 "
-                      "in 7 earlier passes on this shared host, whose speed drifts up to 2x within minutes, the choice "
-                      "wrong in at most 1 case of 6: SAGE at 4 ranks on 1M vertices, measured 0.80 to 1.22 from pass "
-                      "to pass")
-"""How far off the CPU validation found the model: the two latest passes are
-experiments/results/estimate_validation_rounds_cold.json and estimate_validation_rounds_cold2.json, the earlier ones
-:data:`EARLIER_PASSES`; tests/test_estimate.py checks the text against those files."""
+                      "them, and in the last each run's heap warm-up left out: median |error| 10 %, 13 % and 12 %, "
+                      "largest 20 %, 22 % and 22 %, every run under-predicted), the split/dp choice right in every "
+                      "case more than 10 % apart (6 of 6, 4 of 4 and 6 of 6); in 10 to 16 of 16 in 7 earlier passes on "
+                      "this shared host, whose speed drifts up to 2x within minutes, the choice wrong in at most 1 case "
+                      "of 6: SAGE at 4 ranks on 1M vertices, measured 0.80 to 1.22 from pass to pass")
+"""How far off the CPU validation found the model: the three latest passes are :data:`LATEST_PASSES`
+(``experiments/results/estimate_validation_rounds_<name>.json``), the earlier ones :data:`EARLIER_PASSES`;
+tests/test_estimate.py checks the text against those files."""
+
+LATEST_PASSES = ("cold", "cold2", "warm")
+"""The three latest validation passes, oldest first (2026-11-28: collectives timed as training issues them; ``warm``
+also leaves each measured run's first 4 iterations out)."""
 
 EARLIER_PASSES = ("0902", "1010", "rounds", "rounds5", "gather", "rows", "quiet1128")
 """The earlier validation passes (``experiments/results/estimate_validation_rounds_<name>.json``; ``rounds`` and
