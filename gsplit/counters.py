@@ -8,6 +8,7 @@ from typing import Dict, List, Optional, Tuple
 
 from gsplit.comm.communicator import Communicator
 from gsplit.loader import IterationStats
+from gsplit.resources import minor_page_faults
 from gsplit.timing import LayerSeconds
 
 
@@ -48,8 +49,9 @@ class EpochCounters:
     layer_bwd_s: List[float] = field(default_factory=list)
     """Seconds computing each layer's backward (waits for returning gradients left out)."""
     per_iteration: List[dict] = field(default_factory=list)
-    """One record per iteration (when ``TrainConfig.log_iterations``): the loader's counters, ``train_s``
-    and the traffic sent during that iteration (sampling id exchanges and shuffles, fwd and bwd)."""
+    """One record per iteration (when ``TrainConfig.log_iterations``): the loader's counters, ``train_s``,
+    the traffic sent during that iteration (sampling id exchanges and shuffles, fwd and bwd) and
+    ``minor_faults``, the pages it mapped in fresh (a fresh rank's first iterations fault its heap in)."""
 
     def add_iteration(self, stats: IterationStats) -> None:
         self.iterations += 1
@@ -184,6 +186,14 @@ def _layer_balance(its, edges: List[List[int]]) -> dict:
 def _collective_seconds(*comms: Communicator) -> float:
     """Seconds spent so far inside the collectives of ``comms`` (all tags, the gradient all-reduce included)."""
     return sum(sum(c.traffic.seconds.values()) for c in comms)
+
+
+def _faults_since(before: Optional[int]) -> Optional[int]:
+    """Minor page faults of this process since ``before`` (:func:`gsplit.resources.minor_page_faults`): in a
+    per-iteration record, the pages that iteration (its sampling, loading and step, and a prefetch thread's work
+    meanwhile) mapped in fresh; None where the count is not available."""
+    now = minor_page_faults()
+    return None if now is None or before is None else now - before
 
 
 def _book_train_time(counters: "EpochCounters", steps) -> None:

@@ -48,6 +48,22 @@ def peak_rss_bytes() -> Optional[int]:
     return None if kb < 0 else kb * 1024
 
 
+def minor_page_faults() -> Optional[int]:
+    """Minor page faults of this process so far (pages the kernel had to map in: first touches of fresh memory),
+    or None where ``resource`` is missing. A fresh training rank faults its heap in over its first iterations
+    (GAT on 1M vertices: ~40k pages an iteration, ~10 us each on a VM); the trainer logs the count per iteration.
+
+    Example:
+        >>> (minor_page_faults() or 0) >= 0
+        True
+    """
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
 def cpu_seconds() -> float:
     """CPU seconds (user + system) of this process's threads plus its waited-for children (e.g. the forked
     METIS process, whose time ``time.process_time()`` leaves out).

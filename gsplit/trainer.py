@@ -25,8 +25,8 @@ from gsplit.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
-from gsplit.counters import (EpochCounters, _book_layer_time, _book_train_time, _collective_seconds, _sum_tags,
-                             iteration_balance)
+from gsplit.counters import (EpochCounters, _book_layer_time, _book_train_time, _collective_seconds, _faults_since,
+                             _sum_tags, iteration_balance)
 from gsplit.feature_store import parse_size
 from gsplit.graph import Graph
 from gsplit.interop.dgl import SPLIT_FIX  # imports no dgl
@@ -34,7 +34,7 @@ from gsplit.model_io import save_model
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
 from gsplit.nn.models import build_model
-from gsplit.resources import keep_freed_heap
+from gsplit.resources import keep_freed_heap, minor_page_faults
 from gsplit.resume import run_record
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.systems import SYSTEMS
@@ -439,6 +439,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             # gsplit.launch) would leak; one process needs only a thread lock.
             tqdm.set_lock(threading.RLock())
             batches = tqdm(train_loader, desc=f"epoch {epoch}", unit="it", leave=False, dynamic_ncols=True)
+        faults_before = minor_page_faults()
         for it, (_, _, blocks) in enumerate(batches, start=position.iteration if epoch == position.epoch else 0):
             stats = train_loader.last_stats
             counters.add_iteration(stats)
@@ -470,7 +471,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                                                "collective_s_by_tag": delta["seconds"],
                                                "step_collective_s": step_collective_s,
                                                "gradient_bytes": job_comm.traffic.bytes[GRADIENT_TAG]
-                                               - counters.gradient_bytes})
+                                               - counters.gradient_bytes,
+                                               "minor_faults": _faults_since(faults_before)})
+                faults_before = minor_page_faults()
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
             _book_train_time(counters, timer.ready())
             _book_layer_time(counters, clock.ready())

@@ -83,10 +83,27 @@ def test_logs_are_json_and_hold_per_iteration_records_of_every_rank(run):
             for i in its:
                 assert min(i["sample_s"], i["load_s"], i["train_s"]) >= 0
                 assert len(i["edges"]) == len(i["dst_vertices"]) == len(FANOUTS)
+                assert isinstance(i["minor_faults"], int) and i["minor_faults"] >= 0
             assert rec["ranks"][r]["iterations"] == run["iters"]
             assert math.isclose(sum(i["train_s"] for i in its), rec["ranks"][r]["train_s"], rel_tol=1e-9)
         assert math.isfinite(rec["loss"]), f"{system}: loss {rec['loss']} (an empty micro-batch must not give NaN)"
         assert 0.0 <= rec["val_acc"] <= 1.0 and 0.0 <= rec["test_acc"] <= 1.0
+
+
+def test_a_record_counts_the_pages_its_iteration_mapped_in():
+    """``minor_faults`` of a per-iteration record: the pages mapped in fresh since the previous record (a fresh
+    rank's first iterations fault its heap in, which can double them on a VM)."""
+    from gsplit.counters import _faults_since
+    from gsplit.resources import minor_page_faults
+
+    before = minor_page_faults()
+    if before is None:
+        pytest.skip("no resource module on this platform")
+    size = 64 << 20
+    buf = bytearray(size)  # calloc: the zero pages are mapped in at their first write
+    buf[::4096] = b"\1" * len(range(0, size, 4096))
+    assert _faults_since(before) >= 8000  # 16,384 pages written
+    assert _faults_since(None) is None
 
 
 def test_split_loads_each_feature_once_and_computes_each_edge_once(run):
