@@ -10,9 +10,8 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    one-rank run in as many independent processes as the host has cores, at once, against it in one fresh
    process just before (how much slower a rank computes while every core is busy: ``contention``); gloo
    all-to-all and all-reduce micro-benchmarks at 2 and 4 ranks (each call alone, after memory work, as training
-   issues them). Fits the CPU device profile (``cores`` = this
-   host's cores: ranks beyond them share cores) and the ``cpu-gloo`` link. Nothing here runs the multi-rank
-   training it predicts.
+   issues them). Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and
+   the ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
 2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
    2 and 4 ranks x SAGE/GAT x the graphs x split/dp, ``--iters`` iterations each (``--no-overlap``; CPU
    defaults otherwise: direct input rows), per iteration the slowest rank's sample + load + train, the first
@@ -76,12 +75,12 @@ def parse_args(argv=None):
     p.add_sized("--worlds", quick=[2], full=[2, 4], type=setup.int_list, help="rank counts (default 2,4; quick 2)")
     p.add_sized("--models", quick=["sage"], full=["sage", "gat"], type=lambda text: [m for m in text.split(",") if m],
                 help="default sage,gat; quick sage")
-    p.add_sized("--iters", quick=4, full=12, type=int, help="iterations per measured run, warm-up included (default 12; "
-                "quick 4)")
+    p.add_sized("--iters", quick=4, full=12, type=int,
+                help="iterations per measured run, warm-up included (default 12; quick 4)")
     p.add_sized("--warmup", quick=1, full=4, type=int,
-                help="iterations left out at the start of every measured and one-rank calibration run (default 4; quick "
-                     "1): a fresh rank faults its heap in over the first few, ~40k pages an iteration for GAT on 1M "
-                     "vertices, which doubled their backward; the model predicts the steady state")
+                help="iterations left out at the start of every measured and one-rank calibration run (default 4; "
+                     "quick 1): a fresh rank faults its heap in over the first few, ~40k pages an iteration for GAT "
+                     "on 1M vertices, which doubled their backward; the model predicts the steady state")
     p.add_sized("--shares-iters", quick=1, full=2, type=int,
                 help="mini-batches per world size in calibration (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="timings per share (median)")

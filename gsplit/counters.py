@@ -8,7 +8,6 @@ from typing import Dict, List, Optional, Tuple
 
 from gsplit.comm.communicator import Communicator
 from gsplit.loader import IterationStats
-from gsplit.resources import minor_page_faults
 from gsplit.timing import LayerSeconds
 
 
@@ -188,11 +187,10 @@ def _collective_seconds(*comms: Communicator) -> float:
     return sum(sum(c.traffic.seconds.values()) for c in comms)
 
 
-def _faults_since(before: Optional[int]) -> Optional[int]:
-    """Minor page faults of this process since ``before`` (:func:`gsplit.resources.minor_page_faults`): in a
-    per-iteration record, the pages that iteration (its sampling, loading and step, and a prefetch thread's work
-    meanwhile) mapped in fresh; None where the count is not available."""
-    now = minor_page_faults()
+def _faults_between(before: Optional[int], now: Optional[int]) -> Optional[int]:
+    """Minor page faults between two readings of :func:`gsplit.resources.minor_page_faults`: in a per-iteration
+    record, the pages that iteration (its sampling, loading and step, and a prefetch thread's work meanwhile)
+    mapped in fresh; None where the count is not available."""
     return None if now is None or before is None else now - before
 
 

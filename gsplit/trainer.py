@@ -25,7 +25,7 @@ from gsplit.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import host_groups
-from gsplit.counters import (EpochCounters, _book_layer_time, _book_train_time, _collective_seconds, _faults_since,
+from gsplit.counters import (EpochCounters, _book_layer_time, _book_train_time, _collective_seconds, _faults_between,
                              _sum_tags, iteration_balance)
 from gsplit.feature_store import parse_size
 from gsplit.graph import Graph
@@ -463,6 +463,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 delta = TrafficCounter.delta(traffic_now, traffic_before)
                 calls = _sum_tags([delta["calls"], TrafficCounter.delta(job_now, job_before)["calls"]])
                 traffic_before, job_before = traffic_now, job_now
+                faults_now = minor_page_faults()  # one reading ends this iteration's count and starts the next's
                 # train_s is filled in once the step's end event is reached (at the latest at the epoch's end)
                 counters.per_iteration.append({"iteration": it, **asdict(stats), "train_s": 0.0,
                                                "layer_fwd_s": [], "layer_bwd_s": [],
@@ -472,8 +473,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                                                "step_collective_s": step_collective_s,
                                                "gradient_bytes": job_comm.traffic.bytes[GRADIENT_TAG]
                                                - counters.gradient_bytes,
-                                               "minor_faults": _faults_since(faults_before)})
-                faults_before = minor_page_faults()
+                                               "minor_faults": _faults_between(faults_before, faults_now)})
+                faults_before = faults_now
             counters.gradient_bytes = job_comm.traffic.bytes[GRADIENT_TAG]
             _book_train_time(counters, timer.ready())
             _book_layer_time(counters, clock.ready())

@@ -29,7 +29,8 @@ costs scaled by datasheet ratios) and from a table of published link figures (NV
 sources in gsplit/estimate/links.py); the model and all its assumptions are in gsplit/estimate/model.py.
 No multi-GPU host has been measured: the GPU predictions are unvalidated. The same model, calibrated on CPU
 ranks of one host over gloo, predicted measured iterations of 2 and 4 ranks {validation} (docs/guides/estimate.md).
-Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iterations, which fault the heap in, excluded).
+Predicted: gsplit train --no-overlap, no feature cache, the steady state (the first iterations, which fault
+the heap in, excluded).
 """
 
 VALIDATION_SUMMARY = ("within 20 % in 16, 14, 15 and 16 of 16 runs in the four latest passes (each the median of three "
