@@ -152,7 +152,7 @@ def test_harness_examples_hold(isolated_imports):
         assert result.attempted > 0 and result.failed == 0, (name, result)
 
 
-@pytest.mark.parametrize("name, examples", [("estimate_validation", 3), ("host_corun", 1)])
+@pytest.mark.parametrize("name, examples", [("estimate_validation", 6), ("host_corun", 1)])
 def test_the_cost_model_validation_examples_hold(isolated_imports, name, examples):
     """The validation's helpers (estimate_validation's summary, host-speed ratio and terms table; host_corun's
     summary) do what their examples say: they decide what the validation reports."""
