@@ -56,8 +56,9 @@ import torch
 
 import gsplit
 from gsplit.estimate import ModelShape, count_work, predict
-from gsplit.estimate.calibrate import (corun_effects, corun_steps, fit_device, fit_link, host_speed_reference,
-                                       last_level_cache_bytes, time_shares, time_steps, transport_profile)
+from gsplit.estimate.calibrate import (corun_effects, corun_steps, effective_cache_bytes, fit_device, fit_link,
+                                       host_speed_reference, last_level_cache_bytes, time_shares, time_steps,
+                                       transport_profile)
 from gsplit.estimate.links import LinkProfile
 from gsplit.estimate.model import DeviceProfile
 from gsplit.trainer import TrainConfig
@@ -167,7 +168,8 @@ def calibrate(args) -> dict:
     references.append(host_speed_reference())
     say(f"calibration: {time.perf_counter() - t0:.0f}s; host speed reference "
         f"{', '.join(f'{r * 1e3:.0f}' for r in references)} ms")
-    return {"shares": shares, "steps": steps, "transport": raw, "cores": cores, "cache_bytes": last_level_cache_bytes(),
+    return {"shares": shares, "steps": steps, "transport": raw, "cores": cores,
+            "cache_bytes": effective_cache_bytes(), "cache_bytes_nominal": last_level_cache_bytes(),
             "host_reference_s": statistics.median(references)}
 
 
