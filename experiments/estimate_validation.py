@@ -10,12 +10,14 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    one-rank run in as many independent processes as the host has cores, at once, against it in one fresh
    process just before (how much slower a rank computes while every core is busy: ``contention``); gloo
    all-to-all and all-reduce micro-benchmarks at 2 and 4 ranks (each call alone, after memory work, as training
-   issues them). Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and
+   issues them); the last-level cache a rank effectively has (``effective_cache_bytes``: random row gathers, not
+   sysfs's socket-wide size). Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and
    the ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
 2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
    2 and 4 ranks x SAGE/GAT x the graphs x split/dp, ``--iters`` iterations each (``--no-overlap``; CPU
    defaults otherwise: direct input rows), per iteration the slowest rank's sample + load + train, the first
-   ``--warmup`` left out (the heap is still being faulted in there).
+   ``--warmup`` left out (the heap is still being faulted in there); with ``--prime`` (default) every job runs twice
+   in its launch and the second run is measured (a fresh rank's heap still grows past the warm-up).
 3. ``report``: the work of exactly those iterations counted in one process (``gsplit.estimate.count_work``),
    predicted with the calibrated profile, against the measured medians (the warm-up excluded in both);
    the split/dp ratios; the table and the JSON.
@@ -31,7 +33,7 @@ beside them, each round's calibration against its own runs). This host's speed d
 (other guests on the same machine), and one calibration pass and one measured pass, taken twenty minutes
 apart, can land on different sides of a drift: that, not the model, was most of the error of single passes.
 
-    python experiments/estimate_validation.py                       # everything (~6 min on 2 quiet cores)
+    python experiments/estimate_validation.py                       # everything (~8 min on 2 quiet cores)
     python experiments/estimate_validation.py --rounds 3 --calibration estimate_calibration_rounds \
         --measured estimate_measured_rounds                         # a recorded pass (~25-35 min)
     python experiments/estimate_validation.py --rounds 5 --calibration estimate_calibration_rounds5 \
@@ -512,7 +514,8 @@ def main(argv=None) -> int:
         # the iterations the runs had and left out (files measured before --warmup existed left out one)
         args.iters = meas.get("settings", {}).get("iters", args.iters)
         args.warmup = meas.get("settings", {}).get("warmup", 1)
-        settings.update(iters=args.iters, warmup=args.warmup)
+        # and whether each job was measured on its second run (files from before --prime: once)
+        settings.update(iters=args.iters, warmup=args.warmup, prime=meas.get("settings", {}).get("prime", False))
         works = count_works(args)
         result = report_table(args, works, cal, meas)
         # each round's calibration against the same round's runs: how far one round alone would have been off

@@ -426,19 +426,19 @@ def test_the_validation_summary_users_read_is_the_measured_one():
         return ", ".join(items[:-1]) + " and " + items[-1]
 
     latest = [load(name) for name in LATEST_PASSES]
-    assert [doc["rounds"] for doc in latest] == [3, 3, 3, 3] and [d["settings"].get("warmup", 1) for d in latest] == [
-        1, 1, 4, 4]
+    # the method users are told about: three rounds, every job measured on its second run (a grown heap), the
+    # cache measured (the calibration records sysfs's beside it)
+    assert all(doc["rounds"] == 3 and doc["settings"]["prime"] and doc["settings"]["warmup"] == 4 for doc in latest)
+    for doc in latest:
+        cal = json.loads((results / doc["calibration_file"]).read_text())
+        assert cal["cache_bytes"] < cal["cache_bytes_nominal"]
     got = [doc["summary"] for doc in latest]
-    assert f"within 20 % in {listed([g['within_20pct'] for g in got])} of 16 runs in the four latest passes" \
+    count = {2: "two", 3: "three", 4: "four"}[len(latest)]
+    assert f"within 20 % in {listed([g['within_20pct'] for g in got])} of 16 runs in the {count} latest passes" \
         in VALIDATION_SUMMARY
     assert (f"median |error| {listed([round(100 * g['median_abs_error']) for g in got], ' %')}, largest "
             f"{listed([round(100 * g['max_abs_error']) for g in got], ' %')}") in VALIDATION_SUMMARY
     assert not any(r[11] == "NO" for doc in latest for r in ratio_rows(doc))
-    # "the runs repeat within a few percent from pass to pass, the one-process calibration moved by up to a fifth"
-    measured = [[r[4] for r in doc["rows"]] for doc in latest[2:]]
-    predicted = [[r[5] for r in doc["rows"]] for doc in latest[2:]]
-    assert max(abs(b / a - 1) for a, b in zip(*measured)) < 0.1
-    assert 0.15 < max(abs(b / a - 1) for a, b in zip(*predicted)) <= 0.25
     assert listed([f"{len(ratio_rows(d))} of {len(ratio_rows(d))}" for d in latest]) in VALIDATION_SUMMARY
     earlier = [load(name) for name in EARLIER_PASSES]
     counts = [doc["summary"]["within_20pct"] for doc in earlier]

@@ -33,23 +33,24 @@ Predicted: gsplit train --no-overlap, no feature cache, the steady state (the fi
 the heap in, excluded).
 """
 
-VALIDATION_SUMMARY = ("within 20 % in 16, 14, 15 and 16 of 16 runs in the four latest passes (each the median of three "
-                      "calibrate-and-measure rounds, collectives timed one at a time after compute, as training issues "
-                      "them, and in the last two each run's heap warm-up left out: median |error| 10 %, 13 %, 12 % and "
-                      "3 %, largest 20 %, 22 %, 22 % and 12 %; the runs repeat within a few percent from pass to pass, "
-                      "the one-process calibration moved by up to a fifth), the split/dp choice right in every case "
-                      "more than 10 % apart (6 of 6, 4 of 4, 6 of 6 and 5 of 5); in 10 to 16 of 16 in 7 earlier passes "
-                      "on this shared host, whose speed drifts up to 2x within minutes, the choice wrong in at most 1 "
-                      "case of 6: SAGE at 4 ranks on 1M vertices, measured 0.80 to 1.22 from pass to pass")
+VALIDATION_SUMMARY = ("within 20 % in 16, 16 and 16 of 16 runs in the three latest passes (each the median of three "
+                      "calibrate-and-measure rounds; every run measured on a grown heap, the cache a rank has "
+                      "measured; the first is the timings of a pass that assumed sysfs's cache, refitted): "
+                      "median |error| 11 %, 9 % and 7 %, largest 17 %, 20 % and 16 %, most runs under-predicted; the "
+                      "split/dp choice right in every case more than 10 % apart (6 of 6, 6 of 6 and 6 of 6); in 10 to 16 "
+                      "of 16 in 12 earlier passes on hosts whose speed drifts up to 2x within minutes, the choice "
+                      "wrong in at most 1 case of 6: SAGE at 4 ranks on 1M vertices, measured 0.80 to 1.22 from pass "
+                      "to pass")
 """How far off the CPU validation found the model: the latest passes are :data:`LATEST_PASSES`
 (``experiments/results/estimate_validation_rounds_<name>.json``), the earlier ones :data:`EARLIER_PASSES`;
 tests/test_estimate.py checks the text against those files."""
 
-LATEST_PASSES = ("cold", "cold2", "warm", "warm2")
-"""The latest validation passes, oldest first (2026-11-28: collectives timed as training issues them; ``warm`` and
-``warm2`` also leave each measured run's first 4 iterations out)."""
+LATEST_PASSES = ("primedcache", "cache", "cache2")
+"""The latest validation passes, oldest first (2026-11-28, a Xeon VM: each job measured on its second run in the
+launch, the cache measured; ``primedcache`` is the ``primed`` pass's timings refitted with the measured cache)."""
 
-EARLIER_PASSES = ("0902", "1010", "rounds", "rounds5", "gather", "rows", "quiet1128")
+EARLIER_PASSES = ("0902", "1010", "rounds", "rounds5", "gather", "rows", "quiet1128", "cold", "cold2", "warm", "warm2",
+                  "primed")
 """The earlier validation passes (``experiments/results/estimate_validation_rounds_<name>.json``; ``rounds`` and
 ``rounds5`` are ``estimate_validation_rounds.json`` and ``estimate_validation_rounds5.json``), oldest first."""
 
