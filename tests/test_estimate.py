@@ -439,6 +439,9 @@ def test_the_validation_summary_users_read_is_the_measured_one():
     assert (f"median |error| {listed([round(100 * g['median_abs_error']) for g in got], ' %')}, largest "
             f"{listed([round(100 * g['max_abs_error']) for g in got], ' %')}") in VALIDATION_SUMMARY
     assert not any(r[11] == "NO" for doc in latest for r in ratio_rows(doc))
+    # "most runs under-predicted"
+    errors = [r["error"] for doc in latest for r in doc["records"]]
+    assert sum(e < 0 for e in errors) > len(errors) / 2
     assert listed([f"{len(ratio_rows(d))} of {len(ratio_rows(d))}" for d in latest]) in VALIDATION_SUMMARY
     earlier = [load(name) for name in EARLIER_PASSES]
     counts = [doc["summary"]["within_20pct"] for doc in earlier]

@@ -67,10 +67,11 @@ def effective_cache_bytes(sizes_mb: Sequence[int] = CACHE_PROBE_MB, width: int =
                           repeats: int = 5) -> int:
     """The last-level cache this process effectively has, measured: random gathers of ``rows`` rows of ``width``
     float32 (a layer's source rows) from tables of ``sizes_mb``; the largest table whose time per row stays below
-    half way between the fastest table's and the largest one's. One thread, about 3 s.
+    half way between the fastest table's and the largest one's. About 1 s on the calibration's one torch thread.
 
     sysfs reports the whole socket's cache, which a VM's few cores share with other guests: this host's Xeon
-    reports 480 MiB, and its gathers slow down past 32-64 MiB like those of a 32 MiB EPYC. The cost model's
+    reports 480 MiB, and its gathers slow down past 32 MiB (76-80 ns per row up to 32 MiB, 94 at 64, 108-118 at
+    128-512). The cost model's
     cache term (:func:`gsplit.estimate.model.layer_features`) with 480 MiB saw every share in cache, and the fit
     under-predicted the 1M-vertex shares' layers by up to a quarter; with the measured size it fits them within
     a tenth.
