@@ -165,11 +165,13 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
         if sum(send_counts) == n_bnd and n_bnd:  # every boundary row goes to exactly one other rank (two ranks)
             send_inverse = torch.empty_like(send_idx).index_copy_(
                 0, send_idx, torch.arange(n_bnd, dtype=send_idx.dtype, device=dev))
+        keep_boundary_send = None if send_inverse is None else send_inverse.index_select(0, assembly["keep_boundary_idx"])
         block.overlap = OverlapSplit(
             interior_block=interior, boundary_block=boundary,
             send_idx=send_idx, send_counts=send_counts,
             recv_pos=without_stretch(index.recv_pos, own_recv), recv_counts=recv_counts,
-            keep_idx=keep_idx, keep_pos=keep_pos, num_mixed=index.num_mixed, send_inverse=send_inverse, **assembly)
+            keep_idx=keep_idx, keep_pos=keep_pos, num_mixed=index.num_mixed, send_inverse=send_inverse,
+            keep_boundary_send=keep_boundary_send, **assembly)
 
 
 def _assembly_fields(keep_idx: torch.Tensor, keep_pos: torch.Tensor, n_int: int):
@@ -190,13 +192,19 @@ def _assembly(plan: OverlapSplit) -> OverlapSplit:
 
 # ---------------------------------------------------------------------------------------------- autograd
 class _SendBoundary(torch.autograd.Function):
-    """Forward: start sending the boundary rows. Backward: wait for their gradients from the other ranks."""
+    """Forward: start sending the boundary rows. Backward: wait for their gradients from the other ranks.
+
+    ``in_send_order``: ``hb``'s rows are in the order they are sent already (the between-layer step placed them
+    there, ``place=(n, plan.send_inverse)``), so ``hb`` itself is the send buffer (no gather forward) and the
+    returning gradients are its gradient as they arrive (no gather backward)."""
 
     @staticmethod
     def forward(ctx, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows, tag: str, clock: Optional[LayerClock],
-                layer: int) -> torch.Tensor:
+                layer: int, in_send_order: bool = False) -> torch.Tensor:
         ctx.plan, ctx.ex, ctx.shape, ctx.clock, ctx.layer = plan, ex, hb.shape, clock, layer
-        ex.start(gather_rows(hb, plan.send_idx), plan.send_counts, plan.recv_counts, f"{tag}/fwd")
+        ctx.in_send_order = in_send_order
+        ex.start(hb if in_send_order else gather_rows(hb, plan.send_idx), plan.send_counts, plan.recv_counts,
+                 f"{tag}/fwd")
         return hb.new_empty(0)  # a token that orders _Assemble after this in the graph
 
     @staticmethod
@@ -207,15 +215,27 @@ class _SendBoundary(torch.autograd.Function):
         back = ctx.ex.wait()
         if ctx.clock is not None:
             ctx.clock.mark(("bwd", ctx.layer))
-        if plan.send_inverse is not None:  # each boundary row went to one rank: gather its one gradient
+        kept_at = plan.keep_boundary_idx
+        if ctx.in_send_order:  # row k's gradient is back[k]: the received buffer is the gradient (ours to write)
+            grad = back
+            kept_at = _kept_in_send_order(plan)
+        elif plan.send_inverse is not None:  # each boundary row went to one rank: gather its one gradient
             grad = gather_rows(back, plan.send_inverse)
         else:  # a row sent to several ranks sums their gradients
             grad = back.new_zeros(ctx.shape)
             grad.index_add_(0, plan.send_idx, back)
         kept, ctx.ex.kept_grad = ctx.ex.kept_grad, None
         if kept is not None:  # and this rank's own reads of boundary rows (a + b: the bits of autograd's sum)
-            grad.index_add_(0, plan.keep_boundary_idx, kept)
-        return grad, None, None, None, None, None
+            grad.index_add_(0, kept_at, kept)
+        return grad, None, None, None, None, None, None
+
+
+def _kept_in_send_order(plan: OverlapSplit) -> torch.Tensor:
+    """The rows this rank reads itself of a boundary output placed in send order: ``send_inverse[keep_boundary_idx]``
+    (the plan's, or computed for a plan made without it)."""
+    if plan.keep_boundary_send is not None:
+        return plan.keep_boundary_send
+    return plan.send_inverse.index_select(0, plan.keep_boundary_idx)
 
 
 class _Assemble(torch.autograd.Function):
@@ -230,7 +250,7 @@ class _Assemble(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, token, hi: torch.Tensor, hb: torch.Tensor, plan: OverlapSplit, ex: AsyncRows,
-                tag: str, placed: bool = False) -> torch.Tensor:
+                tag: str, placed: bool = False, in_send_order: bool = False) -> torch.Tensor:
         ctx.plan, ctx.ex, ctx.tag, ctx.token_shape, ctx.placed = plan, ex, tag, token.shape, placed
         if placed:
             if hi.shape[0] != plan.num_mixed:
@@ -242,7 +262,8 @@ class _Assemble(torch.autograd.Function):
         else:
             out = scatter_rows_(hi.new_empty((plan.num_mixed,) + tuple(hi.shape[1:])), plan.interior_pos, hi)
         if plan.keep_boundary_idx.numel():
-            scatter_rows_(out, plan.keep_boundary_pos, gather_rows(hb, plan.keep_boundary_idx))
+            kept = _kept_in_send_order(plan) if in_send_order else plan.keep_boundary_idx
+            scatter_rows_(out, plan.keep_boundary_pos, gather_rows(hb, kept))
         scatter_rows_(out, plan.recv_pos, ex.wait())
         return out
 
@@ -257,7 +278,7 @@ class _Assemble(torch.autograd.Function):
         if plan.keep_boundary_idx.numel():
             ctx.ex.kept_grad = gather_rows(grad_out, plan.keep_boundary_pos)
         # a (size-0) gradient for the token, so that autograd runs _SendBoundary's backward: the wait
-        return grad_out.new_zeros(ctx.token_shape), grad_hi, None, None, None, None, None
+        return grad_out.new_zeros(ctx.token_shape), grad_hi, None, None, None, None, None, None
 
 
 # ---------------------------------------------------------------------------------------------- forward
@@ -294,10 +315,15 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
         # one gradient of the aggregated sources for both parts (the first part's backward makes it, the other adds)
         share = {"source_grad": SharedSourceGrad()} if _takes(layer.combine, "source_grad") else {}
         hb = layer.combine(bb, sources, **share)
-        if between is not None:
+        # each boundary row goes to one other rank (two ranks): the between-layer step writes the rows in the order
+        # they are sent, so the send buffer is its output (no gather forward, none of the gradients backward)
+        in_send_order = placed and plan.send_inverse is not None
+        if in_send_order:
+            hb = between(i, hb, bb, place=(hb.shape[0], plan.send_inverse))
+        elif between is not None:
             hb = between(i, hb, bb)
         ex = AsyncRows(comm)
-        token = _SendBoundary.apply(hb, plan, ex, tag, clock, i)
+        token = _SendBoundary.apply(hb, plan, ex, tag, clock, i, in_send_order)
         hi = layer.combine(ib, sources, **share)  # computed while the boundary rows travel
         if placed:  # straight to their places in the next layer's input
             hi = between(i, hi, ib, place=(plan.num_mixed, plan.interior_pos))
@@ -305,7 +331,7 @@ def overlapped_sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor,
             hi = between(i, hi, ib)
         if clock is not None:  # the wait in _Assemble is not the layer's compute
             clock.mark(None)
-        h = layer_ends(clock, i, _Assemble.apply(token, hi, hb, plan, ex, tag, placed))
+        h = layer_ends(clock, i, _Assemble.apply(token, hi, hb, plan, ex, tag, placed, in_send_order))
     return h
 
 

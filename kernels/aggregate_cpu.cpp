@@ -297,14 +297,16 @@ torch::Tensor spmm_backward(torch::Tensor indptr, torch::Tensor edge_src, torch:
 
 namespace {
 
-// SAGE-mean's GEMM input [h_dst | mean of the in-neighbours' rows], [nd, 2F], in one pass per row.
+// SAGE-mean's GEMM input [h_dst | mean of the in-neighbours' rows], [nd, 2F], in one pass per row; with `ones`, a
+// last column of ones, [nd, 2F + 1]: the bias rides in the GEMM as one more row of the weight, so its gradient is
+// part of the weight's product in backward instead of a separate column sum over the layer's [nd, out] gradient.
 template <typename T>
 void sage_concat_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ col, const T* __restrict__ x,
-                      T* __restrict__ out, int64_t nd, int64_t F, int64_t d0) {
-  const int64_t last = p[nd];
+                      T* __restrict__ out, int64_t nd, int64_t F, int64_t d0, bool ones) {
+  const int64_t last = p[nd], ld = 2 * F + (ones ? 1 : 0);
 #pragma omp parallel for schedule(dynamic, kChunk) num_threads(num_threads())
   for (int64_t i = 0; i < nd; ++i) {
-    T* __restrict__ self = out + i * 2 * F;
+    T* __restrict__ self = out + i * ld;
     T* __restrict__ o = self + F;
     std::copy(x + (d0 + i) * F, x + (d0 + i + 1) * F, self);
     std::fill(o, o + F, T(0));
@@ -320,6 +322,7 @@ void sage_concat_impl(const int64_t* __restrict__ p, const int64_t* __restrict__
 #pragma omp simd
       for (int64_t f = 0; f < F; ++f) o[f] /= deg;
     }
+    if (ones) o[F] = T(1);
   }
 }
 
@@ -329,16 +332,16 @@ void sage_concat_impl(const int64_t* __restrict__ p, const int64_t* __restrict__
 template <typename T>
 void sage_concat_backward_impl(const int64_t* __restrict__ p, const int64_t* __restrict__ src,
                                const T* __restrict__ g, T* __restrict__ gx, int64_t nd, int64_t ns, int64_t F,
-                               int64_t d0, bool add) {
+                               int64_t ld, int64_t d0, bool add) {
   const EdgesBySource t = edges_by_source(p, src, nd, ns);
-  const std::vector<T> scaled = rows_over_degree(p, g, nd, F, 2 * F, F);  // the mean half, divided by the degree
-  gather_by_source<T>(t, scaled.data(), F, gx, ns, F, g, 2 * F, d0, nd, add);
+  const std::vector<T> scaled = rows_over_degree(p, g, nd, F, ld, F);  // the mean half, divided by the degree
+  gather_by_source<T>(t, scaled.data(), F, gx, ns, F, g, ld, d0, nd, add);
 }
 
 }  // namespace
 
 // [x[dst_start + i] | mean of x over row i's entries] for every destination row i: [num_dst, 2F].
-torch::Tensor sage_concat(torch::Tensor indptr, torch::Tensor col, torch::Tensor x, int64_t dst_start) {
+torch::Tensor sage_concat(torch::Tensor indptr, torch::Tensor col, torch::Tensor x, int64_t dst_start, bool ones) {
   check_index(indptr, "indptr");
   check_index(col, "col");
   check_values(x, "x", 2);
@@ -346,10 +349,10 @@ torch::Tensor sage_concat(torch::Tensor indptr, torch::Tensor col, torch::Tensor
   const int64_t nd = indptr.numel() - 1, F = xc.size(1);
   TORCH_CHECK_VALUE(dst_start >= 0 && dst_start + nd <= xc.size(0), "sage_concat: destinations [", dst_start, ", ",
                     dst_start + nd, ") are not rows of x (", xc.size(0), " rows)");
-  auto out = torch::empty({nd, 2 * F}, xc.options());
+  auto out = torch::empty({nd, 2 * F + (ones ? 1 : 0)}, xc.options());
   AT_DISPATCH_FLOATING_TYPES(xc.scalar_type(), "sage_concat", [&] {
     sage_concat_impl<scalar_t>(indptr.data_ptr<int64_t>(), col.data_ptr<int64_t>(), xc.data_ptr<scalar_t>(),
-                               out.data_ptr<scalar_t>(), nd, F, dst_start);
+                               out.data_ptr<scalar_t>(), nd, F, dst_start, ones);
   });
   return out;
 }
@@ -361,15 +364,16 @@ torch::Tensor sage_concat_backward(torch::Tensor indptr, torch::Tensor edge_src,
   check_index(edge_src, "edge_src");
   check_values(grad_out, "grad_out", 2);
   auto g = grad_out.contiguous();
-  const int64_t nd = indptr.numel() - 1, F = g.size(1) / 2;
-  TORCH_CHECK_VALUE(g.size(0) == nd && g.size(1) == 2 * F, "sage_concat_backward: grad_out ", g.sizes(),
-                    " for ", nd, " destinations");
+  // [nd, 2F] or, after sage_concat(..., ones=true), [nd, 2F + 1]: the ones column's gradient is not x's
+  const int64_t nd = indptr.numel() - 1, ld = g.size(1), F = ld / 2;
+  TORCH_CHECK_VALUE(g.size(0) == nd && F > 0, "sage_concat_backward: grad_out ", g.sizes(), " for ", nd,
+                    " destinations");
   const bool add = into.has_value();
   if (add) check_into(*into, g, num_src, F, "sage_concat_backward");
   auto gx = add ? *into : torch::empty({num_src, F}, g.options());
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "sage_concat_backward", [&] {
     sage_concat_backward_impl<scalar_t>(indptr.data_ptr<int64_t>(), edge_src.data_ptr<int64_t>(),
-                                        g.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), nd, num_src, F, dst_start,
+                                        g.data_ptr<scalar_t>(), gx.data_ptr<scalar_t>(), nd, num_src, F, ld, dst_start,
                                         add);
   });
   return gx;
@@ -907,7 +911,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("spmm_backward", &spmm_backward, "grad of spmm_sum / spmm_mean w.r.t. x, each source row summed in edge order",
         py::arg("indptr"), py::arg("edge_src"), py::arg("grad_out"), py::arg("num_src"), py::arg("mean"),
         py::arg("into") = py::none());
-  m.def("sage_concat", &sage_concat, "[x[dst_start + i] | mean of x over row i's entries]");
+  m.def("sage_concat", &sage_concat, "[x[dst_start + i] | mean of x over row i's entries (| 1 with ones)]",
+        py::arg("indptr"), py::arg("col"), py::arg("x"), py::arg("dst_start"), py::arg("ones") = false);
   m.def("sage_concat_backward", &sage_concat_backward, "grad of sage_concat w.r.t. x",
         py::arg("indptr"), py::arg("edge_src"), py::arg("grad_out"), py::arg("num_src"), py::arg("dst_start"),
         py::arg("into") = py::none());

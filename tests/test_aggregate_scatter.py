@@ -123,24 +123,29 @@ def test_sage_combine_is_one_product_with_the_bias_inside():
     b = _block()
     h = torch.randn(300, 16, requires_grad=True)
     ops = _ops(lambda: SAGEConv(16, 32)(b, h).sum().backward())  # aggregates first (the hidden layers' case)
-    # before: fc_self(h_dst) + fc_neigh(neigh) + bias: two products, two adds, a zero-filled slice gradient of h
-    assert ops.get("aten::addmm", 0) == 1 and ops.get("aten::mm", 0) == 2, ops  # forward; backward: h and W
+    # before: fc_self(h_dst) + fc_neigh(neigh) + bias: two products, two adds, a zero-filled slice gradient of h;
+    # then addmm(b, ...) and its backward's column sum of the output's gradient. Now the bias rides in the GEMM
+    # (a ones column of [h_dst | mean | 1]): forward one product, backward one for h and one for [W | b]
+    assert ops.get("aten::mm", 0) == 3 and "aten::addmm" not in ops and ops.get("aten::sum", 0) == 1, ops  # the loss
     assert "aten::add" not in ops and not any("SliceBackward" in k for k in ops), ops
     ops = _ops(lambda: SAGEConv(16, 8)(b, h).sum().backward())  # projects first (the output layer's case)
     assert ops.get("aten::addmm", 0) == 1 and "aten::add" not in ops, ops
 
 
-def test_self_and_mean_equals_its_fallback_with_one_gradient():
+@pytest.mark.parametrize("ones", [False, True])
+def test_self_and_mean_equals_its_fallback_with_one_gradient(ones):
     _require_extension()
     src, dst = _edges(2000, 600, 9000, seed=4)
     x = torch.randn(2000, 12, dtype=torch.float64)
-    w = torch.randn(500, 24, dtype=torch.float64)
+    w = torch.randn(500, 24 + ones, dtype=torch.float64)  # with ones: the ones column's gradient is not x's
     got, ref = [], []
     for fn, sink in ((agg.self_and_mean, got), (None, ref)):
         xi = x.clone().requires_grad_(True)
         keep = dst >= 100  # the destinations 100..599 as a part starting at row 100 (as an overlapped layer's)
         s, d = src[keep], dst[keep] - 100
-        y = fn(xi, s, d, 500, 100) if fn else torch.cat([xi[100:600], agg.copy_u_mean_torch(xi, s, d, 500)], 1)
+        extra = [torch.ones(500, 1, dtype=x.dtype)] if ones else []
+        y = fn(xi, s, d, 500, 100, ones_column=ones) if fn else \
+            torch.cat([xi[100:600], agg.copy_u_mean_torch(xi, s, d, 500)] + extra, 1)
         (y * w).sum().backward()
         sink += [y.detach(), xi.grad]
     torch.testing.assert_close(got[0], ref[0], rtol=1e-12, atol=1e-12)

@@ -136,11 +136,14 @@ class SAGEConv(nn.Module):
             if self.bias is not None:
                 out = out.add_(self.bias)  # addmm's backward does not need its output: in place is safe
         elif self.aggregator == "mean":
-            # One product of [h_dst | mean] with [W_self | W_neigh] (+ b in the same GEMM): no sum temporaries, and
-            # one gradient over h in backward instead of a zero-filled slice gradient plus the scatter's.
-            both = self_and_mean(h, src, dst, nd, d0, source_grad)
-            w = torch.cat([self.fc_self.weight, self.fc_neigh.weight], dim=1)
-            out = both @ w.t() if self.bias is None else torch.addmm(self.bias, both, w.t())
+            # One product of [h_dst | mean | 1] with [W_self | W_neigh | b]: no sum temporaries, one gradient over h
+            # in backward instead of a zero-filled slice gradient plus the scatter's, and the bias inside the GEMM
+            # both ways (addmm would first copy b into every output row, and its backward sum the output's gradient
+            # over the rows in one more pass: together ~3 ms of a 2-rank SAGE step on one core)
+            both = self_and_mean(h, src, dst, nd, d0, source_grad, ones_column=self.bias is not None)
+            parts = [self.fc_self.weight, self.fc_neigh.weight]
+            w = torch.cat(parts if self.bias is None else parts + [self.bias.unsqueeze(1)], dim=1)
+            out = both @ w.t()
         else:  # gcn
             deg = degrees(dst, nd).to(h.dtype).unsqueeze(1)
             neigh = (copy_u_sum(x, src, dst, nd, source_grad) + x[d0:d0 + nd]) / (deg + 1)

@@ -260,6 +260,9 @@ class OverlapSplit:
     """When every boundary row is sent exactly once (two ranks): the position in ``send_idx`` of each boundary
     row, so that the returning gradients are gathered (``index_select``) instead of accumulated; ``None``
     where a row goes to several ranks (or not computed)."""
+    keep_boundary_send: Optional[torch.Tensor] = None
+    """``send_inverse[keep_boundary_idx]``: where the boundary rows this rank reads too sit when the boundary rows
+    are computed in send order (:mod:`gsplit.overlap` does so where ``send_inverse`` is set); ``None`` with it."""
 
     @property
     def num_interior(self) -> int:
@@ -277,15 +280,16 @@ class OverlapSplit:
                        send_idx=mv(self.send_idx), recv_pos=mv(self.recv_pos),
                        keep_idx=mv(self.keep_idx), keep_pos=mv(self.keep_pos),
                        interior_pos=mv_opt(self.interior_pos), keep_boundary_idx=mv_opt(self.keep_boundary_idx),
-                       keep_boundary_pos=mv_opt(self.keep_boundary_pos), send_inverse=mv_opt(self.send_inverse))
+                       keep_boundary_pos=mv_opt(self.keep_boundary_pos), send_inverse=mv_opt(self.send_inverse),
+                       keep_boundary_send=mv_opt(self.keep_boundary_send))
 
     def tensors(self) -> Iterator[torch.Tensor]:
         """Every tensor of the split (its two blocks' included)."""
         yield from self.interior_block.tensors()
         yield from self.boundary_block.tensors()
         yield from (self.send_idx, self.recv_pos, self.keep_idx, self.keep_pos)
-        yield from (t for t in (self.interior_pos, self.keep_boundary_idx, self.keep_boundary_pos, self.send_inverse)
-                    if t is not None)
+        yield from (t for t in (self.interior_pos, self.keep_boundary_idx, self.keep_boundary_pos, self.send_inverse,
+                                self.keep_boundary_send) if t is not None)
 
 
 def without_stretch(t: torch.Tensor, stretch: slice) -> torch.Tensor:
