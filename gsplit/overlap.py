@@ -8,7 +8,10 @@ slower one. Overlapped, layer ``i`` (all but the last) runs in this order on eve
    GCN's when they multiply first);
 2. the *boundary* part: the layer's destinations that another rank's next block reads
    (``layer.combine`` on their in-edges), with the activation and dropout that follow the layer;
-3. the asynchronous all-to-all of those rows starts (``async_op=True``);
+3. the asynchronous all-to-all of those rows starts (``async_op=True``); where each boundary row goes to exactly
+   one other rank (two ranks), the between-layer step writes the rows in the order they are sent
+   (``place=(n, send_inverse)``), so its output is the send buffer and no row is gathered for the send, nor
+   its gradient gathered back;
 4. the *interior* part: the destinations only this rank reads, computed while the rows travel;
 5. wait, and assemble the next block's source rows (received rows plus this rank's own).
 
