@@ -168,7 +168,7 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
         if sum(send_counts) == n_bnd and n_bnd:  # every boundary row goes to exactly one other rank (two ranks)
             send_inverse = torch.empty_like(send_idx).index_copy_(
                 0, send_idx, torch.arange(n_bnd, dtype=send_idx.dtype, device=dev))
-        keep_boundary_send = None if send_inverse is None else send_inverse.index_select(0, assembly["keep_boundary_idx"])
+        keep_boundary_send = _kept_in_send_order(send_inverse, assembly["keep_boundary_idx"])
         block.overlap = OverlapSplit(
             interior_block=interior, boundary_block=boundary,
             send_idx=send_idx, send_counts=send_counts,
@@ -187,10 +187,20 @@ def _assembly_fields(keep_idx: torch.Tensor, keep_pos: torch.Tensor, n_int: int)
 
 def _assembly(plan: OverlapSplit) -> OverlapSplit:
     """``plan`` with its assembly fields (``interior_pos``, ``keep_boundary_*``) derived from ``keep_idx`` /
-    ``keep_pos`` when a plan was made without them; no host read."""
-    if plan.interior_pos is not None:
-        return plan
-    return replace(plan, **_assembly_fields(plan.keep_idx, plan.keep_pos, plan.num_interior)[1])
+    ``keep_pos`` (and ``send_inverse``) when a plan was made without them; no host read. :func:`plan_overlap`'s
+    plans have them all (made on the loader's side), so this returns them as they are."""
+    if plan.interior_pos is None:
+        plan = replace(plan, **_assembly_fields(plan.keep_idx, plan.keep_pos, plan.num_interior)[1])
+    if plan.keep_boundary_send is None and plan.send_inverse is not None:
+        plan = replace(plan, keep_boundary_send=_kept_in_send_order(plan.send_inverse, plan.keep_boundary_idx))
+    return plan
+
+
+def _kept_in_send_order(send_inverse: Optional[torch.Tensor], keep_boundary_idx: torch.Tensor
+                        ) -> Optional[torch.Tensor]:
+    """Where the boundary rows this rank reads too sit in a boundary output written in send order:
+    ``send_inverse[keep_boundary_idx]``; ``None`` without ``send_inverse`` (rows sent to several ranks)."""
+    return None if send_inverse is None else send_inverse.index_select(0, keep_boundary_idx)
 
 
 # ---------------------------------------------------------------------------------------------- autograd
@@ -221,7 +231,7 @@ class _SendBoundary(torch.autograd.Function):
         kept_at = plan.keep_boundary_idx
         if ctx.in_send_order:  # row k's gradient is back[k]: the received buffer is the gradient (ours to write)
             grad = back
-            kept_at = _kept_in_send_order(plan)
+            kept_at = plan.keep_boundary_send
         elif plan.send_inverse is not None:  # each boundary row went to one rank: gather its one gradient
             grad = gather_rows(back, plan.send_inverse)
         else:  # a row sent to several ranks sums their gradients
@@ -231,14 +241,6 @@ class _SendBoundary(torch.autograd.Function):
         if kept is not None:  # and this rank's own reads of boundary rows (a + b: the bits of autograd's sum)
             grad.index_add_(0, kept_at, kept)
         return grad, None, None, None, None, None, None
-
-
-def _kept_in_send_order(plan: OverlapSplit) -> torch.Tensor:
-    """The rows this rank reads itself of a boundary output placed in send order: ``send_inverse[keep_boundary_idx]``
-    (the plan's, or computed for a plan made without it)."""
-    if plan.keep_boundary_send is not None:
-        return plan.keep_boundary_send
-    return plan.send_inverse.index_select(0, plan.keep_boundary_idx)
 
 
 class _Assemble(torch.autograd.Function):
@@ -265,7 +267,7 @@ class _Assemble(torch.autograd.Function):
         else:
             out = scatter_rows_(hi.new_empty((plan.num_mixed,) + tuple(hi.shape[1:])), plan.interior_pos, hi)
         if plan.keep_boundary_idx.numel():
-            kept = _kept_in_send_order(plan) if in_send_order else plan.keep_boundary_idx
+            kept = plan.keep_boundary_send if in_send_order else plan.keep_boundary_idx
             scatter_rows_(out, plan.keep_boundary_pos, gather_rows(hb, kept))
         scatter_rows_(out, plan.recv_pos, ex.wait())
         return out

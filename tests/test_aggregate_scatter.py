@@ -152,6 +152,27 @@ def test_self_and_mean_equals_its_fallback_with_one_gradient(ones):
     torch.testing.assert_close(got[1], ref[1], rtol=1e-12, atol=1e-12)
 
 
+def test_self_and_mean_ones_column_fallback_equals_the_kernel(monkeypatch):
+    """The torch path of ``self_and_mean(..., ones_column=True)`` (what a CUDA rank runs) gives the kernel's rows,
+    ones column included, and the same gradient over ``x``."""
+    _require_extension()
+    src, dst = _edges(800, 300, 4000, seed=5)
+    x = torch.randn(800, 10, dtype=torch.float64)
+    w = torch.randn(300, 21, dtype=torch.float64)
+    results = []
+    for disabled in (False, True):
+        if disabled:
+            monkeypatch.setenv("GSPLIT_NO_EXTENSIONS", "1")
+        xi = x.clone().requires_grad_(True)
+        y = agg.self_and_mean(xi, src, dst, 300, 0, ones_column=True)
+        (y * w).sum().backward()
+        results.append((y.detach(), xi.grad))
+    (y_ext, g_ext), (y_torch, g_torch) = results
+    assert y_ext.shape == (300, 21) and torch.equal(y_ext[:, -1], torch.ones(300, dtype=x.dtype))
+    torch.testing.assert_close(y_ext, y_torch, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(g_ext, g_torch, rtol=1e-12, atol=1e-12)
+
+
 def test_dropout_multiplies_the_rows_once_with_the_old_bits():
     h = torch.randn(500, 8, requires_grad=True)
     ids = torch.arange(500)

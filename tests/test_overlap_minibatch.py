@@ -305,20 +305,27 @@ def test_recomputed_layers_run_the_plain_path(monkeypatch):
         assert len(starts) == (0 if recompute else 2 * (len(FANOUTS) - 1)), (recompute, starts)
 
 
-def _placed_against_copied(rank, world_size):
+def _placed_against_copied(rank, world_size, extensions=True):
     """One overlapped step of each model twice on the same blocks: the models' ``between`` (which takes ``place``,
-    so the interior rows are written straight into the next layer's input) and the same step behind a wrapper
-    without it (the interior rows copied in by the assembly)."""
+    so the interior rows are written straight into the next layer's input, and at two ranks the boundary rows in
+    send order) and the same step behind a wrapper without it (the rows copied in by the assembly and gathered
+    for the send). ``extensions=False``: the torch fallbacks, the ops a CUDA rank runs (``place_rows``, torch's
+    SAGE concatenation with its ones column)."""
+    import os
+
     from gsplit import overlap
     from gsplit.nn.forward import sp_forward
 
+    if not extensions:
+        os.environ["GSPLIT_NO_EXTENSIONS"] = "1"  # this worker process only
     graph, feats, labels, train_idx = make_problem()
     owner = make_maps(graph, train_idx, world_size)["random"]
     loader = DataLoader(graph, train_idx, gsplit.NeighborSampler(FANOUTS, seed=3), partition=owner, use_ddp=True,
                         batch_size=BATCH, shuffle=True, features=feats, labels=labels, overlap=True)
     _, _, blocks = next(iter(loader))
     modes, assemble = [], overlap._Assemble.apply
-    overlap._Assemble.apply = lambda *args: (modes.append(args[-1]), assemble(*args))[1]  # this process only
+    # (placed, in_send_order) of every assembly; this process only
+    overlap._Assemble.apply = lambda *args: (modes.append(tuple(args[6:8])), assemble(*args))[1]
     out = {}
     for name in ("sage", "gat", "gcn"):
         torch.manual_seed(0)
@@ -336,11 +343,14 @@ def _placed_against_copied(rank, world_size):
     return out, modes
 
 
-def test_placed_interior_rows_have_the_bits_of_the_copied_ones():
-    """Writing an overlapped layer's interior rows straight to their places (``between(..., place=...)``) computes
-    exactly what copying them in does: the same loss and gradients, bit for bit (float64, dropout on)."""
-    for out, modes in launch(_placed_against_copied, 2):
-        assert modes == [True, True, False, False] * 3, modes  # both paths ran, per model and layer
+@pytest.mark.parametrize("extensions", [True, False])
+def test_placed_interior_rows_have_the_bits_of_the_copied_ones(extensions):
+    """Writing an overlapped layer's interior rows straight to their places (``between(..., place=...)``), and at
+    two ranks its boundary rows in send order, computes exactly what copying them does: the same loss and
+    gradients, bit for bit (float64, dropout on), with the compiled kernels and with the torch fallbacks."""
+    for out, modes in launch(_placed_against_copied, 2, args=(extensions,)):
+        # both paths ran, per model and layer: placed with the boundary rows in send order, and copied
+        assert modes == ([(True, True)] * 2 + [(False, False)] * 2) * 3, modes
         for name in ("sage", "gat", "gcn"):
             (loss_p, grads_p), (loss_c, grads_c) = out[(name, True)], out[(name, False)]
             assert torch.equal(loss_p, loss_c), name
