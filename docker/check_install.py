@@ -9,7 +9,7 @@ It checks what a user of the image gets, not the source tree: run it from a fold
 * the ``gsplit`` command runs (``python -m gsplit --help``);
 * CuPy imports (the image's ``gpu`` extra). The build has no GPU, so no kernel is launched here.
 
-``GSPLIT_CHECK_WITHOUT=cupy`` leaves out the CuPy import: ``tests/test_docker_checks.py`` runs this file,
+``GSPLIT_CHECK_WITHOUT=cupy`` leaves out the CuPy import: ``tests/docs/test_docker_checks.py`` runs this file,
 exactly as the Dockerfile does, against a wheel installed on a machine without CuPy.
 """
 

@@ -38,7 +38,7 @@ def _target(obj: griffe.Object | griffe.Alias, name: str) -> Optional[str]:
 
 def _public_path(obj: griffe.Object | griffe.Alias, path: str) -> str:
     """``path`` as the reference documents it: the object's name in the package right above its module when
-    that package exports it (``gsplit.launch.start.launch`` -> ``gsplit.launch.launch``), else ``path``."""
+    that package exports it (``gsplit.launcher.start.launch`` -> ``gsplit.launcher.launch``), else ``path``."""
     module, _, name = path.rpartition(".")
     package = module.rpartition(".")[0]
     try:

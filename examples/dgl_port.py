@@ -1,6 +1,6 @@
 # DGL's multi-GPU GraphSAGE example (examples/multigpu/node_classification_sage.py, DGL v2.1.0, Apache-2.0,
 # copyright the DGL authors), ported to gsplit's split parallelism. DGL's model class, dgl.nn layers,
-# DGLGraph, samplers and training loop stay; 6 code lines change (tests/test_dgl_port.py counts them
+# DGLGraph, samplers and training loop stay; 6 code lines change (tests/interop/test_dgl_port.py counts them
 # against tests/data/dgl_node_classification_sage.py.txt, DGL's file):
 #   - gsplit's DataLoader and SplitParallel (as DistributedDataParallel) are imported in place of DDP's
 #     import: the loader splits every mini-batch by a partition map it makes for itself (none is passed),

@@ -1,7 +1,7 @@
 """Paper Figure 7: test accuracy per epoch, split parallelism vs data parallelism.
 
 Both systems train the same model from the same initialisation on the same global mini-batches
-through ``gsplit.trainer`` (CPU ranks over gloo). Split parallelism computes exactly the
+through ``gsplit.run.trainer`` (CPU ranks over gloo). Split parallelism computes exactly the
 single-process mini-batch (mean loss over the global batch); data parallelism computes each rank's
 micro-batch (mean loss per micro-batch, gradients averaged: DDP semantics). With equal micro-batches
 and counter-based sampling the two compute the same gradient, so the curves should differ only by
@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 
 from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
-from gsplit.trainer import TrainConfig
+from gsplit.run.trainer import TrainConfig
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """Issue 20, item 6: how much of split's waiting is the map's imbalance and how much is shared cores.
 
 Runs ``gsplit train --system split`` (CPU ranks over gloo) with ``--log`` and reads the last epoch's
-``balance`` record (``gsplit.trainer.iteration_balance``), summed over the epoch's iterations:
+``balance`` record (``gsplit.run.trainer.iteration_balance``), summed over the epoch's iterations:
 
 * ``step``: the training step (forward, loss, backward, gradient all-reduce, optimiser), mean over ranks;
 * ``in collectives``: the seconds inside the step's collectives (layer shuffles forward and backward,
@@ -18,7 +18,7 @@ Runs ``gsplit train --system split`` (CPU ranks over gloo) with ``--log`` and re
   next waits at both shuffles while its compute over the iteration evens out (``bench_transport.py``
   measures the transfer alone, in lockstep);
 * ``all-reduce``: the gradient all-reduce (in collectives minus the shuffles);
-* per layer (``gsplit.timing.LayerClock``: each layer's forward + backward compute, waits and shuffles left
+* per layer (``gsplit.runtime.timing.LayerClock``: each layer's forward + backward compute, waits and shuffles left
   out): ``layer s`` the mean over ranks, ``layer max/mean`` its imbalance, ``layer gap s`` max - mean summed
   over iterations (what the faster rank waits at that layer's shuffles, at least), split into ``layer map
   part s`` (the layer's mean time x (its edges max/mean - 1)) and the rest, noise.
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 
-from gsplit.io import read_run_log
+from gsplit.runtime.io import read_run_log
 
 
 def parse_args(argv=None):

@@ -61,7 +61,7 @@ def save_blocks(path: Path, args) -> dict:
 def gsplit_side(blocks_path: Path, models, args) -> dict:
     """Time and profile this process's gsplit on the saved blocks."""
     from gsplit.nn.models import GAT, SAGE
-    from gsplit.resources import keep_freed_heap
+    from gsplit.runtime.resources import keep_freed_heap
     from gsplit.sampling.block import Block
 
     torch.set_num_threads(args.threads)

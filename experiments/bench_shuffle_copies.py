@@ -50,7 +50,7 @@ def _timed(comm, fn, repeats: int):
 def side_rank(rank, world_size, graph_args, owner, batches: int, repeats: int):
     """One rank of one side: ms per iteration of each part (median over batches) and a checksum."""
     from gsplit.comm.shuffle import _Shuffle, shuffle_rows
-    from gsplit.overlap import AsyncRows, _Assemble, _SendBoundary
+    from gsplit.minibatch.overlap import AsyncRows, _Assemble, _SendBoundary
 
     torch.set_num_threads(1)
     ds = setup.load_named("synthetic", *graph_args)

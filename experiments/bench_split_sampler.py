@@ -178,7 +178,7 @@ def layer_phases(ranks) -> dict:
 
 
 def worker(args) -> int:
-    from gsplit.launch import launch
+    from gsplit.launcher import launch
 
     ranks = launch(rank_body, 2, args=(args.data, args.warmup, args.iters, args.overlap), devices="cpu")
     res = {"tree": os.environ.get("PYTHONPATH", ""), "batch_ms": [statistics.median(r["batch_ms"]) for r in ranks],

@@ -1,6 +1,6 @@
 """Paper Table 3: training time per epoch, split parallelism vs data parallelism, SAGE and GAT.
 
-Both systems run through ``gsplit.trainer`` (same models, data, global mini-batches, launcher and
+Both systems run through ``gsplit.run.trainer`` (same models, data, global mini-batches, launcher and
 counters) on CPU ranks over gloo. Split uses the ``gsplit`` partition map (pre-sampling + METIS).
 Each run is bounded by ``max_iters``; the epoch time is the measured mean time per iteration (first
 iteration excluded) times the iterations of a full epoch, with its sample / load / forward-backward
@@ -10,7 +10,7 @@ breakdown (each phase at its max over ranks, as in the trainer's log). The count
     python experiments/end_to_end.py --quick
     python experiments/end_to_end.py --quick --systems split,split-overlap   # overlapped layers vs plain
 
-``split-overlap`` is split with overlapped layers (:mod:`gsplit.overlap`; ``gsplit train``'s default for
+``split-overlap`` is split with overlapped layers (:mod:`gsplit.minibatch.overlap`; ``gsplit train``'s default for
 SAGE and GCN),
 ``split`` the plain path (``gsplit train --no-overlap``: a blocking shuffle before every layer); the
 systems of one (model, ranks) run in one launch, interleaved (ABBA), and ``split/this`` is the ratio of
@@ -23,7 +23,7 @@ import sys
 
 from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 from gsplit.sampling.batches import num_iterations
-from gsplit.trainer import TrainConfig
+from gsplit.run.trainer import TrainConfig
 
 
 def main(argv=None) -> int:

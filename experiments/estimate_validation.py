@@ -13,7 +13,7 @@ Three parts, runnable separately (``--parts``; each writes its JSON, the next re
    issues them); the last-level cache a rank effectively has (``effective_cache_bytes``: random row gathers, not
    sysfs's socket-wide size). Fits the CPU device profile (``cores`` = this host's cores: ranks beyond them share cores) and
    the ``cpu-gloo`` link. Nothing here runs the multi-rank training it predicts.
-2. ``measure``: the real multi-rank runs (``gsplit.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
+2. ``measure``: the real multi-rank runs (``gsplit.run.trainer.train_rank`` on ``gsplit.launch``'s CPU ranks),
    2 and 4 ranks x SAGE/GAT x the graphs x split/dp, ``--iters`` iterations each (``--no-overlap``; CPU
    defaults otherwise: direct input rows), per iteration the slowest rank's sample + load + train, the first
    ``--warmup`` left out (the heap is still being faulted in there); with ``--prime`` (default) every job runs twice
@@ -63,7 +63,7 @@ from gsplit.estimate.calibrate import (corun_effects, corun_steps, effective_cac
                                        transport_profile)
 from gsplit.estimate.links import LinkProfile
 from gsplit.estimate.model import DeviceProfile
-from gsplit.trainer import TrainConfig
+from gsplit.run.trainer import TrainConfig
 
 FANOUTS = [15, 10, 5]
 BATCH = 1024
@@ -136,7 +136,7 @@ def run_config(model: str, system: str, iters: int, seed: int) -> TrainConfig:
 # ------------------------------------------------------------------------------------------- calibrate
 def calibrate(args) -> dict:
     """The raw timings of one calibration pass (:func:`fit` turns them into profiles)."""
-    torch.set_num_threads(1)  # a rank's share of this host at 2 and 4 ranks (gsplit.launch.limit_threads)
+    torch.set_num_threads(1)  # a rank's share of this host at 2 and 4 ranks (gsplit.launcher.limit_threads)
     cores = report.cpu_cores()
     sampler = gsplit.NeighborSampler(FANOUTS, seed=args.seed)
     shares = {m: [] for m in args.models}
@@ -250,7 +250,7 @@ def heap_primed(logs: dict) -> dict:
 
 def faults_per_iteration(job_logs: list, warmup: int = 1) -> list:
     """Per measured iteration (the first ``warmup`` of each run left out), the most minor page faults one rank had
-    in it (:func:`gsplit.resources.minor_page_faults` as the trainer records it); ``None`` where a log has no
+    in it (:func:`gsplit.runtime.resources.minor_page_faults` as the trainer records it); ``None`` where a log has no
     count. A fault storm (thousands: the heap growing) marks an iteration that ran slower for it.
 
     Example:
@@ -283,10 +283,10 @@ def measured_terms(job_logs: list, warmup: int = 1) -> dict:
     """Seconds per iteration of the measured runs by term, means over ranks and iterations (the first ``warmup`` of
     each run left out): each layer's forward and backward (``LayerClock``, waits excluded), each kind of collective's
     transfer (its least seconds over ranks: the last rank to arrive waits for no one) and, summed over every
-    collective, the waiting beyond it (:func:`gsplit.counters.iteration_balance`). The same names as the model's
+    collective, the waiting beyond it (:func:`gsplit.run.counters.iteration_balance`). The same names as the model's
     terms, so that a miss can be placed; measured layers run under the co-run contention that the model books
     as ``cores shared``."""
-    from gsplit.counters import iteration_balance
+    from gsplit.run.counters import iteration_balance
 
     totals, iterations = dict.fromkeys(MEASURED_TERMS, 0.0), 0
     for log in job_logs:

@@ -56,7 +56,7 @@ in order, each stopped when ``--budget`` runs out (what did not run says so in t
    per iteration (the feature store's count).
 
 ``--quick`` runs every part at small sizes on whatever device there is (the CPU here: the GPU-only parts say
-they were skipped), with the same JSON schema and table; ``tests/test_docker_checks.py`` runs it.
+they were skipped), with the same JSON schema and table; ``tests/docs/test_docker_checks.py`` runs it.
 """
 
 from __future__ import annotations
@@ -86,9 +86,9 @@ import torch
 sys.path.insert(0, str(setup.REPO))  # this checkout's gsplit on a host where it is not installed
 
 import gsplit  # noqa: E402
-from gsplit.feature_store import FeatureStore  # noqa: E402
+from gsplit.data.feature_store import FeatureStore  # noqa: E402
 from gsplit.ops import cuda, sample_cuda, torch_ops  # noqa: E402
-from gsplit.sampling import counter_rng  # noqa: E402
+from gsplit.ops import counter_rng  # noqa: E402
 
 ROWS = ((1024, (15, 10, 5)), (4096, (15, 10, 5)), (1024, (30, 30, 30)))
 """(targets, fanouts) of the issue's rows."""
@@ -409,7 +409,7 @@ def _measured_row(row: dict, uva: bool, dev: torch.device, budget: Budget, need_
 
 
 def _first_iteration(ds, dev: torch.device, system: str, uva: bool, fanouts, batch: int) -> dict:
-    from gsplit.trainer import TrainConfig, train_rank
+    from gsplit.run.trainer import TrainConfig, train_rank
 
     cfg = TrainConfig(system=system, uva=uva, epochs=1, max_iters=3, eval_every=0, device=str(dev),
                       fanouts=list(fanouts), batch_size=batch, hidden=HIDDEN, log_iterations=True,
@@ -613,8 +613,8 @@ def train_row(ds, dev: torch.device, sync, system: str, uva: bool, batch: int, f
     from torch.profiler import ProfilerActivity, profile
 
     from gsplit.nn import build_model
-    from gsplit.trainer import SYSTEMS as TRAIN_SYSTEMS
-    from gsplit.trainer import TrainConfig, rank_graph
+    from gsplit.run.trainer import SYSTEMS as TRAIN_SYSTEMS
+    from gsplit.run.trainer import TrainConfig, rank_graph
 
     cfg = TrainConfig(system=system, uva=uva, fanouts=list(fanouts), batch_size=batch, hidden=HIDDEN,
                       device=str(dev), eval_every=0)
@@ -761,7 +761,7 @@ def shares(ds, dev: torch.device, iters: int, budget: Budget, out: str, kernels_
     (its per-layer sampling cost held at the kernels part's :func:`sample_call_floor_s` when that part ran)."""
     from gsplit.estimate import ModelShape
     from gsplit.estimate.calibrate import fit_device, time_shares, time_steps
-    from gsplit.trainer import TrainConfig
+    from gsplit.run.trainer import TrainConfig
 
     sampler = gsplit.NeighborSampler([15, 10, 5], seed=0)
     owners = {1: None, **{w: gsplit.partition(ds.graph, w, method="edge").assignment for w in (2, 4, 8)}}
@@ -793,7 +793,7 @@ def shares(ds, dev: torch.device, iters: int, budget: Budget, out: str, kernels_
 
 def macrobatch(ds, dev: torch.device, sizes, iters: int, budget: Budget) -> dict:
     """Issue 33: UVA bytes and time per iteration with B mini-batches per macrobatch (split and dp, one rank)."""
-    from gsplit.trainer import TrainConfig, train_rank
+    from gsplit.run.trainer import TrainConfig, train_rank
 
     rows = []
     for system in ("split", "dp"):

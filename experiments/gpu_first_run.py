@@ -6,7 +6,7 @@ a time cap inside an overall budget (``--budget``, default 570 s):
 1. ``environment``: GPUs and driver (``nvidia-smi``), torch / CUDA / CuPy versions, the CuPy probe (a
    kernel compiled and launched) and, when it fails, which CuPy to install.
 2. ``gpu-tests``: ``GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu`` (a skipped GPU test is a failure).
-3. ``sanitizer``: ``compute-sanitizer --tool memcheck`` on the kernel tests (``tests/test_kernels.py -m gpu``).
+3. ``sanitizer``: ``compute-sanitizer --tool memcheck`` on the kernel tests (``tests/ops/test_kernels.py -m gpu``).
 4. ``suite``: the rest of the suite (``-m "not gpu"``; with part 2, the whole suite once). It runs in the
    background from the start, alongside every other part, so their timings share the host's cores with it.
 5. ``cpu-kernel-timings``: ``experiments/bench_sampler.py`` and ``bench_layers.py`` at small sizes
@@ -181,8 +181,8 @@ def main(argv=None) -> int:
         suite_argv += ["-n", str(args.suite_workers), "--dist", "loadfile"]
         suite.numbers["workers"] = args.suite_workers
     if args.quick:
-        suite_argv += ["tests/test_graph.py"]
-        suite.numbers["note"] = "--quick: tests/test_graph.py stands in for the suite"
+        suite_argv += ["tests/datasets/test_graph.py"]
+        suite.numbers["note"] = "--quick: tests/datasets/test_graph.py stands in for the suite"
     suite_log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
     suite.command = " ".join(suite_argv)
     suite_t0 = time.monotonic()
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
         gpu_tests.status, gpu_tests.command = NO_GPU, "GSPLIT_REQUIRE_GPU=1 python -m pytest -m gpu"
     parts.append(gpu_tests)
 
-    sanitizer = Part("sanitizer", command="compute-sanitizer --tool memcheck python -m pytest tests/test_kernels.py -m gpu")
+    sanitizer = Part("sanitizer", command="compute-sanitizer --tool memcheck python -m pytest tests/ops/test_kernels.py -m gpu")
     if "sanitizer" in skip:
         sanitizer.status = SKIPPED
     elif not gpu:
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
         sanitizer.status = "skipped: compute-sanitizer is not on PATH (it comes with the CUDA toolkit)"
     else:
         _run(sanitizer, ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", "3", py, "-m", "pytest",
-                         "tests/test_kernels.py", "-m", "gpu", "-x", "-q", "-p", "no:cacheprovider"],
+                         "tests/ops/test_kernels.py", "-m", "gpu", "-x", "-q", "-p", "no:cacheprovider"],
              min(args.cap, budget.left()))
         _pytest_summary(sanitizer)
     parts.append(sanitizer)

@@ -5,7 +5,7 @@ vertex weights only; ``edge``: plain METIS balancing edges and training vertices
 
 * split quality on held-out mini-batches (:func:`gsplit.split_stats`): cross-split edge fraction and
   edge/vertex load imbalance per layer;
-* a real split-parallel training run through ``gsplit.trainer`` (CPU ranks over gloo): shuffle and
+* a real split-parallel training run through ``gsplit.run.trainer`` (CPU ranks over gloo): shuffle and
   id-exchange bytes from the communicator's traffic counters, per-layer edge imbalance measured on
   the ranks, and time per iteration with its sample/load/forward-backward breakdown.
 
@@ -21,7 +21,7 @@ from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's 
 import gsplit
 from gsplit.partitioning import METHODS
 from gsplit.sampling.batches import num_iterations
-from gsplit.trainer import TrainConfig
+from gsplit.run.trainer import TrainConfig
 
 
 def run_maps(ds, label, world, args, fanouts, iters, pre_epochs, stats_batches, sampler, results, rows) -> None:

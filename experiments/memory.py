@@ -10,7 +10,7 @@ receive the dataset in shared memory, so the graph, features, labels and owner m
 host; the model's per-rank private memory is the process itself (python, torch, gsplit, its compiled
 kernels, the communicator; measured, it is not a byte count) plus those transients.
 
-The measurement trains ``--ranks`` CPU ranks through ``gsplit.trainer.train_rank`` (what ``gsplit train``
+The measurement trains ``--ranks`` CPU ranks through ``gsplit.run.trainer.train_rank`` (what ``gsplit train``
 runs) on a synthetic graph of ``--nodes`` vertices with 128-d features, and records, while it runs,
 every process's RSS and PSS (``/proc/PID/smaps_rollup`` through psutil; PSS splits shared pages among the
 processes that map them, so the sum of PSS is the host's memory without double counting) and, at the end,
@@ -35,7 +35,7 @@ import torch
 
 import gsplit
 from gsplit.partitioning.partition_map import PartitionMap
-from gsplit.trainer import TrainConfig, train_rank
+from gsplit.run.trainer import TrainConfig, train_rank
 
 GB = 1e9
 PAPERS100M = {"num_nodes": 111_059_956, "directed_edges": 1_615_685_872, "feature_dim": 128, "ranks": 8,
@@ -116,7 +116,7 @@ def papers100m(rank_process_bytes: float) -> dict:
 def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner) -> dict:
     """Train, then report this rank's peak RSS (the kernel's own high-water mark), its pid and the bytes of
     the largest mini-batch its loader delivered (every tensor of the ``MiniBatch``, features and labels too)."""
-    from gsplit import loader as loader_module
+    from gsplit.minibatch import loader as loader_module
 
     deliver, largest, saved, largest_saved = loader_module.DataLoader._deliver, [0], {}, [0]
 

@@ -4,7 +4,7 @@ Generates the synthetic graph of ``experiments/scale.py`` (average degree 15), c
 pre-sampling weights once (4 parts, batch 1024 per rank, fanouts 15,10,5), then partitions it with each
 budget (``0``: every edge) and records the pre-sampled weight cut as a share of the total weight (over every
 edge of the graph, after the refinement), METIS's own pages at their peak (the forked METIS process's
-private memory, ``gsplit.resources.HostMemoryMeter``), the entries METIS was given and the weight they kept.
+private memory, ``gsplit.runtime.resources.HostMemoryMeter``), the entries METIS was given and the weight they kept.
 
     python experiments/metis_budgets.py --nodes 4000000 --budgets 8,10,12,0    # ~15 min, ~10 GB at its peak
     python experiments/metis_budgets.py --quick                                 # 50k vertices, seconds
@@ -21,7 +21,7 @@ import numpy as np
 from gsplit import NeighborSampler
 from gsplit.partitioning import presample
 from gsplit.partitioning.strategies import partition
-from gsplit.resources import HostMemoryMeter
+from gsplit.runtime.resources import HostMemoryMeter
 
 
 def main(argv=None) -> None:

@@ -1,7 +1,7 @@
 """Many hosts: 2 hosts x 2 ranks (hybrid) vs 4 split ranks on one host vs 4 data-parallel ranks.
 
 All three train the same model on the same global mini-batches (``batch_size`` per rank, 4 ranks) through
-``gsplit.trainer`` in one launch of 4 CPU ranks over gloo; the 2 x 2 layout makes the host groups
+``gsplit.run.trainer`` in one launch of 4 CPU ranks over gloo; the 2 x 2 layout makes the host groups
 [0, 1] and [2, 3] (``TrainConfig.ranks_per_host=2``), exactly what torchrun gives two hosts of two
 GPUs. Reported per iteration, summed over ranks, from the trainer's own counters: input-feature rows
 loaded, edges computed, bytes sent inside the split groups (id exchanges and shuffles: inside one
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
-from gsplit.trainer import TrainConfig
+from gsplit.run.trainer import TrainConfig
 
 LAYOUTS = (("2 hosts x 2 (hybrid)", "split", 2), ("1 host x 4 (split)", "split", 0), ("4 data-parallel", "dp", 0))
 """(label, system, ranks_per_host): the three ways of using 4 ranks."""

@@ -19,8 +19,8 @@ from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP'
 import torch
 
 import gsplit
-from gsplit.launch import launch
-from gsplit.loader import DataLoader
+from gsplit.launcher import launch
+from gsplit.minibatch.loader import DataLoader
 from gsplit.nn import build_model, split_cross_entropy
 
 

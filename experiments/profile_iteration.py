@@ -1,6 +1,6 @@
 """Where one training iteration's time goes, for split and data parallelism (issue: per-iteration overhead).
 
-Each rank runs ``gsplit.trainer.train_rank`` for a few iterations under ``cProfile``; the cumulative time of
+Each rank runs ``gsplit.run.trainer.train_rank`` for a few iterations under ``cProfile``; the cumulative time of
 the functions that make up an iteration (sampling, relabelling, id and count exchanges, feature loading,
 shuffles forward and backward, layer kernels, backward, gradient all-reduce, optimiser) is divided by the
 number of iterations. The profiler itself costs a little per Python call, so the totals run a few percent
@@ -20,7 +20,7 @@ import time
 
 from harness import report, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import gsplit
-from gsplit.trainer import TrainConfig, train_rank
+from gsplit.run.trainer import TrainConfig, train_rank
 
 # (label, function name as cProfile records it, file fragment): cumulative seconds of each. Cumulative means
 # with everything the function calls: the loader's _prepare includes sampling and the feature gather.
@@ -37,7 +37,7 @@ PARTS = [
     ("  layers: per-source terms (project_sources)", "project_sources", "nn/layers.py"),
     ("  layers: aggregation + per-destination terms (combine)", "combine", "nn/layers.py"),
     ("  shuffles forward", "forward", "comm/shuffle.py"),
-    ("  overlapped shuffles: waits, forward and backward (AsyncRows.wait)", "wait", "gsplit/overlap.py"),
+    ("  overlapped shuffles: waits, forward and backward (AsyncRows.wait)", "wait", "gsplit/minibatch/overlap.py"),
     ("backward (autograd, incl. shuffles backward)", "backward", "_tensor.py"),
     ("  shuffles backward", "backward", "comm/shuffle.py"),
     ("gradient all-reduce", "allreduce_gradients", "gradients.py"),

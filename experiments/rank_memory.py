@@ -28,9 +28,9 @@ import torch
 import gsplit
 from gsplit import datasets
 from gsplit.datasets.base import Dataset
-from gsplit.graph import Graph
-from gsplit.resources import smaps_rollup_kb
-from gsplit.trainer import TrainConfig, train_rank
+from gsplit.data.graph import Graph
+from gsplit.runtime.resources import smaps_rollup_kb
+from gsplit.run.trainer import TrainConfig, train_rank
 
 MB = 1 << 20
 
@@ -53,7 +53,7 @@ def _anon_mb() -> float:
 
 def measured_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner, out: str) -> dict:
     """``train_rank`` with this rank's private memory recorded at its steps (written to ``out.RANK.json``)."""
-    from gsplit import loader as loader_module
+    from gsplit.minibatch import loader as loader_module
 
     marks = [{"step": "start", "anon_mb": _anon_mb()}]
     original_iter = loader_module.DataLoader.__iter__

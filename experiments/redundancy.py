@@ -9,7 +9,7 @@ mini-batch) and every rank computes a disjoint part of it. The counts per iterat
 * split: ``NeighborSampler.sample_blocks(global mini-batch)``, which the split loader reproduces
   exactly, spread over ranks (the parity test proves it).
 
-Then one real multi-rank run of each system through ``gsplit.trainer`` confirms that the trainer's
+Then one real multi-rank run of each system through ``gsplit.run.trainer`` confirms that the trainer's
 counters (summed over ranks) equal these counts, iteration by iteration.
 
     python experiments/redundancy.py --quick
@@ -26,7 +26,7 @@ import torch
 
 import gsplit
 from gsplit.sampling.batches import epoch_permutation, num_iterations
-from gsplit.trainer import TrainConfig
+from gsplit.run.trainer import TrainConfig
 
 
 def batches(train_idx: torch.Tensor, global_batch: int, seed: int, count: int):
@@ -87,7 +87,7 @@ def measure(ds, world: int, batch_size: int, fanouts, iters: int, seed: int) -> 
 
 
 def confirm_with_trainer(ds, world: int, batch_size: int, fanouts, iters: int, seed: int) -> dict:
-    """Run both systems through ``gsplit.trainer`` and compare its per-iteration counters with the offline counts."""
+    """Run both systems through ``gsplit.run.trainer`` and compare its per-iteration counters with the offline counts."""
     pmap, _, _ = setup.make_map(ds, world, "edge", fanouts, batch_size, seed)
     jobs = [(TrainConfig(model="sage", fanouts=list(fanouts), batch_size=batch_size, hidden=32, epochs=1,
                          system=system, seed=seed, eval_every=0, max_iters=iters, device="cpu",

@@ -13,7 +13,7 @@ For each size, on a synthetic graph (average degree 15, 128-d float32 features):
   increment is ``peak - before``. METIS runs in a forked child: its own peak RSS (and its RSS before
   METIS, so the difference is METIS's memory) is reported by the child (``metis_child_*``). The
   **host's peak** during prepare's stages (weights, METIS, statistics) is the peak of the summed PSS of
-  the worker and the METIS process, sampled by :class:`gsplit.resources.HostMemoryMeter`
+  the worker and the METIS process, sampled by :class:`gsplit.runtime.resources.HostMemoryMeter`
   (``host_peak_mb``; shared pages counted once), with the METIS process's private pages at their peak
   (``metis_private_peak_mb``); CPU times include the METIS process's (``os.times``' children).
   Mapped file pages that a stage reads count in its RSS (they are shared page cache, not private).
@@ -51,7 +51,7 @@ from typing import Dict, List, Optional
 from harness import memory, report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 import numpy as np
 
-from gsplit.resources import available_memory, cpu_seconds
+from gsplit.runtime.resources import available_memory, cpu_seconds
 
 AVG_DEGREE = 15.0
 FEATURE_DIM = 128

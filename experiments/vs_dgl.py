@@ -16,7 +16,7 @@ and hidden size, all on CPU ranks over gloo:
   with the multi-process runs of the same ``ranks`` (same global batch); the table's ratios are to DGL's
   multi-process epoch. ``--systems dgl,split,dp`` leaves them out;
 * ``dgl-keepheap`` (not in the default): ``dgl`` with glibc keeping freed memory for reuse, as gsplit's CPU
-  ranks do (``gsplit.resources.keep_freed_heap``): how much of a gap is the allocator setting;
+  ranks do (``gsplit.runtime.resources.keep_freed_heap``): how much of a gap is the allocator setting;
 * ``split-plain`` (issue 20, item 4): ``split`` with ``--no-overlap`` (every layer's shuffle blocking), so
   that the overlap's effect is measured in the same rounds (``split`` follows ``gsplit train``'s default:
   overlapped for SAGE and GCN, not for GAT, where the two rows are then the same configuration);
@@ -32,7 +32,7 @@ and hidden size, all on CPU ranks over gloo:
   sampled and loaded in one exchange, then trained one by one (the same steps). Every gsplit run also reports its
   collectives per iteration (rank 0's log) and every run the peak private memory of its largest process (a rank;
   ``Private_Clean + Private_Dirty`` of ``/proc/PID/smaps_rollup`` sampled every second by
-  ``gsplit.resources.HostMemoryMeter``).
+  ``gsplit.runtime.resources.HostMemoryMeter``).
 
 Each run is its own process (``python -m gsplit.cli train`` from this checkout, the same as
 ``.venv/bin/gsplit train`` in the main checkout) with ``--epochs 2``; the second epoch is reported (the
@@ -62,8 +62,8 @@ from pathlib import Path
 
 from harness import report, rounds, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 
-from gsplit.io import read_run_log
-from gsplit.resources import HostMemoryMeter, keep_freed_heap_env
+from gsplit.runtime.io import read_run_log
+from gsplit.runtime.resources import HostMemoryMeter, keep_freed_heap_env
 
 SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle",
            "dgl-keepheap", "split-prefetch")
@@ -84,7 +84,7 @@ SPLIT_VARIANTS = {"split": [], "split-plain": ["--no-overlap"], "split-shm": [],
 
 DGL_KEEP_HEAP_ENV = keep_freed_heap_env()
 """``dgl-keepheap``: DGL's ranks with the glibc setting gsplit's CPU ranks make at start
-(``gsplit.resources.keep_freed_heap``, by ``mallopt``; glibc reads the same from these variables): the allocator's
+(``gsplit.runtime.resources.keep_freed_heap``, by ``mallopt``; glibc reads the same from these variables): the allocator's
 share of a difference, measured apart from the libraries' own work."""
 
 MACROBATCH_BASES = ("split", "dp", "split-shuffle", "split-prefetch", "split-shm")

@@ -4,22 +4,30 @@ One global mini-batch per iteration, split across ranks by a partition map compu
 all-to-all shuffle per layer. See README.md for a quick start and DESIGN.md for how the parts fit.
 """
 
-from gsplit import datasets
-from gsplit.comm import Communicator, allreduce_gradients, global_sum, host_groups, shuffle
-from gsplit.feature_store import FeatureStore
-from gsplit.fullgraph import FullGraphLoader, recompute_layers
-from gsplit.graph import Graph
-from gsplit.inference import InferenceResult, layerwise_inference
-from gsplit.launch import LaunchError, LaunchInterrupted, current_device, launch, report_progress, spawn, world_size
-from gsplit.loader import DataLoader
-from gsplit.nn import sp_forward, split_cross_entropy
-from gsplit.parallel import SplitParallel
-from gsplit.partitioning import (PartitionMap, PresampleWeights, full_graph_stats, partition, partition_full_graph,
+from gsplit import _moved
+
+_moved.install_finder()  # old module paths (gsplit.trainer, gsplit.launch.X, ...) keep importing
+
+from gsplit import datasets  # noqa: E402
+from gsplit.comm import Communicator, allreduce_gradients, global_sum, host_groups, shuffle  # noqa: E402
+from gsplit.data.feature_store import FeatureStore  # noqa: E402
+from gsplit.data.graph import Graph  # noqa: E402
+from gsplit.fullgraph import FullGraphLoader, recompute_layers  # noqa: E402
+from gsplit.launcher import (LaunchError, LaunchInterrupted, current_device, launch, report_progress,  # noqa: E402
+                             spawn, world_size)
+from gsplit.minibatch.inference import InferenceResult, layerwise_inference  # noqa: E402
+from gsplit.minibatch.loader import DataLoader  # noqa: E402
+from gsplit.minibatch.parallel import SplitParallel  # noqa: E402
+from gsplit.nn import sp_forward, split_cross_entropy  # noqa: E402
+from gsplit.partitioning import (PartitionMap, PresampleWeights, full_graph_stats, partition,  # noqa: E402
+                                 partition_full_graph,
                                  prepare_partition, presample, split_stats)
-from gsplit.sampling import Block, MiniBatch, NeighborSampler, ShuffleIndex
-from gsplit.split import sp_sample
+from gsplit.sampling import Block, MiniBatch, NeighborSampler, ShuffleIndex  # noqa: E402
+from gsplit.split import sp_sample  # noqa: E402
 
 __version__ = "0.1.0"
+
+_moved.alias_launcher()
 
 __all__ = [
     "Graph", "Block", "MiniBatch", "NeighborSampler", "SplitParallel", "datasets",

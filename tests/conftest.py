@@ -11,13 +11,25 @@ Ranks start from a fork server (``GSPLIT_START_METHOD=forkserver``, unless the e
 the suite launches some 250 rank processes, and each spawned one imports torch anew (2-4 s of CPU on this
 2-core CI), which made up 40 % of the suite's time. The tests of the spawn path itself (the user's default)
 ask for it by name.
+
+The tests sit in one folder per package of gsplit (``tests/minibatch/`` for ``gsplit/minibatch/``, ...); the shared
+helpers (``parity_helpers``, ``kernel_emulation``, the fakes) stay here. Some test modules reuse another's problem
+or workers by name (``from test_split_parity import make_problem``): every test folder goes on ``sys.path``, as
+pytest puts a test's own folder there, and ranks started from a test inherit it.
 """
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("GSPLIT_START_METHOD", "forkserver")
+
+_TESTS = Path(__file__).resolve().parent
+for _folder in sorted(p for p in _TESTS.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 @pytest.hookimpl(tryfirst=True)  # before the skipif markers are evaluated

@@ -5,7 +5,7 @@ on ``sys.path``, so ``from harness import setup, report`` works (spawned ranks a
 
 * :mod:`harness.setup`  -- paths, the arguments every script takes (``make_parser``), data, partition maps,
   arrays exported for a peer;
-* :mod:`harness.runs`   -- training jobs through ``gsplit.trainer`` in one launch, and what their logs say
+* :mod:`harness.runs`   -- training jobs through ``gsplit.run.trainer`` in one launch, and what their logs say
   (times per iteration, counters, traffic);
 * :mod:`harness.rounds` -- interleaved rounds, repeats after a warm-up, time budgets, subprocesses (workers,
   other checkouts, peers) and the JSON they hand back;

@@ -1,7 +1,7 @@
-"""Training jobs through ``gsplit.trainer`` on CPU ranks in one launch, and what their logs say.
+"""Training jobs through ``gsplit.run.trainer`` on CPU ranks in one launch, and what their logs say.
 
 Both systems (``split`` and the data-parallel ``dp``) train through the same function,
-:func:`gsplit.trainer.train_rank`, launched with :func:`gsplit.launch`; every figure below is read from the
+:func:`gsplit.run.trainer.train_rank`, launched with :func:`gsplit.launch`; every figure below is read from the
 trainer's own per-rank, per-iteration records.
 """
 
@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 import gsplit
-from gsplit.trainer import TrainConfig, train_rank
+from gsplit.run.trainer import TrainConfig, train_rank
 
 from . import rounds
 
@@ -140,7 +140,7 @@ def full_graph_step(system: str, dataset, device: torch.device, hidden: int, num
     if system != "gsplit":
         raise ValueError(f"system {system!r}: use 'gsplit' or 'pyg'")
     from gsplit.nn import build_model
-    from gsplit.trainer import SYSTEMS as TRAIN_SYSTEMS
+    from gsplit.run.trainer import SYSTEMS as TRAIN_SYSTEMS
 
     cfg = TrainConfig(system="full", fanouts=[-1] * num_layers, hidden=hidden, device=str(device), eval_every=0)
     impl = TRAIN_SYSTEMS["full"]

@@ -15,9 +15,9 @@ from typing import Iterator, Optional, Tuple, Union
 
 import torch
 
-from gsplit.feature_store import CacheCounts, FeatureStore
-from gsplit.graph import Graph
-from gsplit.loader import IterationStats, RankLoader
+from gsplit.data.feature_store import CacheCounts, FeatureStore
+from gsplit.data.graph import Graph
+from gsplit.minibatch.loader import IterationStats, RankLoader
 from gsplit.sampling.block import MiniBatch
 from gsplit.sampling.macrobatch import BatchInputs, union_positions
 from gsplit.sampling.neighbor import NeighborSampler
@@ -26,7 +26,7 @@ from gsplit.sampling.neighbor import NeighborSampler
 class DataParallelLoader(RankLoader):
     """Per-rank micro-batch loader with the same arguments and output triple as :class:`gsplit.DataLoader`.
 
-    Input features are read through a :class:`~gsplit.feature_store.FeatureStore` with no owner map, as DGL's
+    Input features are read through a :class:`~gsplit.data.feature_store.FeatureStore` with no owner map, as DGL's
     multi-GPU example reads them: on a GPU the rows are gathered by the GPU from pinned host memory (or from
     device memory, for a table already there); ``cache_size`` keeps the hottest rows (every row, when it
     covers the table) in each rank's device memory. ``features`` may be another loader's store (shared).

@@ -21,8 +21,8 @@ import torch
 
 from gsplit.cli import bench, estimate, evaluate, plot, predict, prepare, stats, train
 from gsplit.cli.options import CliError, _document_defaults, _Parser, _values_that_look_like_options, check_numbers
-from gsplit.io import file_error_line
-from gsplit.launch import LaunchInterrupted
+from gsplit.runtime.io import file_error_line
+from gsplit.launcher import LaunchInterrupted
 
 log = logging.getLogger("gsplit.cli")
 
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stop_on_signal(signum, frame):
-    from gsplit.launch import LaunchInterrupted as Stop
+    from gsplit.launcher import LaunchInterrupted as Stop
 
     raise Stop(signum)
 

@@ -98,8 +98,8 @@ def _prepare_kernels() -> None:
 
 
 def _read_ids(path: str, num_nodes: int) -> torch.Tensor:
-    from gsplit.graph import as_vertex_ids
-    from gsplit.io import load_npy
+    from gsplit.data.graph import as_vertex_ids
+    from gsplit.runtime.io import load_npy
 
     if not Path(path).is_file():
         raise CliError(f"--ids {path}: no such file")
@@ -115,8 +115,8 @@ def _read_ids(path: str, num_nodes: int) -> torch.Tensor:
 
 def _model_and_dataset(args):
     from gsplit import datasets
-    from gsplit.model_io import describe, load_model
-    from gsplit.predict import check_model_fits
+    from gsplit.run.model_io import describe, load_model
+    from gsplit.run.predict import check_model_fits
 
     mf = load_model(args.checkpoint)
     print(f"model {args.checkpoint}: {describe(mf)}", flush=True)
@@ -135,7 +135,7 @@ def _model_and_dataset(args):
 
 
 def _run_inference(args, ds, id_sets, predict_ids=None):
-    from gsplit.predict import evaluate_model
+    from gsplit.run.predict import evaluate_model
 
     ranks = args.num_ranks or default_num_ranks()
     _prepare_kernels()

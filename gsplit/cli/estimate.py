@@ -43,7 +43,7 @@ VALIDATION_SUMMARY = ("within 20 % in 16, 16 and 16 of 16 runs in the three late
                       "to pass")
 """How far off the CPU validation found the model: the latest passes are :data:`LATEST_PASSES`
 (``experiments/results/estimate_validation_rounds_<name>.json``), the earlier ones :data:`EARLIER_PASSES`;
-tests/test_estimate.py checks the text against those files."""
+tests/estimate/test_estimate.py checks the text against those files."""
 
 LATEST_PASSES = ("primedcache", "cache", "cache2")
 """The latest validation passes, oldest first (2026-11-28, a Xeon VM: each job measured on its second run in the

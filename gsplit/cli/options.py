@@ -203,7 +203,7 @@ def check_numbers(args) -> None:
                        + ("--device is cpu" if args.device == "cpu" else "this machine has no CUDA GPU")
                        + "; leave --uva out")
     if getattr(args, "cache_size", None) is not None:
-        from gsplit.feature_store import parse_size
+        from gsplit.data.feature_store import parse_size
         parse_size(args.cache_size)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from gsplit.cli.options import CliError
-from gsplit.io import check_writable
+from gsplit.runtime.io import check_writable
 
 
 def cmd_plot(args) -> int:
-    from gsplit.plot import plot_run
+    from gsplit.run.plot import plot_run
 
     src = Path(args.log)
     if not src.is_file():

@@ -9,7 +9,7 @@ import torch
 
 from gsplit.cli.common import _add_inference_args, _add_model_args, _model_and_dataset, _read_ids, _run_inference
 from gsplit.cli.options import CliError
-from gsplit.io import check_writable
+from gsplit.runtime.io import check_writable
 
 
 def cmd_predict(args) -> int:
@@ -22,7 +22,7 @@ def cmd_predict(args) -> int:
     res = _run_inference(args, ds, {}, predict_ids=ids)
     logits = res.predictions
     pred = logits.argmax(1)
-    from gsplit.io import atomic_write_bytes
+    from gsplit.runtime.io import atomic_write_bytes
 
     if out.suffix == ".csv":
         atomic_write_bytes(out, "vertex,prediction\n" + "".join(f"{v},{p}\n" for v, p in zip(ids.tolist(), pred.tolist())))

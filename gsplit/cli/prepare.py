@@ -10,7 +10,7 @@ from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_grap
                                check_output_folder)
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
                                 check_dataset_options, parse_dataset_options, parse_fanouts)
-from gsplit.io import atomic_write_json
+from gsplit.runtime.io import atomic_write_json
 
 
 class _StageProgress:
@@ -127,7 +127,7 @@ def _ogb_raw_folder(args) -> Optional[Path]:
 
 
 def _print_peak() -> None:
-    from gsplit.resources import peak_rss_bytes
+    from gsplit.runtime.resources import peak_rss_bytes
 
     peak = peak_rss_bytes()
     if peak is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gsplit.cli.common import _load_dataset, _print_full_graph_stats, _print_stats
 from gsplit.cli.options import _add_dataset_args, parse_fanouts
-from gsplit.io import atomic_write_json, check_writable
+from gsplit.runtime.io import atomic_write_json, check_writable
 
 
 def cmd_stats(args) -> int:

@@ -20,7 +20,7 @@ from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_grap
                                check_output_folder, default_num_ranks)
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
                                 check_dataset_options, parse_dataset_options, parse_fanouts)
-from gsplit.io import append_jsonl, check_writable
+from gsplit.runtime.io import append_jsonl, check_writable
 
 
 def print_epoch(record: dict) -> None:
@@ -45,7 +45,7 @@ class EpochReport:
         self.log_path = log_path
         """JSON Lines file to append ``{"type": "epoch", ...}`` records to; None: print only."""
         self.tensorboard = tensorboard
-        """A :class:`gsplit.plot.TensorBoardWriter` for the same numbers (``--tensorboard``), or None."""
+        """A :class:`gsplit.run.plot.TensorBoardWriter` for the same numbers (``--tensorboard``), or None."""
 
     def __call__(self, record: dict) -> None:
         print_epoch(record)
@@ -68,7 +68,7 @@ def _map_mismatch(pmap, fanouts: List[int], batch_size: int) -> str:
 
 def _saved_vertex_weights(pdir: Path, graph) -> Optional[torch.Tensor]:
     """The pre-sampling vertex weights saved next to a partition map (checked), or None if there are none."""
-    from gsplit.io import load_npy
+    from gsplit.runtime.io import load_npy
     from gsplit.partitioning.weights import PresampleWeights
 
     if (pdir / "presample.json").exists():  # the vertex weights alone: the per-edge ones are METIS's
@@ -86,7 +86,7 @@ class ResumeGuard:
     rank starts. Allowed changes are said in one line each; refused ones raise :class:`CliError`."""
 
     def __init__(self, args, config: dict, world_size: int, writer: bool):
-        from gsplit.checkpoint import CheckpointLock, prepare_checkpoint_dir
+        from gsplit.run.checkpoint import CheckpointLock, prepare_checkpoint_dir
 
         self.args, self.config, self.world_size = args, config, world_size
         self.lock = None
@@ -108,8 +108,8 @@ class ResumeGuard:
             self.lock = None
 
     def _check(self, folder: Path, writer: bool) -> None:
-        from gsplit.checkpoint import load_checkpoint, remove_leftovers
-        from gsplit.resume import compare_runs, run_record
+        from gsplit.run.checkpoint import load_checkpoint, remove_leftovers
+        from gsplit.run.resume import compare_runs, run_record
 
         args = self.args
         if writer:
@@ -145,7 +145,7 @@ class ResumeGuard:
         if self.saved is None:
             return
         from gsplit.nn.models import build_model
-        from gsplit.resume import compare_runs, run_record
+        from gsplit.run.resume import compare_runs, run_record
 
         if self.saved.run:
             saved = {k: v for k, v in self.saved.run.items() if k in ("dataset",)}
@@ -169,7 +169,7 @@ class ResumeGuard:
     def check_map(self, owner) -> None:
         """Say when the partition map differs from the checkpoint's (allowed: the same steps)."""
         if self.saved is not None and self.saved.run and owner is not None:
-            from gsplit.resume import compare_runs, run_record
+            from gsplit.run.resume import compare_runs, run_record
 
             saved = {k: v for k, v in self.saved.run.items() if k in ("partition",)}
             self._decide(compare_runs(saved, {"partition": run_record({}, 0, None, owner)["partition"]}))
@@ -182,10 +182,10 @@ def cmd_train(args) -> int:
 
 def _train(args, closing: contextlib.ExitStack) -> int:
     import gsplit
-    from gsplit.feature_store import parse_size
-    from gsplit.launch.torchrun import init_from_env, started_by_torchrun
-    from gsplit.systems import SYSTEMS
-    from gsplit.trainer import TrainConfig, train_rank
+    from gsplit.data.feature_store import parse_size
+    from gsplit.launcher.torchrun import init_from_env, started_by_torchrun
+    from gsplit.run.systems import SYSTEMS
+    from gsplit.run.trainer import TrainConfig, train_rank
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda but CUDA is not available here (no GPU or a CPU-only torch); use --device cpu "
@@ -342,7 +342,7 @@ def _full_graph_map(args, ds, parts: int, torchrun: bool):
 
 def _check_full_graph_memory(args, ds, owner, parts: int) -> None:
     """Refuse, before any rank starts, a full-graph run whose ranks cannot hold their share of the graph."""
-    from gsplit.fullgraph import available_memory, estimate_memory, layer_dims
+    from gsplit.fullgraph.loader import available_memory, estimate_memory, layer_dims
     from gsplit.nn.models import build_model
     from gsplit.partitioning import full_graph_stats
 
@@ -372,14 +372,14 @@ def _finish_log(args, result: dict, ds, t0: float) -> None:
     result["wall_s"] = time.perf_counter() - t0
     if args.log:
         append_jsonl(args.log, {"type": "summary", **{k: v for k, v in result.items() if k != "epochs"}})
-        print(f"log written to {args.log} (JSON Lines; read it with gsplit.io.read_run_log)")
+        print(f"log written to {args.log} (JSON Lines; read it with gsplit.runtime.io.read_run_log)")
 
 
 def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, t0: float, report) -> int:
     """One rank of a torchrun job: same map everywhere, host groups, train, rank 0 writes the log."""
     from gsplit.comm import hosts as multihost
-    from gsplit.systems import SYSTEMS
-    from gsplit.trainer import train_rank
+    from gsplit.run.systems import SYSTEMS
+    from gsplit.run.trainer import train_rank
 
     if owner is not None:  # a map made or read differently on some host would split wrongly, silently
         digest = hashlib.sha256(owner.to(torch.int64).numpy().tobytes()).hexdigest()
@@ -398,7 +398,7 @@ def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, 
 def _run_record(args, ds, ranks: int, cfg) -> dict:
     """The log's first record: everything needed to run it again (dataset and its options, every option,
     seeds, versions, the command line)."""
-    from gsplit.model_io import json_safe, versions
+    from gsplit.run.model_io import json_safe, versions
 
     spec = ds.meta.get("load", {"name": args.dataset, "options": parse_dataset_options(args.dataset_opts)})
     return {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg),
@@ -411,7 +411,7 @@ def _tensorboard(args):
     folder = getattr(args, "tensorboard", None)
     if not folder:
         return None
-    from gsplit.plot import TensorBoardWriter
+    from gsplit.run.plot import TensorBoardWriter
 
     TensorBoardWriter.check_available()
     return TensorBoardWriter(folder)
@@ -438,7 +438,7 @@ def add_parser(sub) -> None:
     # the choices come from the library's own lists, so a new method, model or system appears here by itself
     from gsplit.nn.models import MODELS
     from gsplit.partitioning.strategies import METHODS
-    from gsplit.systems import SYSTEMS
+    from gsplit.run.systems import SYSTEMS
 
     p = sub.add_parser("train", help="train a GNN with split (or data) parallelism")
     _add_dataset_args(p)
@@ -504,7 +504,7 @@ def add_parser(sub) -> None:
     # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir
     p.add_argument("--log", "--log-file", dest="log",
                    help="append every number here as JSON Lines, one record per epoch as it finishes (read with "
-                        "gsplit.io.read_run_log); alias --log-file, since torchrun's own parser takes --log")
+                        "gsplit.runtime.io.read_run_log); alias --log-file, since torchrun's own parser takes --log")
     p.add_argument("--launcher", default="auto", choices=["auto", "gsplit", "torchrun"],
                    help="auto (default): join the torchrun job when torchrun started this process, else start "
                         "--num-ranks ranks on this host")

@@ -208,7 +208,7 @@ class Communicator:
     def count_rows(self, tag: str, x: torch.Tensor, send_counts: Sequence[int]) -> None:
         """Count the rows of ``x`` (grouped by destination, ``send_counts[j]`` to rank ``j``) that leave this rank,
         and their bytes, under ``tag``: what every all-to-all of rows books, blocking or not
-        (:class:`gsplit.overlap.AsyncRows`)."""
+        (:class:`gsplit.minibatch.overlap.AsyncRows`)."""
         remote = sum(send_counts) - send_counts[self.rank]
         self.traffic.add(tag, remote, remote * math.prod(x.shape[1:]) * x.element_size())
 

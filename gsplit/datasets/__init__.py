@@ -22,7 +22,7 @@ from gsplit.datasets.chunked import ConversionReport, convert_edgelist, convert_
 from gsplit.datasets.ogb import SUPPORTED as OGB_DATASETS
 from gsplit.datasets.ogb import default_root, load_ogb
 from gsplit.datasets.synthetic import make_synthetic, synthetic_graph
-from gsplit.finite import check_finite
+from gsplit.data.finite import check_finite
 
 NAMES = ("synthetic", "npz:PATH", "edgelist:PATH", "folder:PATH") + OGB_DATASETS
 """The accepted forms of ``load``'s ``name``."""

@@ -9,8 +9,8 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from gsplit.finite import check_finite, known_finite
-from gsplit.graph import Graph
+from gsplit.data.finite import check_finite, known_finite
+from gsplit.data.graph import Graph
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ writes the same graph through files, with only per-vertex arrays and one chunk o
    does), compacting in place, then copy the result into ``graph/indices.npy``.
 
 The folder equals ``save_folder(load_edgelist(path, same options))``: same graph, features, labels,
-split and node ids (tests/test_dataset_folder.py checks it, with duplicates, self loops and unsorted
+split and node ids (tests/datasets/test_dataset_folder.py checks it, with duplicates, self loops and unsorted
 input). Memory-mapped pages written by passes 2 and 3 are file pages: the kernel writes them back
 and drops them under pressure, but they count in the resident size (``VmHWM``) while they are mapped.
 """
@@ -37,9 +37,9 @@ import torch
 from gsplit.datasets.base import random_split
 from gsplit.datasets.files import _COMMENTS, _existing_file, _sniff
 from gsplit.datasets.folder import _SPLITS, folder_meta
-from gsplit.graph import Graph
-from gsplit.io import atomic_save_npy, atomic_write_json, write_array_dir
-from gsplit.resources import peak_rss_bytes
+from gsplit.data.graph import Graph
+from gsplit.runtime.io import atomic_save_npy, atomic_write_json, write_array_dir
+from gsplit.runtime.resources import peak_rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def convert_edgelist(
         >>> rep = convert_edgelist("edges.csv", "prepared/edges")    # doctest: +SKIP
         >>> ds = gsplit.datasets.load_folder(rep.folder)              # doctest: +SKIP
     """
-    from gsplit.finite import first_non_finite_row
+    from gsplit.data.finite import first_non_finite_row
 
     if chunk_edges < 1:
         raise ValueError(f"chunk_edges must be a positive number of edges, got {chunk_edges}")
@@ -199,7 +199,7 @@ def convert_ogb(
         >>> convert_ogb("/data/ogb/ogbn_papers100M", "prepared/papers100M")    # doctest: +SKIP
     """
     from gsplit.datasets.ogb import _labels_to_int64
-    from gsplit.finite import first_non_finite_row
+    from gsplit.data.finite import first_non_finite_row
 
     if chunk_edges < 1:
         raise ValueError(f"chunk_edges must be a positive number of edges, got {chunk_edges}")

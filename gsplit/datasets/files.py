@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from gsplit.datasets.base import Dataset, planetoid_split, random_split
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 
 log = logging.getLogger(__name__)
 

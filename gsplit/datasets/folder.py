@@ -22,7 +22,7 @@ hands the ranks the path and each rank maps the files, instead of copying the te
 
 The writer checks once what every reader would otherwise check at start (features finite, graph CSC
 valid) and records it in ``meta.json`` (``checks``), with a stamp of every array file (size, modification
-time, a digest of 64 sampled blocks: :func:`gsplit.io.file_stamp`). A reader skips those full passes over
+time, a digest of 64 sampled blocks: :func:`gsplit.runtime.io.file_stamp`). A reader skips those full passes over
 files that are still the ones written, so the first epoch does not wait for the whole feature file to be
 read; what it always checks costs little next to reading the arrays: the sizes and dtypes, ``indptr``
 (starts at 0, never decreases, ends at the edge count: one pass over one entry per vertex) and the
@@ -46,9 +46,9 @@ import numpy as np
 import torch
 
 from gsplit.datasets.base import Dataset
-from gsplit.finite import first_non_finite_row, known_finite, mark_finite
-from gsplit.graph import Graph
-from gsplit.io import load_npy, read_meta, stamp_status, write_array_dir
+from gsplit.data.finite import first_non_finite_row, known_finite, mark_finite
+from gsplit.data.graph import Graph
+from gsplit.runtime.io import load_npy, read_meta, stamp_status, write_array_dir
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from gsplit.datasets.base import Dataset
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from gsplit.datasets.base import Dataset, random_split
-from gsplit.graph import Graph
-from gsplit.resources import require_memory
+from gsplit.data.graph import Graph
+from gsplit.runtime.resources import require_memory
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ from gsplit.comm.shuffle import _Shuffle
 from gsplit.estimate.links import Collective, LinkProfile
 from gsplit.estimate.model import (FLOAT_BYTES, DeviceProfile, LayerCosts, ModelShape, layer_features)
 from gsplit.estimate.work import INPUT_MODES, iteration_batches, split_plan
-from gsplit.feature_store import FeatureStore
+from gsplit.data.feature_store import FeatureStore
 from gsplit.nn.models import build_model
-from gsplit.resources import keep_freed_heap
+from gsplit.runtime.resources import keep_freed_heap
 from gsplit.sampling.neighbor import NeighborSampler
 from gsplit.split.split_sampling import local_targets, sp_sample
 
@@ -155,7 +155,7 @@ def _median_s(fn: Callable[[], object], repeats: int, device: torch.device) -> f
 
 def host_speed_reference(repeats: int = 7, seed: int = 0) -> float:
     """Seconds of one fixed CPU workload (median of ``repeats``), run in a fresh process on one torch thread with
-    :func:`~gsplit.resources.keep_freed_heap` (as a CPU rank): a SAGE-mean layer's forward and backward (the
+    :func:`~gsplit.runtime.resources.keep_freed_heap` (as a CPU rank): a SAGE-mean layer's forward and backward (the
     gather-mean kernel, a [5000, 256] x [256, 256] product, relu, the scatter back) on a seeded random block of
     24,000 sources, 5,000 destinations and 50,000 edges, about 50 ms on one core.
 
@@ -386,7 +386,7 @@ def time_steps(dataset, cfg, progress: Optional[Callable[[str], None]] = None, w
     layers (``train_s`` less the layers' forward and backward), and the phases, medians over all but the first
     ``warmup`` iterations (a fresh process faults its heap in over the first few: on GAT with 1M vertices ~40k
     pages in each of iterations 0-3, which doubled their backward)."""
-    from gsplit.trainer import train_rank
+    from gsplit.run.trainer import train_rank
 
     log_ = train_rank(0, 1, cfg, dataset, None)
     its = [it for epoch in log_["epochs"] for r in epoch["ranks"] for it in r["per_iteration"]][warmup:]
@@ -626,7 +626,7 @@ def transport_profile(worlds: Sequence[int], sizes: Sequence[int], host_bw: floa
 
     Returns ``(link, raw)``: ``raw[w][collective][bytes]`` are the measured seconds (slowest rank, median).
     """
-    from gsplit.launch import launch
+    from gsplit.launcher import launch
 
     raw = {}
     for w in worlds:

@@ -164,7 +164,7 @@ class LayerCosts:
 
     forward: List[float]
     """Coefficients of the forward (the activation and dropout after the layer included, as
-    :class:`gsplit.timing.LayerClock` times it)."""
+    :class:`gsplit.runtime.timing.LayerClock` times it)."""
     backward: List[float]
     """Coefficients of the backward."""
 

@@ -18,8 +18,8 @@ import torch
 from gsplit.estimate.links import LinkProfile
 from gsplit.estimate.model import FLOAT_BYTES, DeviceProfile, ModelShape, Prediction, predict
 from gsplit.estimate.work import IterationWork, count_work
-from gsplit.fullgraph import _SAVED_EDGE_VALUES_PER_HEAD, _SAVED_OUT_ROWS
-from gsplit.graph import Graph
+from gsplit.fullgraph.loader import _SAVED_EDGE_VALUES_PER_HEAD, _SAVED_OUT_ROWS
+from gsplit.data.graph import Graph
 from gsplit.sampling.neighbor import NeighborSampler
 
 
@@ -85,7 +85,7 @@ class MemoryPerGPU:
     features: int
     """Input-feature rows of the iteration."""
     activations: int
-    """Tensors kept for backward (the model's own factors: :mod:`gsplit.fullgraph`'s memory estimate)."""
+    """Tensors kept for backward (the model's own factors: :mod:`gsplit.fullgraph.loader`'s memory estimate)."""
     transient: int
     """Largest per-layer working set (per-edge messages, shuffle buffers)."""
     parameters: int

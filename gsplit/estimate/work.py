@@ -8,7 +8,7 @@ their in-edges, and as sources (its *mixed frontier*) those destinations plus th
 owned by another rank is an id ``r`` requests in layer ``l``'s exchange and a row it receives in the
 layer's shuffle; its owner sends that row. Data parallelism's work is each rank's own micro-batch, sampled
 as its loader samples it. Both use the loaders' global order (:class:`gsplit.sampling.BatchSchedule`), so
-the counts are those a run with the same seed logs, iteration by iteration (``tests/test_estimate.py``
+the counts are those a run with the same seed logs, iteration by iteration (``tests/estimate/test_estimate.py``
 checks them against a real 2-rank run).
 """
 
@@ -19,7 +19,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.sampling.batches import BatchSchedule
 from gsplit.sampling.block import Block
 from gsplit.sampling.neighbor import NeighborSampler
@@ -186,7 +186,7 @@ def count_work(graph: Graph, train_idx: torch.Tensor, sampler: NeighborSampler, 
                owner: Optional[torch.Tensor], iterations: int = 4, seed: int = 0, epoch: int = 0, first: int = 0,
                systems: Sequence[str] = ("split", "dp"), input_features: str = "shuffle") -> Dict[str, List[IterationWork]]:
     """Per system, the work of iterations ``first .. first + iterations - 1`` of ``epoch`` of a run with ``seed``
-    (the sampler's seed and the loaders' ``ddp_seed``, as :class:`gsplit.trainer.TrainConfig` sets both).
+    (the sampler's seed and the loaders' ``ddp_seed``, as :class:`gsplit.run.trainer.TrainConfig` sets both).
 
     ``owner`` (the partition map's assignment) is needed for ``split``.
 

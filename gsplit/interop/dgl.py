@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from gsplit.datasets.base import Dataset, class_labels
-from gsplit.graph import Graph, as_vertex_ids
+from gsplit.data.graph import Graph, as_vertex_ids
 from gsplit.sampling.block import Block, MiniBatch
 from gsplit.sampling.neighbor import NeighborSampler
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 
 __all__ = ["GraphInput", "graph_input", "as_graph", "is_pyg_data"]
 

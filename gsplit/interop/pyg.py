@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from gsplit.datasets.base import Dataset, class_labels
-from gsplit.graph import Graph, as_vertex_ids
+from gsplit.data.graph import Graph, as_vertex_ids
 from gsplit.sampling.block import Block
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import torch
 from gsplit import ops
 from gsplit.ops.aggregate import relu_dropout_rows
 from gsplit.ops.rows import place_rows
-from gsplit.sampling import counter_rng
+from gsplit.ops import counter_rng
 
 _SALT = 0xD40D  # keeps dropout streams apart from the sampler's, which use the same counter hash
 DEFAULT_BANK_ROWS = 4096

@@ -8,10 +8,10 @@ import torch
 
 from gsplit.comm.communicator import as_communicator, group_of
 from gsplit.comm.shuffle import shuffle
-from gsplit.overlap import overlapped_sp_forward, splits_sources
+from gsplit.minibatch.overlap import overlapped_sp_forward, splits_sources
 from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
 from gsplit.sampling.block import Block
-from gsplit.timing import LayerClock, layer_ends, layer_starts
+from gsplit.runtime.timing import LayerClock, layer_ends, layer_starts
 
 
 def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Sequence[Block],
@@ -25,13 +25,13 @@ def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Se
     before the next shuffle. ``group`` is passed to :func:`gsplit.shuffle` (``None``: the default group).
 
     Blocks sampled for overlap (``DataLoader(..., overlap=True)``: every block but the last carries a
-    ``block.overlap`` plan) run overlapped (:func:`gsplit.overlap.overlapped_sp_forward`): each layer
+    ``block.overlap`` plan) run overlapped (:func:`gsplit.minibatch.overlap.overlapped_sp_forward`): each layer
     computes the rows other ranks need first and shuffles them while it computes the rest; ``between``
     then gets each part's block. The result is the same up to rounding. That needs layers that compute
     their per-source terms apart (``project_sources`` / ``combine``, as gsplit's layers do); with other
     layers the plain path runs.
 
-    ``clock`` (a :class:`gsplit.timing.LayerClock`, e.g. the trainer's) times each layer's forward and
+    ``clock`` (a :class:`gsplit.runtime.timing.LayerClock`, e.g. the trainer's) times each layer's forward and
     backward compute apart from the shuffles and waits between layers; ``None``: nothing is timed.
 
     Example:

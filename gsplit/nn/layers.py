@@ -12,7 +12,7 @@ the rows (``in_feats > out_feats``).
 
 Every layer's forward is ``combine(block, project_sources(block, h))``: the per-source work (GAT's
 projection, SAGE's and GCN's when they multiply first) once over all sources, then the destinations. An
-overlapped layer (:mod:`gsplit.overlap`) projects once and combines twice, for two parts of the block's
+overlapped layer (:mod:`gsplit.minibatch.overlap`) projects once and combines twice, for two parts of the block's
 destinations (blocks with ``dst_start``), so that splitting a layer repeats no per-source work.
 
 Determinism: on CPU the result is a pure function of the inputs. On CUDA, ``index_add_`` and the
@@ -125,7 +125,7 @@ class SAGEConv(nn.Module):
     def combine(self, block: Block, sources: Tuple[torch.Tensor, ...],
                 source_grad: Optional[SharedSourceGrad] = None) -> torch.Tensor:
         """The destinations of ``block`` from :meth:`project_sources`' terms (of the same sources).
-        ``source_grad``: shared by the parts of one layer's destinations (:mod:`gsplit.overlap`), for the
+        ``source_grad``: shared by the parts of one layer's destinations (:mod:`gsplit.minibatch.overlap`), for the
         aggregated rows' gradient (:class:`~gsplit.ops.aggregate.SharedSourceGrad`)."""
         h, x = sources
         nd, d0 = block.num_dst, block.dst_start

@@ -56,14 +56,14 @@ class _Stack(nn.Module):
                 place: Optional[Tuple[int, torch.Tensor]] = None) -> torch.Tensor:
         """ReLU and dropout after layer ``i`` (not the last) on its rows of ``block``'s destinations. ``place``: the
         result placed as :func:`gsplit.ops.rows.place_rows` places it (an overlapped layer's interior rows go
-        straight into the next layer's input, :mod:`gsplit.overlap`)."""
+        straight into the next layer's input, :mod:`gsplit.minibatch.overlap`)."""
         if self.training and self.dropout > 0:  # ReLU and dropout in one pass (the same bits as one after the other)
             return relu_vertex_dropout(h, block.dst_nodes, self.dropout, self.seed, self.step, i, bank=self._bank(i, h),
                                        place=place)
         return F.relu(h) if place is None else place_rows(F.relu(h), *place)
 
     def _bank(self, i: int, h: torch.Tensor) -> torch.Tensor:
-        """Layer ``i``'s dropout mask bank of this step, drawn once: an overlapped layer (:mod:`gsplit.overlap`)
+        """Layer ``i``'s dropout mask bank of this step, drawn once: an overlapped layer (:mod:`gsplit.minibatch.overlap`)
         calls :meth:`between` for two parts of its rows. Only the current step's banks are kept."""
         key = (self.step, i, tuple(h.shape[1:]), h.dtype, h.device)
         banks = self.__dict__.setdefault("_dropout_banks", {})

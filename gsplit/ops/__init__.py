@@ -12,14 +12,16 @@ helpers.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, TYPE_CHECKING, Tuple
 
 import torch
 
-from gsplit.graph import Graph
 from gsplit.ops import aggregate, cpu_ext, cuda, rows, sample_cpu, sample_cuda, torch_ops
 from gsplit.ops.aggregate import copy_u_mean, copy_u_sum, edge_softmax, gat_aggregate
-from gsplit.sampling import counter_rng
+from gsplit.ops import counter_rng
+
+if TYPE_CHECKING:  # annotations only: the graph imports these kernels to pin itself
+    from gsplit.data.graph import Graph
 
 __all__ = ["prepare_kernels", "sample_neighbors", "relabel", "keep_cells", "unique_ids", "unique_inverse",
            "sampling_device", "copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "aggregate", "cuda",
@@ -56,7 +58,8 @@ def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bo
     the compiled one of :mod:`gsplit.ops.sample_cpu` when it builds, else the torch sampler.
 
     Example:
-        >>> from gsplit.sampling import counter_rng
+        >>> from gsplit.ops import counter_rng
+        >>> from gsplit.data.graph import Graph
         >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
         >>> src, dst_index, eids = sample_neighbors(g, torch.tensor([0, 2]), 1, False, counter_rng.stream_key(0, 0, 0, 0))
         >>> dst_index.tolist()
@@ -114,11 +117,11 @@ _DENSE_RELABEL_FACTOR = 32
 
 
 def keep_cells(key: int, n: int, threshold: int, device="cpu") -> torch.Tensor:
-    """:func:`gsplit.sampling.counter_rng.keep_cells` on ``device``: the compiled kernel for the CPU when it
+    """:func:`gsplit.ops.counter_rng.keep_cells` on ``device``: the compiled kernel for the CPU when it
     builds (one pass, no int64 temporaries), else torch's integer ops; the same bits either way.
 
     Example:
-        >>> from gsplit.sampling import counter_rng
+        >>> from gsplit.ops import counter_rng
         >>> key = counter_rng.stream_key(1, 2, 3, 4)
         >>> torch.equal(keep_cells(key, 1000, 1 << 62), counter_rng.keep_cells(key, 1000, 1 << 62))
         True

@@ -27,52 +27,21 @@ first use (about 25 s of CPU, then cached) and a fallback to keep tested.
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from gsplit.ops import cpu_ext
+from gsplit.ops import cpu_ext  # noqa: F401 - the build report's types
+from gsplit.ops.aggregate_ext import (EXT_NAME, EXT_SOURCES, _cached_extension, _extension, _use_extension,  # noqa: F401
+                                      extension_available)
+from gsplit.ops.rows import place_rows
 
 __all__ = ["copy_u_sum", "copy_u_mean", "self_and_mean", "gat_aggregate", "edge_softmax", "degrees", "copy_u_sum_torch",
            "copy_u_mean_torch", "gat_aggregate_torch", "extension_available", "relu_dropout_rows", "gat_scores", "SharedSourceGrad"]
 
-_EXT_NAME = "gsplit_aggregate"
-_EXT_SOURCES = ("aggregate_cpu.cpp",)
-
-
-@functools.lru_cache(maxsize=None)
-def _cached_extension():
-    # Cached here, None included: a failed build is tried once per process, not once per call.
-    return cpu_ext.load(_EXT_NAME, list(_EXT_SOURCES))
-
-
-def _extension():
-    """The compiled module, or ``None`` (disabled by ``GSPLIT_NO_EXTENSIONS`` or not buildable)."""
-    # Checked per call so that setting the variable in a running process takes effect (tests compare).
-    return None if os.environ.get("GSPLIT_NO_EXTENSIONS") else _cached_extension()
-
-
-def extension_available() -> bool:
-    """Whether the compiled CPU kernels are in use in this process (builds them on the first call).
-
-    Example:
-        >>> isinstance(extension_available(), bool)
-        True
-    """
-    return _extension() is not None
-
-
-def _use_extension(*tensors: torch.Tensor):
-    """The extension module when every tensor is a CPU float32/float64 tensor of one dtype, else None."""
-    dtype = tensors[0].dtype
-    if dtype not in (torch.float32, torch.float64):
-        return None
-    if any(t.device.type != "cpu" or t.dtype != dtype for t in tensors):
-        return None
-    return _extension()
+# the compiled extension (shared with the row copies of gsplit.ops.rows): loaded and chosen per call there
+_EXT_NAME, _EXT_SOURCES = EXT_NAME, EXT_SOURCES
 
 
 def _check_edges(edge_src: torch.Tensor, edge_dst: torch.Tensor, num_dst: int) -> None:
@@ -217,7 +186,7 @@ def gat_aggregate_torch(z: torch.Tensor, el: torch.Tensor, er: torch.Tensor, edg
 # ---------------------------------------------------------------------------- compiled CPU kernels
 class SharedSourceGrad:
     """One gradient of a tensor of source rows for the aggregations of several parts of a block's destinations
-    (an overlapped layer's boundary and interior parts, :mod:`gsplit.overlap`), instead of one full
+    (an overlapped layer's boundary and interior parts, :mod:`gsplit.minibatch.overlap`), instead of one full
     ``[sources x width]`` gradient per part that autograd then adds.
 
     The first part's backward to run makes the gradient and hands it to autograd; each later part adds the rows
@@ -527,8 +496,6 @@ def relu_dropout_rows(h: torch.Tensor, rows: torch.Tensor, mask: torch.Tensor, s
         out = torch.relu(h) * (mask.to(h.dtype) * scale).index_select(0, rows)
         if place is None:
             return out
-        from gsplit.ops.rows import place_rows  # rows imports this module
-
         return place_rows(out, *place)
     rows = rows.to(torch.int64).contiguous()
     if place is None:

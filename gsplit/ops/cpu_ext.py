@@ -122,7 +122,7 @@ def _compile(name: str, sources: tuple, build_dir: Path):
     import torch
     import torch.utils.cpp_extension as ext
 
-    from gsplit.io import atomic_write_bytes, atomic_write_json
+    from gsplit.runtime.io import atomic_write_bytes, atomic_write_json
 
     log.warning("building the compiled CPU kernel %s for torch %s (about a minute, once per torch and kernel "
                 "version; cached in %s)", name, torch.__version__, build_dir)

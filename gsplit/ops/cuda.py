@@ -1,10 +1,10 @@
 """The CUDA kernels in ``kernels/``, run through CuPy: whether they work here, loading and launching them,
 page-locked host memory they read, relabelling and the feature gather. The sampler on a graph is
-:mod:`gsplit.ops.sample_cuda` (this module knows no :class:`~gsplit.graph.Graph`, so that the graph's
+:mod:`gsplit.ops.sample_cuda` (this module knows no :class:`~gsplit.data.graph.Graph`, so that the graph's
 ``pin_memory`` may use it).
 
 The kernels pick exactly the edges the torch sampler picks (same counter-based arithmetic, see
-:mod:`gsplit.sampling.counter_rng`), so a rank may sample on its GPU and still reproduce the
+:mod:`gsplit.ops.counter_rng`), so a rank may sample on its GPU and still reproduce the
 single-process mini-batch. CuPy only compiles (NVRTC, once per process and device) and launches
 them: every buffer is a torch tensor, handed over as a raw device pointer and used on torch's current
 stream, so nothing is copied and torch's caching allocator stays in charge of memory.

@@ -41,8 +41,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from gsplit.resources import available_memory
-from gsplit.timing import SetupStep, timed_step
+from gsplit.runtime.resources import available_memory
+from gsplit.runtime.timing import SetupStep, timed_step
 
 log = logging.getLogger(__name__)
 

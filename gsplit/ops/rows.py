@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.profiler import record_function
 
-from gsplit.ops.aggregate import _use_extension
+from gsplit.ops.aggregate_ext import _use_extension
 
 __all__ = ["gather_rows", "scatter_rows_", "place_rows"]
 

@@ -14,12 +14,15 @@ id once or twice.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, TYPE_CHECKING, Tuple
 
 import torch
 
-from gsplit.graph import Graph, id_range_error
+from gsplit.data.ids import id_range_error
 from gsplit.ops import cpu_ext
+
+if TYPE_CHECKING:  # annotations only: the graph imports these kernels to pin itself
+    from gsplit.data.graph import Graph
 
 NAME = "gsplit_sample_cpu"
 """Name of the compiled module (also its build folder under the extension cache)."""
@@ -49,8 +52,9 @@ def sample_neighbors(ext, graph: Graph, nodes: torch.Tensor, fanout: int, replac
     Raises the library's id error when ``nodes`` holds an id outside the graph.
 
     Example:
-        >>> from gsplit.sampling import counter_rng
+        >>> from gsplit.ops import counter_rng
         >>> ext = extension()
+        >>> from gsplit.data.graph import Graph
         >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
         >>> key = counter_rng.stream_key(0, 0, 0, 0)
         >>> ext is None or sample_neighbors(ext, g, torch.tensor([0, 2]), 1, False, key)[1].tolist() == [0, 1]

@@ -1,4 +1,4 @@
-"""The CUDA sampler on a :class:`~gsplit.graph.Graph` (``kernels/sample.cu`` through CuPy, :mod:`gsplit.ops.cuda`),
+"""The CUDA sampler on a :class:`~gsplit.data.graph.Graph` (``kernels/sample.cu`` through CuPy, :mod:`gsplit.ops.cuda`),
 and where a graph is sampled (:func:`sampling_device`): on its GPU, or through UVA when it is pinned on the host.
 
 The counterpart of :mod:`gsplit.ops.sample_cpu` (the compiled CPU sampler); :func:`gsplit.ops.sample_neighbors`
@@ -7,13 +7,16 @@ chooses between them. The kernels pick exactly the edges the torch sampler picks
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import TYPE_CHECKING, Tuple
 
 import numpy as np
 import torch
 
-from gsplit.graph import Graph, id_range_error
+from gsplit.data.ids import id_range_error
 from gsplit.ops import cuda
+
+if TYPE_CHECKING:  # annotations only: the graph imports these kernels to pin itself
+    from gsplit.data.graph import Graph
 
 
 def graph_readable(graph: Graph, device: torch.device) -> bool:
@@ -90,6 +93,7 @@ def sampling_device(graph: Graph, device: torch.device) -> torch.device:
     pinned in host memory and the CuPy kernels work (they read it through UVA), else where the graph is.
 
     Example:
+        >>> from gsplit.data.graph import Graph
         >>> g = Graph.from_edges([0, 1], [1, 0])
         >>> sampling_device(g, torch.device("cuda", 0))   # a host graph that is not pinned: sampled there
         device(type='cpu')

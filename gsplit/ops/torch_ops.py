@@ -6,12 +6,14 @@ to the CUDA kernels in :mod:`gsplit.ops.cuda` where those apply.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional, TYPE_CHECKING, Tuple
 
 import torch
 
-from gsplit.graph import Graph
-from gsplit.sampling import counter_rng
+from gsplit.ops import counter_rng
+
+if TYPE_CHECKING:  # annotations only: the graph imports these kernels to pin itself
+    from gsplit.data.graph import Graph
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t.to(device)`` without making the host wait: a host tensor bound for a GPU is pinned first and copied
@@ -107,6 +109,7 @@ def sample_neighbors_torch(graph: Graph, nodes: torch.Tensor, fanout: int, repla
     The reference that ``kernels/sample.cu`` reproduces; ``graph`` and ``nodes`` on one device.
 
     Example:
+        >>> from gsplit.data.graph import Graph
         >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
         >>> sample_neighbors_torch(g, torch.tensor([0]), 1, False, counter_rng.stream_key(0, 0, 0, 0))[1].tolist()
         [0]

@@ -19,7 +19,7 @@ from typing import Set, Tuple
 import torch
 
 from gsplit.comm.communicator import Communicator
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.partitioning.strategies import partition
 from gsplit.partitioning.partition_map import PartitionMap
 

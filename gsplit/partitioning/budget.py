@@ -12,7 +12,7 @@ import logging
 from typing import Optional, Union
 
 from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex
-from gsplit.resources import available_memory
+from gsplit.runtime.resources import available_memory
 
 log = logging.getLogger(__name__)
 

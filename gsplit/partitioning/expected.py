@@ -29,7 +29,7 @@ For :class:`~gsplit.sampling.NeighborSampler` the expectations follow layer by l
   few passes over the edges and one scatter (a sparse matrix-vector product in log space). This is
   exact on trees (undirected, or each vertex with one out-edge) when every mini-batch holds the whole
   training set or each tree holds one training vertex, and for one layer with fixed targets
-  (``tests/test_expected.py`` checks these against exact enumeration, and sparse random graphs against
+  (``tests/partitioning/test_expected.py`` checks these against exact enumeration, and sparse random graphs against
   200 sampled epochs). The simpler recurrence ``1 - p_l(u) = (1 - p_{l+1}(u)) prod_d (1 - p_{l+1}(d)
   q_l(d))`` agrees for two layers but overestimates the input level of three-layer samplers (by 20 %
   on a sparse random graph): ``u`` is mostly above *because* some ``d`` was, and ``d`` is mostly in the
@@ -49,7 +49,7 @@ from typing import List, Tuple
 import numpy as np
 import torch
 
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.partitioning.weights import PresampleWeights, check_train_idx
 
 log = logging.getLogger(__name__)

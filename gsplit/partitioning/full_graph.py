@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.partitioning import metis
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.strategies import check_part_args

@@ -33,8 +33,8 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from gsplit.graph import Graph
-from gsplit.resources import process_status_kb, return_freed_heap
+from gsplit.data.graph import Graph
+from gsplit.runtime.resources import process_status_kb, return_freed_heap
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any, Dict, List, Optional, Union
 import numpy as np
 import torch
 
-from gsplit.graph import Graph, check_id_range
-from gsplit.io import load_npy, read_meta, write_array_dir
+from gsplit.data.graph import Graph, check_id_range
+from gsplit.runtime.io import load_npy, read_meta, write_array_dir
 
 log = logging.getLogger(__name__)
 

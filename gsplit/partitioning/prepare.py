@@ -12,15 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from gsplit.io import atomic_write_json
+from gsplit.runtime.io import atomic_write_json
 from gsplit.partitioning.budget import METIS_EDGES_PER_VERTEX, prepare_peak_bytes, resolve_metis_bound
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.presample import presample
 from gsplit.partitioning.stats import split_stats
 from gsplit.partitioning.strategies import partition
 from gsplit.partitioning.weights import PresampleWeights
-from gsplit.resources import HostMemoryMeter, require_memory, return_freed_heap
-from gsplit.resources import cpu_seconds as cpu_now
+from gsplit.runtime.resources import HostMemoryMeter, require_memory, return_freed_heap
+from gsplit.runtime.resources import cpu_seconds as cpu_now
 from gsplit.sampling.neighbor import NeighborSampler
 
 log = logging.getLogger(__name__)
@@ -72,13 +72,13 @@ def prepare_partition(dataset, num_parts: int, fanouts: Sequence[int], batch_siz
     ``presample_epochs`` epochs); see :func:`gsplit.presample`. ``weights`` from an earlier call on the
     same graph and sampler skip pre-sampling. ``stats_batches=0`` skips the split statistics.
     Before any work it checks that the host has the memory the stages need on top of the loaded dataset
-    (:func:`prepare_peak_bytes`) and raises :class:`gsplit.resources.InsufficientMemoryError` otherwise.
+    (:func:`prepare_peak_bytes`) and raises :class:`gsplit.runtime.resources.InsufficientMemoryError` otherwise.
     ``progress(message)`` is told each stage as it starts and, with its time, as it ends (the CLI
     prints them); ``report["seconds"]`` keeps the wall times and ``report["cpu_seconds"]`` the
     CPU times (all threads, and the METIS process's), which a busy shared machine inflates far less.
     ``metis_edges_per_vertex`` bounds METIS's input (see :func:`gsplit.partition`).
     ``report["host_peak_mb"]`` is the host memory that this process and the METIS process held together
-    at their peak during the call (sum of PSS, :class:`gsplit.resources.HostMemoryMeter`),
+    at their peak during the call (sum of PSS, :class:`gsplit.runtime.resources.HostMemoryMeter`),
     ``report["metis_private_peak_mb"]`` the METIS process's own (private) pages at its peak.
 
     Example:
@@ -153,7 +153,7 @@ def _prepare(dataset, num_parts, fanouts, batch_size, method, seed, presample_ep
         seconds["stats"] = report["stats_s"] = time.perf_counter() - t
         cpu_seconds["stats"] = cpu_now() - c
         say(f"  split statistics: {seconds['stats']:.1f}s (CPU {cpu_seconds['stats']:.1f}s)")
-    if out is not None:  # every file atomic; each folder's metadata file lands last (gsplit.io)
+    if out is not None:  # every file atomic; each folder's metadata file lands last (gsplit.runtime.io)
         t = time.perf_counter()
         out = Path(out)
         pmap.save(out)

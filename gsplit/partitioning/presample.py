@@ -13,7 +13,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.expected import expected_presample
 from gsplit.partitioning.weights import PresampleWeights, check_train_idx

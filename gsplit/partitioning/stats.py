@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.weights import check_train_idx

@@ -17,7 +17,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.interop.graphs import as_graph, as_sampler  # DGLGraph / PyG Data in; imports neither library
 from gsplit.partitioning.budget import METIS_EDGES_PER_VERTEX, resolve_metis_bound
 from gsplit.partitioning.metis import _weight_limits, metis_part_kway, symmetrize, to_metis_weights
@@ -26,7 +26,7 @@ from gsplit.partitioning.presample import presample
 from gsplit.partitioning.refine import refine_cut
 from gsplit.partitioning.sparsify import AUTO, check_entries_per_vertex, heaviest_edges
 from gsplit.partitioning.weights import PresampleWeights, check_train_idx
-from gsplit.resources import cpu_seconds
+from gsplit.runtime.resources import cpu_seconds
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from gsplit.graph import Graph, as_vertex_ids
-from gsplit.io import load_npy, read_meta, write_array_dir
+from gsplit.data.graph import Graph, as_vertex_ids
+from gsplit.runtime.io import load_npy, read_meta, write_array_dir
 
 
 def check_train_idx(graph: Graph, train_idx, what: str = "train_idx") -> torch.Tensor:

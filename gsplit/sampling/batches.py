@@ -7,7 +7,7 @@ from typing import Iterator, Tuple
 
 import torch
 
-from gsplit.sampling import counter_rng
+from gsplit.ops import counter_rng
 
 
 def epoch_permutation(indices: torch.Tensor, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.sampling.batches import global_batches
 from gsplit.sampling.neighbor import NeighborSampler
 

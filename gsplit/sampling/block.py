@@ -42,7 +42,7 @@ class ShuffleIndex:
     tag: str = "shuffle"
     """Traffic-counter tag for this shuffle (e.g. ``"shuffle/layer1"``)."""
     num_interior: Optional[int] = None
-    """Sampled for overlap (:mod:`gsplit.overlap`): the local frontier is ordered interior first, and its
+    """Sampled for overlap (:mod:`gsplit.minibatch.overlap`): the local frontier is ordered interior first, and its
     first ``num_interior`` rows are those no other rank reads (``send_idx`` sends only rows from
     ``num_interior`` on to other ranks); ``None``: the frontier is in id order (a single rank's keeps the mixed
     frontier's order, see ``identity``)."""
@@ -150,7 +150,7 @@ class Block:
     """Per-destination-row tensors, e.g. ``dstdata["label"]`` on the last block."""
     overlap: Optional["OverlapSplit"] = None
     """Split blocks sampled for overlap, every layer but the last: how this layer computes the rows other
-    ranks need first and overlaps their shuffle with the rest (:mod:`gsplit.overlap`); else ``None``."""
+    ranks need first and overlaps their shuffle with the rest (:mod:`gsplit.minibatch.overlap`); else ``None``."""
     dst_start: int = 0
     """The destinations are ``src_nodes[dst_start : dst_start + num_dst]``. 0 (a prefix) for every block a
     sampler makes; only the parts of an overlapped layer (:class:`OverlapSplit`) start later, and only
@@ -218,7 +218,7 @@ class Block:
 
 @dataclass
 class OverlapSplit:
-    """One layer of a split mini-batch in two parts, boundary rows first (built by :func:`gsplit.overlap.plan_overlap`).
+    """One layer of a split mini-batch in two parts, boundary rows first (built by :func:`gsplit.minibatch.overlap.plan_overlap`).
 
     The layer's destinations (this rank's local frontier at the next level) are ordered interior first:
     rows ``[0, num_interior)`` only this rank reads, rows ``[num_interior, num_dst)`` (the *boundary*)
@@ -251,7 +251,7 @@ class OverlapSplit:
     """int64 place among the next block's sources of every interior row, in row order: each interior row is
     read by this rank exactly once (no other rank reads it), so the interior part lands with one
     ``index_copy_`` and its gradient comes back with one ``index_select``. ``None``: derived from ``keep_idx``
-    / ``keep_pos`` where used (:func:`gsplit.overlap.plan_overlap` fills it)."""
+    / ``keep_pos`` where used (:func:`gsplit.minibatch.overlap.plan_overlap` fills it)."""
     keep_boundary_idx: Optional[torch.Tensor] = None
     """int64 boundary rows (``0`` = first boundary row) this rank reads too, ascending; ``None`` as above."""
     keep_boundary_pos: Optional[torch.Tensor] = None
@@ -262,7 +262,7 @@ class OverlapSplit:
     where a row goes to several ranks (or not computed)."""
     keep_boundary_send: Optional[torch.Tensor] = None
     """``send_inverse[keep_boundary_idx]``: where the boundary rows this rank reads too sit when the boundary rows
-    are computed in send order (:mod:`gsplit.overlap` does so where ``send_inverse`` is set); ``None`` with it."""
+    are computed in send order (:mod:`gsplit.minibatch.overlap` does so where ``send_inverse`` is set); ``None`` with it."""
 
     @property
     def num_interior(self) -> int:

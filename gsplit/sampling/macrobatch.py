@@ -115,7 +115,7 @@ def default_budget(device: torch.device, ranks_here: int) -> int:
     now, host memory split among the ``ranks_here`` ranks of the host, or this rank's GPU's free memory."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0] // BUDGET_SHARE
-    from gsplit.resources import available_memory
+    from gsplit.runtime.resources import available_memory
 
     return available_memory() // (BUDGET_SHARE * max(1, ranks_here))
 

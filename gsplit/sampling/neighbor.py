@@ -1,7 +1,7 @@
 """Counter-based uniform neighbour sampling, vectorised over vertices.
 
 The picks for vertex ``v`` at layer ``l`` of iteration ``t`` in epoch ``e`` are a pure function of
-``(seed, e, t, l, v)`` (see :mod:`gsplit.sampling.counter_rng`), so sampling a set of vertices in any
+``(seed, e, t, l, v)`` (see :mod:`gsplit.ops.counter_rng`), so sampling a set of vertices in any
 order or grouping, on any rank, gives the same edges. That is what lets split-parallel sampling
 reproduce the single-process mini-batch exactly.
 """
@@ -14,8 +14,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import torch
 
 from gsplit import ops
-from gsplit.graph import Graph, as_vertex_ids
-from gsplit.sampling import counter_rng
+from gsplit.data.graph import Graph, as_vertex_ids
+from gsplit.ops import counter_rng
 from gsplit.sampling.block import Block, MiniBatch, ShuffleIndex
 
 Exchange = Callable[[int, List[torch.Tensor]], List[Tuple[torch.Tensor, Optional[ShuffleIndex]]]]
@@ -48,7 +48,7 @@ class NeighborSampler:
         seed: base seed; with ``epoch`` and ``iteration`` it fixes every pick.
 
     Example:
-        >>> from gsplit.graph import Graph
+        >>> from gsplit.data.graph import Graph
         >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
         >>> input_nodes, output_nodes, blocks = NeighborSampler([2, 2]).sample(g, torch.tensor([0]))
         >>> [b.num_dst_nodes() for b in blocks]
@@ -128,7 +128,7 @@ class NeighborSampler:
         (``None``: the identity), split parallelism (:func:`gsplit.split.sp_sample`) and pre-sampling.
 
         Example:
-            >>> from gsplit.graph import Graph
+            >>> from gsplit.data.graph import Graph
             >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
             >>> s = NeighborSampler([1, 1])
             >>> both = s.sample_many(g, [torch.tensor([0]), torch.tensor([2])], epoch=0, iterations=[4, 5])

@@ -19,9 +19,9 @@ import torch
 
 from gsplit import ops
 from gsplit.comm.communicator import Communicator
-from gsplit.graph import Graph
+from gsplit.data.graph import Graph
 from gsplit.ops.torch_ops import to_device
-from gsplit.overlap import plan_overlap
+from gsplit.minibatch.overlap import plan_overlap
 from gsplit.sampling.block import MiniBatch, ShuffleIndex
 from gsplit.sampling.neighbor import NeighborSampler
 
@@ -36,7 +36,7 @@ def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag
     back. So the requests this rank *receives* are the rows it will *send* in the shuffle, and the
     requests it sends are the rows it will receive.
 
-    With ``interior_first`` (overlapped training, :mod:`gsplit.overlap`) the new frontier is ordered
+    With ``interior_first`` (overlapped training, :mod:`gsplit.minibatch.overlap`) the new frontier is ordered
     interior first: the ids only this rank asked for, then those another rank asked for (the rows it will
     send away), each part in id order; ``index.num_interior`` says where the second part starts. Sampling
     picks are a function of the vertex, so the order changes no edge, only the rows' places.
@@ -220,7 +220,7 @@ def sp_sample(graph: Graph, seeds: torch.Tensor, owner: torch.Tensor, sampler: N
         overlap: order every local frontier above the input interior first and give every block but the
             last its :class:`~gsplit.sampling.block.OverlapSplit` (``block.overlap``), so that gsplit's
             forward computes the rows other ranks need first and overlaps their shuffle with the rest
-            (:mod:`gsplit.overlap`). The same edges are sampled.
+            (:mod:`gsplit.minibatch.overlap`). The same edges are sampled.
         exchange_inputs: ``True``: the bottom layer's sources are requested from their owners, who load
             their features and shuffle them (the paper's split: no feature row is loaded twice). ``False``:
             no exchange at the bottom; the rank reads every input row it needs itself, from a feature table
