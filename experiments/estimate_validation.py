@@ -34,12 +34,14 @@ beside them, each round's calibration against its own runs). This host's speed d
 apart, can land on different sides of a drift: that, not the model, was most of the error of single passes.
 
     python experiments/estimate_validation.py                       # everything (~8 min on 2 quiet cores)
-    python experiments/estimate_validation.py --rounds 3 --calibration estimate_calibration_rounds \
-        --measured estimate_measured_rounds                         # a recorded pass (~25-35 min)
-    python experiments/estimate_validation.py --rounds 5 --calibration estimate_calibration_rounds5 \
-        --measured estimate_measured_rounds5                        # the latest recorded pass (~50 min)
+    python experiments/estimate_validation.py --rounds 3 --calibration estimate_calibration_rounds_cache2 \
+        --measured estimate_measured_rounds_cache2                  # the latest recorded pass (~20 min)
+    python experiments/estimate_validation.py --rounds 3 --calibration estimate_calibration_rounds_cache2 \
+        --measured estimate_measured_rounds_cache2 --parts report   # its report again from the stored files
     python experiments/estimate_validation.py --parts calibrate      # then --parts measure, then --parts report
     python experiments/estimate_validation.py --quick                # 20k vertices, 2 ranks, SAGE (~3 min)
+
+The measured logs' reading and the report's table live in ``experiments/validation/`` (``logs``, ``table``).
 
 Writes ``OUT/estimate_calibration[_quick].json`` (raw timings, fits, and ``device``/``link`` profiles that
 ``gsplit estimate --device-profile`` reads), ``OUT/estimate_measured[_quick].json`` and
@@ -57,13 +59,14 @@ from harness import report, rounds, runs, setup  # noqa: I001 - first: it sets O
 import torch
 
 import gsplit
-from gsplit.estimate import ModelShape, count_work, predict
+from gsplit.estimate import ModelShape, count_work
 from gsplit.estimate.calibrate import (corun_effects, corun_steps, effective_cache_bytes, fit_device, fit_link,
                                        host_speed_reference, last_level_cache_bytes, time_shares, time_steps,
                                        transport_profile)
-from gsplit.estimate.links import LinkProfile
-from gsplit.estimate.model import DeviceProfile
 from gsplit.run.trainer import TrainConfig
+
+from validation.logs import faults_per_iteration, heap_primed, measured_terms
+from validation.table import describe, report_table
 
 FANOUTS = [15, 10, 5]
 BATCH = 1024
@@ -231,81 +234,6 @@ def measure(args) -> dict:
     return {"runs": measured}
 
 
-def heap_primed(logs: dict) -> dict:
-    """Each job's later run only (``key -> [log]``), from :func:`harness.runs.run_repeated`'s ``key -> logs``.
-
-    A rank's heap grows whenever a batch needs more memory than any before it, and on this VM a fresh page costs
-    ~10 us (the guest's memory is backed on first touch): ~40k pages, +0.4 s on one rank's backward, several times
-    in a 12-iteration GAT run on 1M vertices, on whichever rank and iteration meet a new largest batch (beyond
-    the warm-up too). An epoch of hundreds of iterations meets its largest batches early and runs on a grown heap
-    after that; the model predicts that steady state. A job's later run in the same ranks starts on the heap its
-    first run (and every job before) grew.
-
-    Example:
-        >>> heap_primed({"a": [1, 2], "b": [3]})
-        {'a': [2], 'b': [3]}
-    """
-    return {key: job_logs[-1:] for key, job_logs in logs.items()}
-
-
-def faults_per_iteration(job_logs: list, warmup: int = 1) -> list:
-    """Per measured iteration (the first ``warmup`` of each run left out), the most minor page faults one rank had
-    in it (:func:`gsplit.runtime.resources.minor_page_faults` as the trainer records it); ``None`` where a log has no
-    count. A fault storm (thousands: the heap growing) marks an iteration that ran slower for it.
-
-    Example:
-        >>> rank = lambda *f: {"per_iteration": [{"minor_faults": x} for x in f]}
-        >>> faults_per_iteration([{"epochs": [{"ranks": [rank(9, 3, 40000), rank(9, 5, 2)]}]}])
-        [5, 40000]
-    """
-    out = []
-    for log in job_logs:
-        ranks = [r["per_iteration"][warmup:] for r in log["epochs"][0]["ranks"]]
-        for its in zip(*ranks):
-            counts = [it.get("minor_faults") for it in its]
-            out.append(None if None in counts else max(counts))
-    return out
-
-
-MEASURED_TERMS = ("forward", "backward", "id exchange", "feature shuffle", "layer shuffles", "all-reduce", "waiting")
-"""What :func:`measured_terms` splits a measured iteration's training into (named as the model's terms)."""
-
-
-def _collective_term(tag: str) -> str:
-    if tag.startswith("ids/"):
-        return "id exchange"
-    if tag.startswith("shuffle/layer0"):
-        return "feature shuffle"
-    return "layer shuffles" if tag.startswith("shuffle/") else "all-reduce"
-
-
-def measured_terms(job_logs: list, warmup: int = 1) -> dict:
-    """Seconds per iteration of the measured runs by term, means over ranks and iterations (the first ``warmup`` of
-    each run left out): each layer's forward and backward (``LayerClock``, waits excluded), each kind of collective's
-    transfer (its least seconds over ranks: the last rank to arrive waits for no one) and, summed over every
-    collective, the waiting beyond it (:func:`gsplit.run.counters.iteration_balance`). The same names as the model's
-    terms, so that a miss can be placed; measured layers run under the co-run contention that the model books
-    as ``cores shared``."""
-    from gsplit.run.counters import iteration_balance
-
-    totals, iterations = dict.fromkeys(MEASURED_TERMS, 0.0), 0
-    for log in job_logs:
-        ranks = [{**r, "per_iteration": r["per_iteration"][warmup:]} for r in log["epochs"][0]["ranks"]]
-        bal = iteration_balance(ranks)
-        iterations += len(bal["per_iteration"])
-        totals["forward"] += sum(bal["layer_fwd_s_mean"])
-        totals["backward"] += sum(bal["layer_bwd_s_mean"])
-        for tag, sec in bal["transfer_s_by_tag"].items():
-            totals[_collective_term(tag)] += sec
-        totals["waiting"] += sum(bal["wait_s_by_tag"].values())
-        # the gradient all-reduce on the job's own group (data parallelism) is not in the loader's tags: the step's
-        # collective seconds beyond its tagged shuffles are it, transfer and waiting together
-        tagged = sum(sec for r in bal["per_iteration"] for tag, sec in r["collective_s_mean"].items()
-                     if not tag.startswith("ids/"))
-        totals["all-reduce"] += max(0.0, bal["step_collective_s_mean"] - tagged)
-    return {k: v / max(iterations, 1) for k, v in totals.items()}
-
-
 # ------------------------------------------------------------------------------------------- report
 def count_works(args) -> dict:
     """``{(nodes, world): (work, iterations per epoch, {model: shape})}``: the work of exactly the measured
@@ -322,148 +250,6 @@ def count_works(args) -> dict:
                                    {m: shape_of(ds, m) for m in args.models})
     return works
 
-
-def summarise(records: list) -> dict:
-    """How many predictions are within 20 %, and the median and largest |error|.
-
-    Example:
-        >>> summarise([{"error": 0.1}, {"error": -0.3}, {"error": 0.05}])
-        {'records': 3, 'within_20pct': 2, 'max_abs_error': 0.3, 'median_abs_error': 0.1}
-    """
-    errors = [abs(r["error"]) for r in records]
-    return {"records": len(records), "within_20pct": sum(e <= 0.20 for e in errors),
-            "max_abs_error": max(errors) if errors else None,
-            "median_abs_error": statistics.median(errors) if errors else None}
-
-
-def report_table(args, works: dict, cal: dict, meas: dict, quiet: bool = False) -> dict:
-    device = DeviceProfile.from_dict(cal["device"])
-    link = LinkProfile.from_dict(cal["link"])
-    rows, records, term_rows = [], [], []
-    by_key = {(r["nodes"], r["world"], r["model"], r["system"]): r for r in meas["runs"]}
-    for nodes in args.nodes:
-        for world in args.worlds:
-            work, iters_per_epoch, shapes = works[nodes, world]
-            for model in args.models:
-                shape = shapes[model]
-                pred = {s: predict(work[s][args.warmup:], shape, device, link) for s in ("split", "dp")}
-                got = {s: by_key.get((nodes, world, model, s)) for s in ("split", "dp")}
-                recs = {}
-                for s in ("split", "dp"):
-                    if got[s] is None:
-                        continue
-                    err = pred[s].iteration_s / got[s]["iteration_s"] - 1
-                    speed = host_speed_ratio(cal, got[s])
-                    rec = {"nodes": nodes, "world": world, "model": model, "system": s,
-                           "measured_s": got[s]["iteration_s"], "predicted_s": pred[s].iteration_s, "error": err,
-                           "host_speed_ratio": speed,
-                           "error_host_corrected": None if speed is None else
-                           pred[s].iteration_s * speed / got[s]["iteration_s"] - 1,
-                           "epoch_iterations": iters_per_epoch, "terms": pred[s].terms,
-                           "predicted_per_iteration_s": pred[s].per_iteration_s,
-                           "measured_per_iteration_s": got[s]["per_iteration_s"],
-                           "measured_terms": got[s].get("terms")}
-                    records.append(rec)
-                    recs[s] = rec
-                    if rec["measured_terms"]:
-                        term_rows.append([f"synthetic-{nodes // 1000}k", model, world, s,
-                                          *_terms_side_by_side(rec["measured_terms"], pred[s].terms),
-                                          _faults_cell(got[s].get("faults_per_iteration"))])
-                if got["split"] and got["dp"]:
-                    m_ratio = got["split"]["iteration_s"] / got["dp"]["iteration_s"]
-                    p_ratio = pred["split"].iteration_s / pred["dp"].iteration_s
-                    decisive = abs(m_ratio - 1) > 0.10
-                    right = (m_ratio > 1) == (p_ratio > 1) if decisive else None
-                    for s in ("split", "dp"):
-                        rows.append([f"synthetic-{nodes // 1000}k", model, world, s,
-                                     got[s]["iteration_s"] * 1e3, pred[s].iteration_s * 1e3,
-                                     got[s]["iteration_s"] * iters_per_epoch, pred[s].iteration_s * iters_per_epoch,
-                                     f"{(pred[s].iteration_s / got[s]['iteration_s'] - 1) * 100:+.1f}",
-                                     f"{m_ratio:.2f}" if s == "split" else "", f"{p_ratio:.2f}" if s == "split" else "",
-                                     ("yes" if right else "NO") if (s == "split" and decisive) else
-                                     ("(within 10 %)" if s == "split" else ""),
-                                     _cell(recs[s]["host_speed_ratio"], "{:.2f}"),
-                                     _cell(recs[s]["error_host_corrected"], "{:+.1%}"),
-                                     ", ".join(f"{k} {v:.0%}" for k, v in pred[s].dominant(3))])
-    headers = ["graph", "model", "ranks", "system", "measured ms/it", "predicted ms/it", "measured epoch s",
-               "predicted epoch s", "error %", "split/dp measured", "split/dp predicted", "ratio side right",
-               "host speed measured/calibration", "error host-corrected", "largest predicted terms"]
-    table = report.format_table(headers, rows, floatfmt=".1f")
-    terms_table = report.format_table(["graph", "model", "ranks", "system", *TERM_COLUMNS, FAULTS_COLUMN], term_rows,
-                                      floatfmt=".1f")
-    summary = summarise(records)
-    corrected = [{"error": r["error_host_corrected"]} for r in records if r["error_host_corrected"] is not None]
-    summary_corrected = summarise(corrected) if len(corrected) == len(records) else None
-    if not quiet:
-        print(table)
-        print(f"\n{describe(summary)}")
-        if summary_corrected:
-            print(f"host-corrected (each prediction times the host speed reference's ratio, measured runs against "
-                  f"calibration): {describe(summary_corrected)}")
-        if term_rows:
-            print("\nms per iteration, measured / predicted (measured layers include the co-run contention the model "
-                  "books as 'cores shared'; predicted waiting = waiting + uneven speed):")
-            print(terms_table)
-    return {"table": table, "headers": headers, "rows": rows, "records": records, "summary": summary,
-            "summary_host_corrected": summary_corrected, "terms_table": terms_table}
-
-
-def host_speed_ratio(cal: dict, run: dict):
-    """How much slower the host was around a measured run than while calibrating: the fixed workload's seconds
-    (:func:`gsplit.estimate.calibrate.host_speed_reference`) beside the run over its seconds in the calibration;
-    ``None`` for files written before it was timed. Above 1: the runs met a slower host than the calibration.
-
-    Example:
-        >>> host_speed_ratio({"host_reference_s": 0.05}, {"host_reference_s": 0.06}), host_speed_ratio({}, {})
-        (1.2, None)
-    """
-    if not cal.get("host_reference_s") or not run.get("host_reference_s"):
-        return None
-    return round(run["host_reference_s"] / cal["host_reference_s"], 12)
-
-
-def _cell(value, fmt: str) -> str:
-    return "-" if value is None else fmt.format(value)
-
-
-TERM_COLUMNS = ("forward", "backward", "collectives", "waiting", "cores shared (pred.)")
-
-
-def _terms_side_by_side(measured: dict, predicted: dict) -> list:
-    """``TERM_COLUMNS`` cells, ``"measured / predicted"`` ms per iteration.
-
-    Example:
-        >>> _terms_side_by_side({"forward": 0.01, "backward": 0.02, "all-reduce": 0.001, "waiting": 0.003},
-        ...                     {"forward": 0.012, "backward": 0.02, "all-reduce": 0.002, "waiting": 0.001,
-        ...                      "uneven speed": 0.001, "cores shared": 0.004})
-        ['10.0 / 12.0', '20.0 / 20.0', '1.0 / 2.0', '3.0 / 2.0', '4.0']
-    """
-    collectives = ("id exchange", "feature shuffle", "layer shuffles", "all-reduce")
-    pairs = [(measured.get("forward", 0.0), predicted.get("forward", 0.0)),
-             (measured.get("backward", 0.0), predicted.get("backward", 0.0)),
-             (sum(measured.get(k, 0.0) for k in collectives), sum(predicted.get(k, 0.0) for k in collectives)),
-             (measured.get("waiting", 0.0), predicted.get("waiting", 0.0) + predicted.get("uneven speed", 0.0))]
-    return [f"{m * 1e3:.1f} / {p * 1e3:.1f}" for m, p in pairs] + [f"{predicted.get('cores shared', 0.0) * 1e3:.1f}"]
-
-
-FAULTS_COLUMN = "page faults, most on a rank per iteration: median / largest"
-
-
-def _faults_cell(faults) -> str:
-    """``"median / largest"`` of :func:`faults_per_iteration` (``-`` for runs measured before it was recorded).
-
-    Example:
-        >>> _faults_cell([3, 5, 40000]), _faults_cell(None), _faults_cell([None, 3])
-        ('5 / 40000', '-', '-')
-    """
-    if not faults or None in faults:
-        return "-"
-    return f"{statistics.median(faults):.0f} / {max(faults)}"
-
-
-def describe(summary: dict) -> str:
-    return (f"{summary['within_20pct']} of {summary['records']} predictions within 20 %; median |error| "
-            f"{(summary['median_abs_error'] or 0) * 100:.1f} %, largest {(summary['max_abs_error'] or 0) * 100:.1f} %")
 
 
 def round_stem(stem: Path, k: int) -> Path:

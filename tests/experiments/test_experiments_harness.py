@@ -152,10 +152,10 @@ def test_harness_examples_hold(isolated_imports):
         assert result.attempted > 0 and result.failed == 0, (name, result)
 
 
-@pytest.mark.parametrize("name, examples", [("estimate_validation", 6), ("host_corun", 1)])
+@pytest.mark.parametrize("name, examples", [("validation.logs", 2), ("validation.table", 4), ("host_corun", 1)])
 def test_the_cost_model_validation_examples_hold(isolated_imports, name, examples):
-    """The validation's helpers (estimate_validation's summary, host-speed ratio and terms table; host_corun's
-    summary) do what their examples say: they decide what the validation reports."""
+    """The validation's helpers (estimate_validation.py's parts: the logs' reading, the summary, host-speed ratio
+    and terms table; host_corun's summary) do what their examples say: they decide what the validation reports."""
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= examples and result.failed == 0, result
@@ -174,3 +174,31 @@ def test_peers_and_the_first_gpu_run_load_neither_gsplit_nor_a_plotting_library(
     done = subprocess.run([sys.executable, "-c", code, str(EXPERIMENTS), *(p.stem for p in PEERS)],
                           capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+PART_MODULES = sorted(p for p in EXPERIMENTS.glob("*/*.py") if p.parent != HARNESS and p.parent.name != "results")
+"""Modules of a script's parts (``experiments/gpu/`` for gpu_bench.py): held to the scripts' rules on the harness."""
+
+MAX_LINES = 410
+"""No experiment script or part module longer (a longer one is split into its parts, shared code to the harness)."""
+
+
+def test_the_parts_of_a_script_use_the_harness_and_copy_none_of_it():
+    assert PART_MODULES, "experiments/gpu/ holds gpu_bench.py's parts"
+    for path in PART_MODULES:
+        tree = ast.parse(path.read_text())
+        calls = _calls(tree)
+        for (module, name), use in FORBIDDEN_CALLS.items():
+            hits = sorted(f"{m}.{n}" for m, n in calls if m == module and (name is None or n == name))
+            assert not hits, f"{path.relative_to(EXPERIMENTS)} calls {hits}: use {use}"
+        assert (None, "ArgumentParser") not in calls, f"{path.relative_to(EXPERIMENTS)}: the script parses arguments"
+        assert not _writes_json_text(tree), f"{path.relative_to(EXPERIMENTS)} writes a JSON file itself"
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        copies = sorted(_harness_functions() & defined)
+        assert not copies, f"{path.relative_to(EXPERIMENTS)} defines {copies}, which the harness has"
+
+
+def test_no_experiment_script_is_longer_than_its_job():
+    long = {str(p.relative_to(EXPERIMENTS)): n for p in [*SCRIPTS, *PART_MODULES, *HARNESS.glob("*.py")]
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines: {long}; split them into their parts (see experiments/gpu/)"
