@@ -1,20 +1,21 @@
 """The house in numbers: modules, packages, import depth, cycles and the largest modules of `gsplit/`.
 
-    python experiments/layout_metrics.py [--json experiments/results/layout_metrics.json]
+    python experiments/layout_metrics.py [--root CHECKOUT] [--out experiments/results/layout_metrics]
 
 Reads the source as text (ast), runs none of it. Every `import`/`from ... import` of a gsplit module counts, at
-module level or inside a function (a lazy import is still a dependency a reader must follow). Prints a table and,
-with --json, writes the numbers; the layout test uses `import_graph` and `cycles` to keep the tree acyclic.
+module level or inside a function (a lazy import is still a dependency a reader must follow). Prints a table and
+writes the numbers as JSON; the layout test uses `import_graph` and `cycles` to keep the tree acyclic. To compare
+with an earlier commit: `git worktree add /tmp/old REV` (or `git archive REV | tar -x -C DIR`), then `--root`.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
-import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from harness import report, setup
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,14 +137,16 @@ def cycles(graph: dict[str, set[str]], ignore_parents: bool = True) -> list[list
     return found
 
 
-def depth(graph: dict[str, set[str]]) -> int:
-    """The longest chain of imports (modules on it), over the graph with cycles' back edges ignored."""
+def depth(graph: dict[str, set[str]], packages: frozenset[str] = frozenset()) -> int:
+    """The longest chain of imports, in modules on it (a package's ``__init__`` in ``packages`` is passed
+    through without counting: it is the door to its modules, not a level of its own), back edges ignored."""
     memo: dict[str, int] = {}
 
     def longest(v: str, seen: frozenset[str]) -> int:
         if v in memo:
             return memo[v]
-        best = 1 + max((longest(w, seen | {v}) for w in graph[v] if w not in seen and w != v), default=0)
+        own = 0 if v in packages else 1
+        best = own + max((longest(w, seen | {v}) for w in graph[v] if w not in seen and w != v), default=0)
         memo[v] = best
         return best
 
@@ -163,7 +166,7 @@ class LayoutMetrics:
     root_modules: list[str]
     """Modules sitting loose in `gsplit/` (besides `__init__`)."""
     import_depth: int
-    """Modules on the longest import chain."""
+    """Modules on the longest import chain (packages' ``__init__`` not counted)."""
     imports_up: int
     """Imports of the root package (`gsplit`) from inside a subpackage: code pointing back up at the front door."""
     cycles: list[list[str]]
@@ -191,7 +194,7 @@ def measure(root: Path = ROOT) -> LayoutMetrics:
         modules=len(files),
         packages=sum(1 for p in (root / "gsplit").rglob("__init__.py")),
         root_modules=sorted(p.stem for p in (root / "gsplit").glob("*.py") if p.stem != "__init__"),
-        import_depth=depth(graph),
+        import_depth=depth(graph, frozenset(module_name(p, root) for p in (root / "gsplit").rglob("__init__.py"))),
         imports_up=sum(1 for m, deps in graph.items() if m.count(".") >= 1 and "gsplit" in deps),
         cycles=cycles(graph),
         largest=sorted(sizes.items(), key=lambda kv: -kv[1])[:10],
@@ -203,25 +206,22 @@ def measure(root: Path = ROOT) -> LayoutMetrics:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = setup.make_parser(__doc__.splitlines()[0], out_file=setup.RESULTS / "layout_metrics", seed=False,
+                               quick_help="no effect: the measurement takes a second")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout to measure (default: this one)")
-    parser.add_argument("--json", type=Path, help="also write the numbers here")
     args = parser.parse_args(argv)
-    m = measure(args.root)
-    rows = [("lines in gsplit/", m.lines), ("modules", m.modules), ("packages", m.packages),
-            ("modules loose in gsplit/", len(m.root_modules)), ("import depth (modules)", m.import_depth),
-            ("imports of the root package from subpackages", m.imports_up), ("import cycles", len(m.cycles)),
-            ("files in experiments/results/", m.results_files), ("lines in experiments/", m.experiment_lines),
-            ("longest experiment", f"{m.largest_experiment[0]} ({m.largest_experiment[1]})"),
-            ("test files", m.test_files)]
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
+    m = measure(args.root.resolve())
+    rows = [["lines in gsplit/", m.lines], ["modules", m.modules], ["packages", m.packages],
+            ["modules loose in gsplit/", len(m.root_modules)], ["import depth (modules)", m.import_depth],
+            ["imports of the front door from inside the package", m.imports_up], ["import cycles", len(m.cycles)],
+            ["files in experiments/results/", m.results_files], ["lines in experiments/", m.experiment_lines],
+            ["longest experiment", f"{m.largest_experiment[0]} ({m.largest_experiment[1]})"],
+            ["test files", m.test_files]]
+    print(report.format_table(["measure", "value"], rows))
     for group in m.cycles:
         print("cycle:", " <-> ".join(group))
     print("largest modules:", ", ".join(f"{p} ({n})" for p, n in m.largest[:5]))
-    if args.json:
-        args.json.write_text(json.dumps(asdict(m), indent=1) + "\n")
+    report.save_json(Path(str(args.out).removesuffix(".json")), {"root": str(args.root), **asdict(m)})
     return 0
 
 

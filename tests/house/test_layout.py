@@ -4,6 +4,7 @@ name imports, and the paths that moved keep importing (a user's script or saved 
 
 import importlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,7 +15,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
-from layout_metrics import cycles, import_graph  # noqa: E402
+_environ = dict(os.environ)
+from layout_metrics import cycles, import_graph  # noqa: E402 - through the harness, which sets OMP_WAIT_POLICY:
+os.environ.clear()  # this test process keeps the environment it had
+os.environ.update(_environ)
 
 from gsplit import _moved  # noqa: E402
 

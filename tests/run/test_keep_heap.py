@@ -42,7 +42,7 @@ def _in_fresh_process(env_value: str) -> float:
     code = textwrap.dedent("""
         import torch
         from gsplit.runtime import resources
-        from tests.test_keep_heap import faults_per_step
+        from tests.run.test_keep_heap import faults_per_step
         torch.set_num_threads(1)
         resources.keep_freed_heap()
         print(faults_per_step())
