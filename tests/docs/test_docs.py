@@ -178,8 +178,8 @@ def public_modules() -> List[str]:
 
 
 def resolve(path: str):
-    """The object ``path`` names, importing its longest module prefix (``gsplit.launcher.launch`` is the function
-    in the module ``gsplit.launch``, although ``gsplit.launch`` is the function once ``import gsplit`` ran)."""
+    """The object ``path`` names, importing its longest module prefix (``gsplit.launcher.launch``: the function
+    ``launch`` of the package ``gsplit.launcher``)."""
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
         try:

@@ -2,7 +2,6 @@
 name imports, and the paths that moved keep importing (a user's script or saved file that names one still works).
 """
 
-import importlib
 import json
 import os
 import re
@@ -19,6 +18,8 @@ _environ = dict(os.environ)
 from layout_metrics import cycles, import_graph  # noqa: E402 - through the harness, which sets OMP_WAIT_POLICY:
 os.environ.clear()  # this test process keeps the environment it had
 os.environ.update(_environ)
+
+from test_docs import resolve  # noqa: E402 - tests/docs/, on the path (conftest)
 
 from gsplit import _moved  # noqa: E402
 
@@ -81,19 +82,6 @@ def _documented_paths():
     return sorted(names)
 
 
-def _resolve(dotted: str):
-    parts = dotted.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ModuleNotFoundError(dotted)
-
-
 def test_every_documented_path_imports():
     paths = _documented_paths()
     assert len(paths) > 150, f"found only {len(paths)} documented paths: has the docs' syntax changed?"
@@ -102,7 +90,7 @@ def test_every_documented_path_imports():
         warnings.simplefilter("error", DeprecationWarning)  # the docs name the new paths, not the moved ones
         for dotted in paths:
             try:
-                _resolve(dotted)
+                resolve(dotted)
             except Exception as e:  # noqa: BLE001 - listed below, whatever it is
                 broken.append(f"{dotted}: {type(e).__name__}: {e}")
     assert not broken, "documented paths that do not import:\n" + "\n".join(broken)
