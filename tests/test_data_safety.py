@@ -1,0 +1,148 @@
+"""What a user's files may not do (issue 49, items 1, 5 and 6): corrupt memory through an id out of range,
+leave a half-written or empty output behind, come out unreadable to colleagues, or get a planted kernel
+loaded.
+
+Whatever could crash the interpreter on the old code runs in a subprocess, so that a crash fails the test
+instead of killing pytest.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gsplit
+from gsplit.datasets import load_folder, save_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+N = 3000
+BAD_IDS = {"negative": -1, "huge": 2**40, "just past the end": N + 5}
+
+
+def _run(script: str, *args, timeout: float = 180) -> subprocess.CompletedProcess:
+    # GSPLIT_NO_EXTENSIONS: no kernel build inside a subprocess with a timeout (the refusals come first anyway)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GSPLIT_NO_EXTENSIONS": "1"}
+    return subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    ds = gsplit.datasets.load("synthetic", num_nodes=N, feature_dim=8, seed=0)
+    return save_folder(ds, tmp_path_factory.mktemp("data") / "ds")
+
+
+def _poke(src: Path, dst: Path, file: str, value: int, pos: int) -> Path:
+    """A copy of folder ``src`` whose ``file`` holds ``value`` at ``pos``, with the file's times restored, so
+    the writer's stamp still reads "unchanged" (as a folder re-stamped by whoever shipped it would)."""
+    shutil.copytree(src, dst, copy_function=shutil.copy2)  # copy2 keeps the times the stamps record
+    p = dst / file
+    st = os.stat(p)
+    a = np.load(p, mmap_mode="r+")
+    a[pos] = value
+    a.flush()
+    del a
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return dst
+
+
+LOAD_AND_REVERSE = textwrap.dedent("""
+    import sys
+    from gsplit.datasets import load_folder
+    from gsplit.partitioning.expected import reverse_edges
+    try:
+        ds = load_folder(sys.argv[1])
+    except ValueError as e:
+        print("REFUSED", e)
+        sys.exit(0)
+    reverse_edges(ds.graph.indptr.numpy(), ds.graph.indices.numpy())  # scipy's tocsr: the old crash
+    print("LOADED")
+""")
+
+
+@pytest.mark.parametrize("kind", list(BAD_IDS))
+def test_an_id_out_of_range_under_an_unchanged_stamp_is_refused_naming_the_file(folder, tmp_path, kind):
+    """Crashed on the old code (`free(): invalid next size`, SIGSEGV at 2^40) or went on with the bad id: the
+    folder's stamp matched, so the id range pass was skipped and scipy indexed with the id."""
+    bad = _poke(folder, tmp_path / "bad", "graph/indices.npy", BAD_IDS[kind], 4321)
+    proc = _run(LOAD_AND_REVERSE, bad)
+    assert proc.returncode == 0, f"rc {proc.returncode}: {proc.stderr[-1500:]}"
+    line = proc.stdout.strip()
+    assert line.startswith("REFUSED") and len(line.splitlines()) == 1, line
+    file = bad / "graph" / "indices.npy"
+    assert f"{file} holds vertex id {BAD_IDS[kind]} outside [0, {N}) at entry 4321" in line, line
+
+
+def test_graph_load_checks_ids_even_when_told_not_to_validate(tmp_path):
+    g = gsplit.Graph.from_edges([0, 1, 2], [1, 2, 0])
+    g.save(tmp_path / "g")
+    np.save(tmp_path / "g" / "indices.npy", np.array([0, 7, 2]))
+    with pytest.raises(ValueError, match=r"indices.npy holds vertex id 7 outside \[0, 3\) at entry 1 "):
+        gsplit.Graph.load(tmp_path / "g", validate=False)
+    ds = save_folder(gsplit.datasets.load("synthetic", num_nodes=200, seed=0), tmp_path / "ds")
+    a = np.load(ds / "graph" / "indices.npy")
+    a[3] = 207
+    np.save(ds / "graph" / "indices.npy", a)
+    with pytest.raises(ValueError, match=r"indices.npy holds vertex id 207 outside \[0, 200\) at entry 3 "):
+        load_folder(ds, validate=False)  # a folder "you trust" skips the NaN scan, never the id range
+
+
+CLI_COMMANDS = textwrap.dedent("""
+    import contextlib, io, json, sys
+    from gsplit.cli import main
+    bad, model, out = sys.argv[1:4]
+    commands = {
+        "train": ["train", "--dataset", f"folder:{bad}", "--fanouts", "5,5", "--batch-size", "64", "--device", "cpu",
+                  "--epochs", "1", "--num-ranks", "1"],
+        "train --full-graph": ["train", "--dataset", f"folder:{bad}", "--full-graph", "--device", "cpu", "--epochs",
+                               "1", "--num-ranks", "1"],
+        "prepare": ["prepare", "--dataset", f"folder:{bad}", "--num-parts", "2", "--out", out + "/map"],
+        "eval": ["eval", "--checkpoint", model, "--dataset", f"folder:{bad}", "--device", "cpu", "--num-ranks", "1"],
+        "predict": ["predict", "--checkpoint", model, "--dataset", f"folder:{bad}", "--device", "cpu",
+                    "--num-ranks", "1", "--out", out + "/pred.csv"],
+    }
+    got = {}
+    for name, argv in commands.items():
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            rc = main(argv)
+        got[name] = [rc, err.getvalue()]
+    print(json.dumps(got))
+""")
+
+
+def test_every_command_refuses_the_damaged_folder_in_one_line(folder, tmp_path):
+    """train, train --full-graph, prepare, eval and predict: exit 2 with one line naming the file (the old
+    code crashed in train/prepare/full-graph and gave an IndexError traceback from a rank elsewhere)."""
+    from gsplit.model_io import save_model
+    from gsplit.nn.models import build_model
+
+    bad = _poke(folder, tmp_path / "bad", "graph/indices.npy", 2**40, 17)
+    spec = dict(name="sage", in_feats=8, hidden=8, num_classes=load_folder(folder).num_classes, num_layers=2,
+                dropout=0.0, heads=1)
+    save_model(tmp_path / "model.pt", build_model(**spec), spec)
+    proc = _run(CLI_COMMANDS, bad, tmp_path / "model.pt", tmp_path)
+    assert proc.returncode == 0, f"rc {proc.returncode}: {proc.stderr[-1500:]}"
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, (rc, err) in got.items():
+        lines = [line for line in err.strip().splitlines() if line.startswith("gsplit: error:")]
+        assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (name, rc, err[-800:])
+        assert f"indices.npy holds vertex id 1099511627776 outside [0, {N}) at entry 17" in lines[0], (name, lines[0])
+    assert not (tmp_path / "pred.csv").exists()  # and predict left no empty file behind
+
+
+@pytest.mark.parametrize("file,value,says", [
+    ("labels.npy", 99, r"labels.npy: labels\[5\] = 99 is outside"),
+    ("train_idx.npy", N + 5, rf"train_idx.npy: train_idx contain id {N + 5}"),
+    ("test_idx.npy", -3, r"test_idx.npy: test_idx contain id -3"),
+])
+def test_labels_and_splits_out_of_range_name_their_file(folder, tmp_path, file, value, says):
+    bad = _poke(folder, tmp_path / "bad", file, value, 5 if file == "labels.npy" else 0)
+    with pytest.raises(ValueError, match=says):
+        load_folder(bad)
