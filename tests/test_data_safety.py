@@ -6,8 +6,10 @@ Whatever could crash the interpreter on the old code runs in a subprocess, so th
 instead of killing pytest.
 """
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import gsplit
 from gsplit.datasets import load_folder, save_folder
@@ -146,3 +149,100 @@ def test_labels_and_splits_out_of_range_name_their_file(folder, tmp_path, file, 
     bad = _poke(folder, tmp_path / "bad", file, value, 5 if file == "labels.npy" else 0)
     with pytest.raises(ValueError, match=says):
         load_folder(bad)
+
+
+# ------------------------------------------------------------------------------------------ item 5
+@contextlib.contextmanager
+def _umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(p: Path) -> int:
+    return p.stat().st_mode & 0o777
+
+
+def test_data_files_get_the_umask_and_checkpoints_stay_private(tmp_path):
+    """Every file came out 0600 (tempfile.mkstemp), so a shared dataset folder was unreadable to colleagues."""
+    from gsplit.checkpoint import save_checkpoint
+    from gsplit.io import append_jsonl, atomic_write_bytes
+    from gsplit.partitioning import PartitionMap
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=0)
+    with _umask(0o022):
+        out = save_folder(ds, tmp_path / "ds")
+        PartitionMap.from_tensor(torch.zeros(ds.num_nodes, dtype=torch.int64), num_parts=1).save(tmp_path / "map")
+        append_jsonl(tmp_path / "run.jsonl", {"type": "run"})
+        atomic_write_bytes(tmp_path / "pred.csv", "vertex,prediction\n")
+        atomic_write_bytes(tmp_path / "secret", b"x", private=True)
+        step = save_checkpoint(tmp_path / "ck", {"w": torch.ones(2)}, None, {"step": 3})
+    written = sorted(out.rglob("*.npy")) + [out / "meta.json", tmp_path / "map" / "assignment.npy",
+                                            tmp_path / "run.jsonl", tmp_path / "pred.csv"]
+    assert {str(p): oct(_mode(p)) for p in written} == {str(p): "0o644" for p in written}
+    assert _mode(tmp_path / "secret") == 0o600
+    assert _mode(tmp_path / "ck") == 0o700 and _mode(step) == 0o700
+    assert all(_mode(p) == 0o600 for p in [step / "state.pt", step / "meta.json", tmp_path / "ck" / "latest"])
+    with _umask(0o002):  # a group-sharing umask is honoured too
+        atomic_write_bytes(tmp_path / "shared.csv", "x")
+    assert _mode(tmp_path / "shared.csv") == 0o664
+
+
+def test_a_failed_predict_or_plot_leaves_no_empty_file(tmp_path, capsys):
+    from gsplit.cli import main
+
+    log = tmp_path / "run.jsonl"
+    log.write_text('{"type": "nonsense"}\n')
+    assert main(["plot", str(log), "--out", str(tmp_path / "fig.png")]) != 0
+    assert main(["predict", "--checkpoint", str(tmp_path / "none.pt"), "--dataset", f"folder:{tmp_path / 'none'}",
+                 "--out", str(tmp_path / "pred.csv")]) == 2
+    capsys.readouterr()
+    assert not (tmp_path / "fig.png").exists() and not (tmp_path / "pred.csv").exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    # an unwritable --out is still refused before any work
+    assert main(["predict", "--checkpoint", "x", "--out", str(tmp_path / "run.jsonl" / "p.csv")]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+
+
+def test_a_dataset_that_does_not_fit_the_disk_is_refused_before_writing(tmp_path, monkeypatch, capsys):
+    from gsplit.cli import main, prepare
+
+    monkeypatch.setattr(prepare, "free_bytes", lambda folder: 1 << 20)
+    rc = main(["prepare", "-D", "num_nodes=20000", "--num-parts", "2", "--method", "random",
+               "--out", str(tmp_path / "map"), "--dataset-out", str(tmp_path / "ds")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    m = re.match(rf"gsplit: error: the disk is full: writing the dataset to --dataset-out {re.escape(str(tmp_path))}"
+                 r"/ds needs ([\d.]+) MiB but its file system has 1.0 MiB free; free space there", err)
+    assert m and 7.5 < float(m.group(1)) < 8.0, err  # 7.8 MiB: 5 MB of features, 2.4 MB of edges, the rest
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_disk_that_fills_while_the_dataset_is_written_is_one_line(tmp_path, monkeypatch, capsys):
+    """The space was there when checked, and gone by the time the features were written (another writer)."""
+    from gsplit import io as gio
+    from gsplit.cli import main
+
+    real = gio._new_temp_file
+
+    def full_for_features(path, private):
+        fd, tmp = real(path, private)
+        if path.name == "features.npy":  # its writes go to /dev/full: ENOSPC after the header, mid-file
+            os.close(fd)
+            fd = os.open("/dev/full", os.O_WRONLY)
+        return fd, tmp
+
+    monkeypatch.setattr(gio, "_new_temp_file", full_for_features)
+    rc = main(["prepare", "-D", "num_nodes=2000", "--num-parts", "2", "--method", "random",
+               "--out", str(tmp_path / "map"), "--dataset-out", str(tmp_path / "ds")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("gsplit: error: No space left on device") and "the disk is full" in err, err
+    assert f"({tmp_path / 'ds' / 'features.npy'})" in err
+    assert not [p.name for p in (tmp_path / "ds").iterdir() if p.name.endswith(".tmp")]  # no partial file left
+    assert not (tmp_path / "ds" / "meta.json").exists()  # an incomplete folder, which load_folder reports
+    with pytest.raises(ValueError, match="incomplete dataset folder"):
+        load_folder(tmp_path / "ds")
