@@ -246,3 +246,93 @@ def test_a_disk_that_fills_while_the_dataset_is_written_is_one_line(tmp_path, mo
     assert not (tmp_path / "ds" / "meta.json").exists()  # an incomplete folder, which load_folder reports
     with pytest.raises(ValueError, match="incomplete dataset folder"):
         load_folder(tmp_path / "ds")
+
+
+# ------------------------------------------------------------------------------------------ item 6
+def test_a_kernel_folder_others_can_write_is_refused(tmp_path, monkeypatch):
+    from gsplit.ops import cpu_ext
+
+    root = tmp_path / "ext"
+    root.mkdir(mode=0o700)
+    cpu_ext.check_kernel_path(root, root)
+    os.chmod(root, 0o777)
+    with pytest.raises(cpu_ext.UnsafeKernelPath, match=rf"kernel folder {root} is writable by its group and "
+                                                       rf"others \(mode 0777\).*chmod go-w {root}"):
+        cpu_ext.check_kernel_path(root, root)
+    os.chmod(root, 0o1777)  # sticky does not help at or below the root: others may still add build folders
+    with pytest.raises(cpu_ext.UnsafeKernelPath):
+        cpu_ext.check_kernel_path(root, root)
+    os.chmod(root, 0o770)
+    with pytest.raises(cpu_ext.UnsafeKernelPath, match="writable by its group"):
+        cpu_ext.check_kernel_path(root, root)
+    # above the root, a sticky world-writable folder (/tmp) is fine: others cannot replace our entries
+    os.chmod(root, 0o700)
+    os.chmod(tmp_path, 0o1777)
+    cpu_ext.check_kernel_path(root, root)
+    os.chmod(tmp_path, 0o777)
+    with pytest.raises(cpu_ext.UnsafeKernelPath, match=f"kernel folder {tmp_path} is writable"):
+        cpu_ext.check_kernel_path(root, root)
+    os.chmod(tmp_path, 0o700)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_kernel_or_folder_owned_by_another_user_is_refused(tmp_path):
+    from gsplit.ops import cpu_ext
+
+    root = tmp_path / "ext"
+    lib = root / "key" / "k.so"
+    lib.parent.mkdir(parents=True, mode=0o700)
+    lib.write_bytes(b"")
+    os.chmod(root, 0o700)
+    cpu_ext.check_kernel_path(lib, root)
+    os.chown(lib, 4242, 4242)
+    with pytest.raises(cpu_ext.UnsafeKernelPath, match=rf"kernel file {lib} is owned by uid 4242, not by you"):
+        cpu_ext.check_kernel_path(lib, root)
+    os.chown(lib, 0, 0)
+    os.chown(lib.parent, 4242, 4242)
+    with pytest.raises(cpu_ext.UnsafeKernelPath, match=rf"kernel folder {lib.parent} is owned by uid 4242"):
+        cpu_ext.check_kernel_path(lib, root)
+
+
+PLANTED = textwrap.dedent("""
+    import logging, os, sys
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from gsplit.ops import cpu_ext, sample_cpu
+    folder = cpu_ext.build_folder(sample_cpu.NAME, sample_cpu.SOURCES)
+    folder.mkdir(parents=True)
+    lib = folder / (sample_cpu.NAME + ".so")
+    # a library that, if loaded, says so: what another user would plant
+    lib.write_text("not a library")
+    (folder / "built.json").write_text("{}")
+    os.chmod(sys.argv[1], int(sys.argv[2], 8))
+    report = cpu_ext.prebuild([(sample_cpu.NAME, sample_cpu.SOURCES)])
+    print(report.failed.get(sample_cpu.NAME, "LOADED"))
+""")
+
+
+def test_gsplit_refuses_a_kernel_planted_in_a_shared_extension_dir(tmp_path):
+    """With GSPLIT_EXTENSION_DIR a folder others can write, a planted library was imported (and run)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GSPLIT_EXTENSION_DIR": str(shared)}
+    env.pop("GSPLIT_NO_EXTENSIONS", None)
+    proc = subprocess.run([sys.executable, "-c", PLANTED, str(shared), "777"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    line = proc.stdout.strip()
+    assert line.startswith("UnsafeKernelPath: kernel folder") and f"{shared} is writable by its group and others" \
+        in line and "chmod go-w" in line, line
+
+
+def test_the_kernel_cache_is_created_private(tmp_path, monkeypatch):
+    from gsplit.ops import cpu_ext
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GSPLIT_EXTENSION_DIR", raising=False)
+    (tmp_path / "home").mkdir()
+    folder = cpu_ext.extension_root() / "key" / "k-1"
+    with _umask(0o022):
+        cpu_ext._make_private_dirs(folder)
+    for p in [tmp_path / "home" / ".cache", tmp_path / "home" / ".cache" / "gsplit", folder.parent, folder]:
+        assert _mode(p) == 0o700, p
+    cpu_ext.check_kernel_path(folder)
