@@ -390,7 +390,7 @@ class Graph:
         never decreases, ends at the edge count) and that every source id of ``indices`` is in
         ``[0, num_nodes)``. The arrays go to native code (scipy, the compiled kernels, METIS) that indexes
         with them unchecked, so one bad id in a file would corrupt memory; each check is one chunked pass
-        (about 50-80 ms over 30M edges on a busy 2-core host, next to reading the file from disk).
+        (about 31 ms of one core per 30M edges, next to reading the file from disk).
         ``validate`` is kept for callers that pass it; it no longer skips anything. Any problem is a
         one-line ``ValueError`` naming the file, the bad value and where it is.
 

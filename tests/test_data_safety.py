@@ -336,3 +336,35 @@ def test_the_kernel_cache_is_created_private(tmp_path, monkeypatch):
     for p in [tmp_path / "home" / ".cache", tmp_path / "home" / ".cache" / "gsplit", folder.parent, folder]:
         assert _mode(p) == 0o700, p
     cpu_ext.check_kernel_path(folder)
+
+
+SMALL_DISK_PREPARE = textwrap.dedent("""
+    import subprocess, sys
+    p = subprocess.run([sys.executable, "-m", "gsplit", "prepare", "-D", "num_nodes=20000", "--num-parts", "2",
+                        "--method", "random", "--out", sys.argv[2] + "/map", "--dataset-out", sys.argv[1] + "/ds"],
+                       capture_output=True, text=True, timeout=300)
+    print(p.returncode)
+    print(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "")
+    print("Traceback" in p.stderr)
+""")
+
+
+@pytest.mark.slow
+def test_a_real_small_disk_refuses_the_dataset_in_one_line(tmp_path):
+    """The same refusal on a real 2 MiB tmpfs (its own statvfs), in a private mount namespace."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount a small file system")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (tmp_path / "s.py").write_text(SMALL_DISK_PREPARE)
+    shell = (f"mount -t tmpfs -o size=2m tmpfs {mnt} && cd {ROOT} && GSPLIT_NO_EXTENSIONS=1 PYTHONPATH={ROOT} "
+             f"{sys.executable} {tmp_path / 's.py'} {mnt} {tmp_path}")
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
+                          capture_output=True, text=True, timeout=360)
+    if "mount" in proc.stderr and ("permission denied" in proc.stderr.lower() or "not permitted" in proc.stderr):
+        pytest.skip(f"mounting refused here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rc, last, traceback = proc.stdout.strip().splitlines()
+    assert rc == "2" and traceback == "False", proc.stdout
+    assert last.startswith(f"gsplit: error: the disk is full: writing the dataset to --dataset-out {mnt}/ds needs "
+                           "7.8 MiB but its file system has 2.0 MiB free"), last
