@@ -368,3 +368,32 @@ def test_a_real_small_disk_refuses_the_dataset_in_one_line(tmp_path):
     assert rc == "2" and traceback == "False", proc.stdout
     assert last.startswith(f"gsplit: error: the disk is full: writing the dataset to --dataset-out {mnt}/ds needs "
                            "7.8 MiB but its file system has 2.0 MiB free"), last
+
+
+@pytest.mark.parametrize("label", [-5, 10**12])
+def test_npz_labels_out_of_range_name_the_file_before_any_allocation(tmp_path, label):
+    """A label of 1e12 sized the Planetoid split's per-class arrays: an 8 TB allocation (refused by the
+    allocator here, a swap storm where it overcommits); -5 got a misleading split error."""
+    import scipy.sparse as sp
+
+    from gsplit.datasets.files import load_npz
+
+    n = 200
+    adj = sp.random(n, n, density=0.05, format="csr", random_state=0)
+    labels = np.arange(n) % 4
+    labels[3] = label
+    path = tmp_path / "g.npz"
+    np.savez(path, adj_data=adj.data, adj_indices=adj.indices, adj_indptr=adj.indptr, adj_shape=np.array(adj.shape),
+             attr_matrix=np.ones((n, 4), dtype=np.float32), labels=labels)
+    with pytest.raises(ValueError, match=rf"g.npz': labels\[3\] = {label}, but classes must be numbered 0..C-1"):
+        load_npz(path)
+
+
+@pytest.mark.parametrize("classes", [10**10, 0, 2.5])
+def test_a_folder_whose_meta_json_claims_absurd_classes_is_refused(folder, tmp_path, classes):
+    bad = Path(shutil.copytree(folder, tmp_path / "bad"))
+    meta = json.loads((bad / "meta.json").read_text())
+    meta["num_classes"] = classes
+    (bad / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=rf"meta.json: num_classes={classes!r} must be an integer from 1 to 65536"):
+        load_folder(bad)

@@ -64,6 +64,7 @@ FORMAT_VERSION = 1
 _FIX = "write the folder again (gsplit prepare --dataset-out, or gsplit.datasets.save_folder)"
 _SPLITS = ("train_idx", "val_idx", "test_idx")
 _OPTIONAL = ("node_ids", "communities")
+_MAX_CLASSES = 1 << 16  # more classes than this and than vertices: a damaged meta.json (1e10: a 640 GB layer)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,10 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
                          f"upgrade gsplit to read it")
     checks = meta.get("checks", {})
     n, dim = int(meta["num_nodes"]), int(meta["feature_dim"])
+    classes, most = meta["num_classes"], max(n, _MAX_CLASSES)
+    if type(classes) is not int or not 1 <= classes <= most:  # the model gets one output per class: bound it
+        raise ValueError(f"{p / 'meta.json'}: num_classes={classes!r} must be an integer from 1 to {most} (no more "
+                         f"classes than vertices, or {_MAX_CLASSES}); {_FIX}")
     features_state = stamp_status(p, "features.npy", meta.get("files"))
     if features_state == "changed":  # a copy keeps its sampled blocks: trusted
         log.info("%s: features.npy is not as written: scanning it for NaN/inf", p)
