@@ -397,3 +397,12 @@ def test_a_folder_whose_meta_json_claims_absurd_classes_is_refused(folder, tmp_p
     (bad / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=rf"meta.json: num_classes={classes!r} must be an integer from 1 to 65536"):
         load_folder(bad)
+
+
+def test_reverse_edges_refuses_ids_out_of_range_of_an_unchecked_graph():
+    """An in-memory graph built without checks (Graph(...) or from_csc(validate=False)) reaches scipy here."""
+    from gsplit.partitioning.expected import reverse_edges
+
+    with pytest.raises(ValueError, match=r"indices hold ids in \[0, 9\] .* the graph has 3 vertices"):
+        reverse_edges(np.array([0, 1, 2, 3]), np.array([1, 9, 0]))
+    assert reverse_edges(np.array([0, 1, 3, 4]), np.array([1, 0, 2, 1])).tolist() == [1, 0, 3, 2]
