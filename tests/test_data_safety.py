@@ -406,3 +406,59 @@ def test_reverse_edges_refuses_ids_out_of_range_of_an_unchecked_graph():
     with pytest.raises(ValueError, match=r"indices hold ids in \[0, 9\] .* the graph has 3 vertices"):
         reverse_edges(np.array([0, 1, 2, 3]), np.array([1, 9, 0]))
     assert reverse_edges(np.array([0, 1, 3, 4]), np.array([1, 0, 2, 1])).tolist() == [1, 0, 3, 2]
+
+
+def test_a_full_disk_in_the_chunked_conversion_names_the_file_and_cleans_up(tmp_path, monkeypatch):
+    """The conversion's memory maps were sparse files: a full disk killed the process with SIGBUS (rc 135,
+    scratch files left behind). Their blocks are reserved first now, so a full disk is an OSError."""
+    import errno
+
+    from gsplit.datasets import chunked
+
+    edges = tmp_path / "edges.txt"
+    edges.write_text("".join(f"{i} {(i * 7 + 1) % 500}\n" for i in range(2000)))
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError, match=r"No space left on device: [\d,]+ bytes needed") as got:
+        chunked.convert_edgelist(edges, tmp_path / "ds")
+    assert got.value.errno == errno.ENOSPC and got.value.filename == str(tmp_path / "ds" / ".indices.tmp")
+    assert not [p.name for p in (tmp_path / "ds").iterdir() if p.name.endswith(".tmp")]
+
+
+SMALL_DISK_EDGELIST = textwrap.dedent("""
+    import subprocess, sys
+    p = subprocess.run([sys.executable, "-m", "gsplit", "prepare", "--dataset", "edgelist:" + sys.argv[2] + "/e.txt",
+                        "--num-parts", "2", "--method", "random", "--out", sys.argv[2] + "/map",
+                        "--dataset-out", sys.argv[1] + "/ds"], capture_output=True, text=True, timeout=300)
+    print(p.returncode)
+    print(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "")
+    print("Traceback" in p.stderr)
+""")
+
+
+@pytest.mark.slow
+def test_a_real_disk_that_fills_during_an_edge_list_conversion_is_one_line(tmp_path):
+    """On the old code: `Bus error`, rc 135, .edges.tmp and .indices.tmp left on the full disk."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to mount a small file system")
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(0, 50_000, size=(300_000, 2))  # 4.8 MB of scratch pairs, 4.8 MB of placed ids
+    np.savetxt(tmp_path / "e.txt", pairs, fmt="%d")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    (tmp_path / "s.py").write_text(SMALL_DISK_EDGELIST)
+    shell = (f"mount -t tmpfs -o size=6m tmpfs {mnt} && cd {ROOT} && GSPLIT_NO_EXTENSIONS=1 PYTHONPATH={ROOT} "
+             f"{sys.executable} {tmp_path / 's.py'} {mnt} {tmp_path} && ls -a {mnt}/ds")
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
+                          capture_output=True, text=True, timeout=360)
+    if "mount" in proc.stderr and ("permission denied" in proc.stderr.lower() or "not permitted" in proc.stderr):
+        pytest.skip(f"mounting refused here: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rc, last, traceback, *listing = proc.stdout.strip().splitlines()
+    assert rc == "1" and traceback == "False", proc.stdout
+    assert last.startswith("gsplit: error: No space left on device") and "the disk is full" in last, last
+    assert f"({mnt}/ds/" in last, last
+    assert not [name for name in listing if name.endswith(".tmp")], listing
