@@ -15,7 +15,7 @@ def cmd_plot(args) -> int:
     if not src.is_file():
         raise CliError(f"{args.log}: no such run log (write one with gsplit train --log FILE)")
     out = Path(args.out) if args.out else src.with_suffix(".png")
-    check_writable(out, "--out file")
+    check_writable(out, "--out file", replace=True)
     panels = plot_run(src, out)
     print(f"{', '.join(panels)} of {src} drawn to {out}")
     return 0

@@ -16,7 +16,7 @@ def cmd_predict(args) -> int:
     out = Path(args.out)
     if out.suffix not in (".csv", ".npy", ".npz"):
         raise CliError(f"--out {args.out}: write .csv, .npy or .npz")
-    check_writable(out, "--out file")
+    check_writable(out, "--out file", replace=True)
     mf, ds = _model_and_dataset(args)
     ids = _read_ids(args.ids, ds.num_nodes) if args.ids else torch.arange(ds.num_nodes)
     res = _run_inference(args, ds, {}, predict_ids=ids)

@@ -108,6 +108,7 @@ def _prepare_dataset(args, out: Path):
         print(f"  {rep.num_nodes:,} vertices, {rep.num_edges:,} edges ({time.perf_counter() - t:.1f}s)", flush=True)
     else:
         ds = _load_dataset(args)
+        check_free_space(folder, dataset_bytes(ds), "--dataset-out")
         print(f"writing the dataset to {folder} ...", flush=True)
         datasets.save_folder(ds, folder)
         del ds  # from here on the dataset is the mapped folder: one copy, in the page cache
@@ -115,6 +116,33 @@ def _prepare_dataset(args, out: Path):
     ds = datasets.load(f"folder:{folder}")
     print(f"  mapped {folder}: train with --dataset folder:{folder}", flush=True)
     return ds
+
+
+def dataset_bytes(ds) -> int:
+    """Bytes a prepared folder of ``ds`` takes (its arrays plus a header each; ``meta.json`` is small)."""
+    tensors = [ds.graph.indptr, ds.graph.indices, ds.features, ds.labels, ds.train_idx, ds.val_idx, ds.test_idx,
+               ds.node_ids, ds.communities]
+    return sum(t.numel() * t.element_size() + 128 for t in tensors if t is not None)
+
+
+def free_bytes(folder: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``folder``'s file system (its nearest existing parent)."""
+    import os
+
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    st = os.statvfs(existing)
+    return st.f_bavail * st.f_frsize
+
+
+def check_free_space(folder: Path, need: int, option: str) -> None:
+    """Refuse, before writing, a folder whose file system cannot hold ``need`` more bytes (files already there
+    with the names written count as free: they are replaced)."""
+    have = free_bytes(folder)
+    replaced = sum(f.stat().st_size for f in folder.rglob("*.npy")) if folder.is_dir() else 0
+    if need > have + replaced:
+        raise CliError(f"the disk is full: writing the dataset to {option} {folder} needs {need / 2**20:,.1f} MiB but "
+                       f"its file system has {have / 2**20:,.1f} MiB free; free space there or pass a folder on "
+                       f"another file system")
 
 
 def _ogb_raw_folder(args) -> Optional[Path]:

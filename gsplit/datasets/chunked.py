@@ -23,6 +23,8 @@ and drops them under pressure, but they count in the resident size (``VmHWM``) w
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import itertools
 import logging
 import os
@@ -91,7 +93,27 @@ def _read_chunks(path: Path, delimiter, chunk_edges: int):
 
 
 def _open_npy(path: Path, dtype, shape) -> np.memmap:
-    return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+    _reserve(path)
+    return arr
+
+
+def _reserve(path: Path) -> None:
+    """Allocate ``path``'s blocks on disk now. A memory map over a sparse file dies of SIGBUS at the first
+    page a full disk cannot back (no message, no cleanup); reserved first, a full disk is an ``OSError``
+    (ENOSPC) naming the file. File systems without ``fallocate`` keep the sparse file."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        size = os.fstat(fd).st_size
+        if size and hasattr(os, "posix_fallocate"):
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    raise OSError(e.errno, f"{e.strerror}: {size:,} bytes needed", str(path)) from None
+                # EOPNOTSUPP / EINVAL: this file system cannot reserve; the map stays sparse
+    finally:
+        os.close(fd)
 
 
 def convert_edgelist(
@@ -284,7 +306,7 @@ def _write_csc(chunk_source: Iterable[np.ndarray], out: Path, num_nodes: Optiona
         t = time.perf_counter()
         ids = np.empty(0, dtype=np.int64)
         file_edges, chunks = 0, 0
-        with open(scratch, "wb") as f:
+        with _naming_the_file(scratch), open(scratch, "wb") as f:
             for edges in chunk_source:
                 if num_nodes is None:
                     ids = np.union1d(ids, np.unique(edges))
@@ -319,6 +341,7 @@ def _write_csc(chunk_source: Iterable[np.ndarray], out: Path, num_nodes: Optiona
         # ---- pass 2: every source at its destination's next free slot
         t = time.perf_counter()
         indices = np.memmap(placed, dtype=np.int64, mode="w+", shape=(max(total, 1),))
+        _reserve(placed)
         cursor = slots[:-1].copy()
         for start in range(0, file_edges, chunk_edges):
             src, dst = _directed(pairs[start:start + chunk_edges], symmetric, remove_self_loops)
@@ -371,6 +394,17 @@ def _write_csc(chunk_source: Iterable[np.ndarray], out: Path, num_nodes: Optiona
     atomic_write_json(graph_dir / "meta.json", {"format": "gsplit-graph", "version": 1, "num_nodes": n,
                                                 "num_edges": written})
     return (ids if num_nodes is None else None), n, written, file_edges, chunks
+
+
+@contextlib.contextmanager
+def _naming_the_file(path: Path):
+    """An ``OSError`` without a file name (``write`` on a full disk) gets ``path``'s."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def _directed(chunk: np.ndarray, symmetric: bool, remove_self_loops: bool):

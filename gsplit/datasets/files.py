@@ -136,6 +136,15 @@ def load_npz(
     if raw_labels.ndim != 1 or not np.issubdtype(raw_labels.dtype, np.integer):
         raise ValueError(f"{str(p)!r}: labels must be a 1-D integer array (one class per vertex), got "
                          f"shape {raw_labels.shape} dtype {raw_labels.dtype}")
+    if raw_labels.shape[0] != n:
+        raise ValueError(f"{str(p)!r}: labels has {raw_labels.shape[0]} entries but the adjacency has {n} vertices; "
+                         f"pass one label per vertex (-1 for unlabelled)")
+    if raw_labels.size and (int(raw_labels.min()) < -1 or int(raw_labels.max()) >= n):
+        # checked before the split: the class count sizes per-class arrays (a label of 1e12: an 8 TB allocation)
+        bad = int(raw_labels.min()) if int(raw_labels.min()) < -1 else int(raw_labels.max())
+        row = int(np.flatnonzero(raw_labels == bad)[0])
+        raise ValueError(f"{str(p)!r}: labels[{row}] = {bad}, but classes must be numbered 0..C-1 (C at most the {n} "
+                         f"vertices; -1 marks an unlabelled vertex); renumber the classes")
     labels = torch.from_numpy(raw_labels.astype(np.int64))
     num_classes = int(labels.max()) + 1 if labels.numel() else 1
 

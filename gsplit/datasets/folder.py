@@ -25,10 +25,12 @@ valid) and records it in ``meta.json`` (``checks``), with a stamp of every array
 time, a digest of 64 sampled blocks: :func:`gsplit.runtime.io.file_stamp`). A reader skips those full passes over
 files that are still the ones written, so the first epoch does not wait for the whole feature file to be
 read; what it always checks costs little next to reading the arrays: the sizes and dtypes, ``indptr``
-(starts at 0, never decreases, ends at the edge count: one pass over one entry per vertex) and the
-stamps. A graph file whose size or time differs from its stamp (replaced, edited, or the folder copied)
-gets the full check of its ids; a feature file only when its size or sampled blocks differ too (a copy
-keeps them). ``validate=True`` runs every full pass whatever the stamps say.
+(starts at 0, never decreases, ends at the edge count: one pass over one entry per vertex), the stamps,
+and every id that native code indexes with: the graph's source ids (one chunked min/max pass over the
+edges, whatever the stamps say: a stamp restored by hand or copied along with a damaged file must not let
+an id out of range reach scipy, the compiled kernels or METIS, which would corrupt memory), the labels and
+the splits. The feature scan for NaN/inf runs only for a feature file whose size or sampled blocks differ
+from its stamp (a copy keeps them). ``validate=True`` runs every full pass whatever the stamps say.
 
 :func:`convert_edgelist` writes a folder from a text edge list in chunks (:mod:`gsplit.datasets.chunked`),
 never holding the edge list and the CSC in memory at once.
@@ -62,8 +64,7 @@ FORMAT_VERSION = 1
 _FIX = "write the folder again (gsplit prepare --dataset-out, or gsplit.datasets.save_folder)"
 _SPLITS = ("train_idx", "val_idx", "test_idx")
 _OPTIONAL = ("node_ids", "communities")
-_GRAPH_FILES = ("graph/indptr.npy", "graph/indices.npy")
-_STAMPED = _GRAPH_FILES + ("features.npy",)  # the files whose full checks a reader skips (the rest are small)
+_MAX_CLASSES = 1 << 16  # more classes than this and than vertices: a damaged meta.json (1e10: a 640 GB layer)
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,11 @@ def is_folder(path: PathLike) -> bool:
 def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = None) -> Dataset:
     """Open a prepared dataset folder; with ``mmap=True`` (default) every array is memory-mapped.
 
-    ``validate=None`` (default) skips the full passes that the writer recorded in ``meta.json`` as done
-    (graph ids in range, finite features) for files that are still the ones it wrote (see the module
-    doc: their stamps); ``True`` runs them anyway, ``False`` skips them for a folder you trust. Sizes,
-    dtypes, ``indptr``, label ranges and the splits are always checked (they are small).
+    ``validate=None`` (default) skips the scan for NaN/inf that the writer recorded in ``meta.json`` as done
+    when the feature file is still the one it wrote (see the module doc: its stamp); ``True`` runs it
+    anyway, ``False`` skips it for a folder you trust. Sizes, dtypes, ``indptr``, the graph's ids, label
+    ranges and the splits are always checked, whatever ``validate`` says: native code indexes with them.
+    A problem is one ``ValueError`` naming the file.
 
     Example:
         >>> ds = load_folder("prepared/papers100M")     # doctest: +SKIP
@@ -167,7 +169,7 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
     """
     p = Path(path).expanduser().resolve()
     meta = read_meta(p, ["format", "version", "num_nodes", "num_edges", "feature_dim", "num_classes"],
-                     "dataset folder", _FIX)
+                     "dataset folder", _FIX, written_first=("graph", "features.npy", "labels.npy"))  # graph/ first
     if meta["format"] != FORMAT:
         raise ValueError(f"{p / 'meta.json'} has format {meta['format']!r}, expected {FORMAT!r}; pass a folder "
                          f"written by gsplit prepare --dataset-out")
@@ -176,13 +178,14 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
                          f"upgrade gsplit to read it")
     checks = meta.get("checks", {})
     n, dim = int(meta["num_nodes"]), int(meta["feature_dim"])
-    status = {name: stamp_status(p, name, meta.get("files")) for name in _STAMPED}
-    touched = [name for name, state in status.items() if state in ("copy", "changed")]
-    if touched:  # the full checks below run for them (a copied feature file keeps its sampled blocks: trusted)
-        log.info("%s: %s not as written (%s): checking in full", p, ", ".join(touched),
-                 ", ".join(status[name] for name in touched))
-    graph_trusted = checks.get("graph_valid", False) and not any(status[f] in ("copy", "changed") for f in _GRAPH_FILES)
-    graph = Graph.load(p / "graph", mmap=mmap, validate=not graph_trusted if validate is None else validate)
+    classes, most = meta["num_classes"], max(n, _MAX_CLASSES)
+    if type(classes) is not int or not 1 <= classes <= most:  # the model gets one output per class: bound it
+        raise ValueError(f"{p / 'meta.json'}: num_classes={classes!r} must be an integer from 1 to {most} (no more "
+                         f"classes than vertices, or {_MAX_CLASSES}); {_FIX}")
+    features_state = stamp_status(p, "features.npy", meta.get("files"))
+    if features_state == "changed":  # a copy keeps its sampled blocks: trusted
+        log.info("%s: features.npy is not as written: scanning it for NaN/inf", p)
+    graph = Graph.load(p / "graph", mmap=mmap)  # checks every id, stamped or not: a bad one corrupts memory
     if graph.num_nodes != n or graph.num_edges != int(meta["num_edges"]):
         raise ValueError(f"{p / 'graph'} holds {graph.num_nodes} vertices and {graph.num_edges} edges but "
                          f"{p / 'meta.json'} says {n} and {meta['num_edges']}; {_FIX}")
@@ -195,18 +198,32 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
         raise ValueError(f"{p / 'features.npy'} holds {features.dtype} of width {features.shape[1]}; expected "
                          f"float32 of width {dim}; {_FIX}")
     if validate is False or (validate is None and checks.get("features_finite", False)
-                             and status["features.npy"] != "changed"):
+                             and features_state != "changed"):
         mark_finite(features)  # the writer scanned it: Dataset and the loaders skip their full pass
     fields = {k: array(k, "iu", 1, None).to(torch.int64) for k in _SPLITS}
     fields.update({k: array(k, "iu", 1, n).to(torch.int64) for k in meta.get("optional", []) if k in _OPTIONAL})
-    ds = Dataset(graph=graph, features=features, labels=array("labels", "iu", 1, n).to(torch.int64),
-                 num_classes=int(meta["num_classes"]), name=str(meta.get("name", p.name)),
-                 synthetic_features=bool(meta.get("synthetic_features", False)),
-                 synthetic_labels=bool(meta.get("synthetic_labels", False)),
-                 meta={**meta.get("meta", {}), "folder": str(p)}, **fields)
+    try:
+        ds = Dataset(graph=graph, features=features, labels=array("labels", "iu", 1, n).to(torch.int64),
+                     num_classes=int(meta["num_classes"]), name=str(meta.get("name", p.name)),
+                     synthetic_features=bool(meta.get("synthetic_features", False)),
+                     synthetic_labels=bool(meta.get("synthetic_labels", False)),
+                     meta={**meta.get("meta", {}), "folder": str(p)}, **fields)
+    except ValueError as e:  # Dataset names the field (labels, train_idx, ...): say which file holds it
+        raise ValueError(f"{_file_of(str(e), p)}: {e} ({_FIX})") from None
     ds.__dict__["_folder_source"] = FolderSource(str(p), bool(mmap), _identity(ds))
     log.info("mapped %r from %s", ds, p)
     return ds
+
+
+def _file_of(message: str, folder: Path) -> Path:
+    """The file of ``folder`` whose field a :meth:`Dataset.validate` message names first (else ``meta.json``:
+    ``num_classes`` comes from there)."""
+    fields = ("labels", "features", "num_classes") + _SPLITS + _OPTIONAL
+    found = [(message.find(f), f) for f in fields if f in message]
+    if not found:
+        return folder
+    name = min(found)[1]
+    return folder / ("meta.json" if name == "num_classes" else f"{name}.npy")
 
 
 def reopen(path: str, mmap: bool, name: str, meta: Dict[str, Any]) -> Dataset:

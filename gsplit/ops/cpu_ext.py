@@ -25,6 +25,14 @@ paths it records do not depend on where gsplit is installed.
 
 A build that runs inside a user's script (not :func:`prebuild`, whose caller reports it) says so once
 at WARNING: what it builds, about how long it takes, and where it caches.
+
+A library is code this process runs, so it is loaded only from a place no other user can change
+(:func:`check_kernel_path`): the library, every folder from it up to the cache root and the root itself
+must belong to this user (or to root) and be writable by nobody else; above the root a world-writable
+folder is accepted only with the sticky bit (``/tmp``), where others cannot replace what is ours.
+Otherwise the kernel is refused with one line (:class:`UnsafeKernelPath`, naming the path and what to do)
+and the plain-torch fallback runs. Folders the cache creates are private (``0700``), and so are the
+files it writes.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import functools
 import hashlib
 import logging
 import os
+import stat
 import sys
 import sysconfig
 import threading
@@ -95,8 +104,66 @@ def build_folder(name: str, sources: Sequence[str]) -> Path:
         >>> build_folder("gsplit_sample_cpu", ["sample_cpu.cpp"]).name.startswith("gsplit_sample_cpu-")
         True
     """
-    root = Path(os.environ.get("GSPLIT_EXTENSION_DIR", Path.home() / ".cache" / "gsplit" / "extensions"))
-    return root / build_key() / f"{name}-{source_digest(sources)}"
+    return extension_root() / build_key() / f"{name}-{source_digest(sources)}"
+
+
+def extension_root() -> Path:
+    """The kernel cache's root: ``GSPLIT_EXTENSION_DIR``, else ``~/.cache/gsplit/extensions``.
+
+    Example:
+        >>> extension_root().is_absolute()
+        True
+    """
+    env = os.environ.get("GSPLIT_EXTENSION_DIR")
+    return Path(env).expanduser().absolute() if env else Path.home() / ".cache" / "gsplit" / "extensions"
+
+
+class UnsafeKernelPath(PermissionError):
+    """A compiled kernel, or a folder on its way, that another user could have written: it is not loaded."""
+
+
+def check_kernel_path(path: Path, root: Optional[Path] = None) -> None:
+    """Raise :class:`UnsafeKernelPath` unless no other user can have changed ``path`` (a kernel library or a
+    build folder at or below the cache ``root``, default :func:`extension_root`).
+
+    ``path`` and every folder above it (symbolic links resolved) must be owned by this user or by root.
+    At or below ``root`` none may be writable by the group or others; above it a folder writable by
+    others is accepted only with the sticky bit (``/tmp``: others cannot rename or remove our entries).
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> check_kernel_path(d, d)                  # mkdtemp makes it 0700: fine
+        >>> d.chmod(0o777); check_kernel_path(d, d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        gsplit.ops.cpu_ext.UnsafeKernelPath: kernel folder ... is writable by its group and others (mode 0777)...chmod go-w ...
+    """
+    real = Path(os.path.realpath(path))
+    real_root = Path(os.path.realpath(root if root is not None else extension_root()))
+    me = os.geteuid()
+    fix_owner = ("set GSPLIT_EXTENSION_DIR to a folder of your own (or unset it for ~/.cache/gsplit/extensions)")
+    for p in (real, *real.parents):
+        st = os.stat(p)
+        kind = "kernel folder" if stat.S_ISDIR(st.st_mode) else "kernel file"
+        if st.st_uid not in (me, 0):
+            raise UnsafeKernelPath(f"{kind} {p} is owned by uid {st.st_uid}, not by you (uid {me}) or root: another "
+                                   f"user could have planted the compiled kernel; not loading it; {fix_owner}")
+        writable = st.st_mode & 0o022
+        inside = p == real_root or real_root in p.parents
+        if writable and (inside or not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX)):
+            who = {0o020: "its group", 0o002: "others", 0o022: "its group and others"}[writable]
+            raise UnsafeKernelPath(f"{kind} {p} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o}): another "
+                                   f"user could plant a compiled kernel there; not loading it; run chmod go-w {p} or "
+                                   f"{fix_owner}")
+
+
+def _make_private_dirs(folder: Path) -> None:
+    """Create ``folder`` and its missing parents with mode ``0700`` (``Path.mkdir`` gives parents the umask's mode)."""
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    for p in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another process made it meanwhile
+            os.mkdir(p, 0o700)
 
 
 _CFLAGS = ("-O3", "-fopenmp")  # the C++ standard is the one torch builds its headers with
@@ -110,10 +177,14 @@ def _build(name: str, sources: tuple):
     build_dir = build_folder(name, sources)
     library = build_dir / f"{name}{_library_suffix()}"
     if (build_dir / _DONE).is_file() and library.is_file():  # the common case: no lock, no ninja
+        check_kernel_path(library)
         return _import_library(name, library)
-    build_dir.mkdir(parents=True, exist_ok=True)
+    check_kernel_path(next(p for p in (build_dir, *build_dir.parents) if p.exists()))  # before creating in it
+    _make_private_dirs(build_dir)
+    check_kernel_path(build_dir)  # before anything is compiled into it (or its lock file is trusted)
     with _exclusive_build(build_dir):
         if (build_dir / _DONE).is_file() and library.is_file():  # another process built it while we waited
+            check_kernel_path(library)
             return _import_library(name, library)
         return _compile(name, sources, build_dir)
 
@@ -130,14 +201,17 @@ def _compile(name: str, sources: tuple, build_dir: Path):
     copies = []
     for s in sources:  # compiled from here: the paths ninja records are the same for every installation
         copy = build_dir / "src" / s
-        copy.parent.mkdir(exist_ok=True)
-        atomic_write_bytes(copy, kernel_path(s).read_bytes())
+        copy.parent.mkdir(mode=0o700, exist_ok=True)
+        atomic_write_bytes(copy, kernel_path(s).read_bytes(), private=True)
         copies.append(str(copy))
     module = ext.load(name=name, sources=copies, extra_cflags=list(_CFLAGS), extra_ldflags=list(_LDFLAGS),
                       build_directory=str(build_dir), verbose=False)
     seconds = time.perf_counter() - t0
+    library = build_dir / f"{name}{_library_suffix()}"
+    with contextlib.suppress(OSError):  # the linker gave it the umask's mode: group-writable under umask 002
+        os.chmod(library, stat.S_IMODE(os.stat(library).st_mode) & ~0o022)
     atomic_write_json(build_dir / _DONE, {"name": name, "sources": list(sources), "torch": torch.__version__,
-                                          "build_key": build_key(), "seconds": round(seconds, 1)})
+                                          "build_key": build_key(), "seconds": round(seconds, 1)}, private=True)
     log.info("built %s in %.1f s", name, seconds)
     return module
 

@@ -127,6 +127,11 @@ def reverse_edges(indptr: np.ndarray, indices: np.ndarray) -> np.ndarray:
     ids = edge_id_dtype(m)
     if m == 0:
         return np.zeros(0, dtype=ids)
+    lo, hi = int(indices.min()), int(indices.max())  # scipy's tocsr indexes with them unchecked: a bad id
+    if lo < 0 or hi >= n or int(indptr[0]) != 0 or int(indptr[-1]) != m:  # corrupts memory (a few % of this)
+        raise ValueError(f"reverse_edges: indices hold ids in [{lo}, {hi}] and indptr runs {int(indptr[0])}.."
+                         f"{int(indptr[-1])} but the graph has {n} vertices and {m} edges; build it with "
+                         f"Graph.from_csc (validate=True) or Graph.load, which check them")
     # the same matrix by rows: row u lists the out-edges u -> d (by d), each with its edge id
     out = sp.csc_matrix((np.arange(m, dtype=ids), indices, indptr), shape=(n, n)).tocsr()
     if np.array_equal(out.indptr, indptr) and np.array_equal(out.indices, indices):

@@ -213,10 +213,10 @@ def prepare_checkpoint_dir(directory: Union[str, Path], probe: bool = True) -> P
     if d.exists() and not d.is_dir():
         raise ValueError(f"--checkpoint {d} is a file, not a folder; pass a folder path (it is created if absent)")
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)  # a checkpoint is private (the umask applies elsewhere)
         if probe:
             test_file = d / f".write-test.{os.getpid()}.tmp"
-            atomic_write_bytes(test_file, b"ok")
+            atomic_write_bytes(test_file, b"ok", private=True)
             test_file.unlink(missing_ok=True)
     except OSError as e:
         raise ValueError(f"cannot write checkpoints into {d} ({e.strerror or e}); pass a folder on a writable "
@@ -242,7 +242,7 @@ def save_checkpoint(directory: Union[str, Path], model: Dict[str, Any], optimize
     if keep < 1:
         raise ValueError(f"keep={keep}; keep at least the checkpoint just written (keep >= 1)")
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as every file written below
     existing = _step_dirs(directory)
     if step is None:
         step = int(counters["step"]) if "step" in counters else (existing[-1][0] + 1 if existing else 0)
@@ -257,16 +257,16 @@ def save_checkpoint(directory: Union[str, Path], model: Dict[str, Any], optimize
         for f in folder.iterdir():  # temporary files of an interrupted save of this step
             if _TMP.match(f.name):
                 f.unlink(missing_ok=True)
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(mode=0o700, exist_ok=True)
     payload = {"model": model, "optimizer": optimizer, "counters": dict(counters), "rng": rng}
-    with atomic_file(folder / "state.pt") as f:
+    with atomic_file(folder / "state.pt", private=True) as f:
         torch.save(payload, f)
     atomic_write_json(folder / "meta.json", {"format": _FORMAT, "version": 2, "step": step,
                                              "files": {"state.pt": _sha256(folder / "state.pt")},
                                              "counters": {k: v for k, v in counters.items()
                                                           if isinstance(v, (int, float, str, bool))},
-                                             "run": dict(run or {})})
-    atomic_write_bytes(directory / _LATEST, folder.name + "\n")  # the checkpoint exists from here on
+                                             "run": dict(run or {})}, private=True)
+    atomic_write_bytes(directory / _LATEST, folder.name + "\n", private=True)  # the checkpoint exists from here on
     # Keep the newest `keep` complete folders up to this step. Folders past it are the abandoned future of
     # the timeline this run resumed from: `latest` moved back past them, this save superseded them.
     complete = [p for s, p in _step_dirs(directory) if s <= step and (p == folder or _complete(p))]

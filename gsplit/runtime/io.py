@@ -3,7 +3,10 @@
 Every file gsplit writes (graphs, partition maps, pre-sampling weights, run logs) goes through this
 module. A single file is written atomically: to a temporary file in the same folder, flushed to disk
 (``fsync``), renamed over the target (atomic on POSIX and Windows), and the folder entry synced, so a
-crash leaves either the old file or the new one, never half of one. A *folder* of arrays is complete
+crash leaves either the old file or the new one, never half of one. Files get the permissions the
+user's umask gives a new file (``0644`` under umask ``022``: a shared dataset folder is readable by
+colleagues) unless the writer asks for a private one (``private=True``: ``0600``, for checkpoints and the
+compiled kernels' cache). A *folder* of arrays is complete
 only when its metadata file exists: writers remove an old one first, write the arrays, and write the
 metadata LAST; a reader that finds arrays without metadata knows the writer died and says so.
 
@@ -23,9 +26,9 @@ import hashlib
 import json
 import os
 import re
-import tempfile
+import secrets
 from pathlib import Path
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -50,17 +53,42 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _new_temp_file(path: Path, private: bool) -> Tuple[int, str]:
+    """A new, empty temporary file beside ``path`` (``.NAME.RANDOM.tmp``), open for writing: ``(fd, name)``.
+
+    Created with mode ``0600`` when ``private``, else ``0666`` less the umask, as ``open()`` creates files
+    (``tempfile.mkstemp`` always gives ``0600``, which made every dataset folder unreadable to colleagues).
+    """
+    mode = 0o600 if private else 0o666
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, mode), str(tmp)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name after 100 tries", str(path))
+
+
 @contextlib.contextmanager
-def atomic_file(path: PathLike) -> Iterator[Any]:
+def atomic_file(path: PathLike, private: bool = False) -> Iterator[Any]:
     """Yield a binary file that replaces ``path`` only when the block finishes without an exception.
 
     For writers that need a file object (``torch.save``, ``np.save``); the same guarantees as
     :func:`atomic_write_bytes`. A failed write is an ``OSError`` naming ``path``, also where the writer
     wrapped it (``torch.save`` on a full disk raises ``RuntimeError: ... unexpected pos`` while handling the
-    ``OSError``).
+    ``OSError``). The file gets the umask's permissions, or ``0600`` with ``private=True``.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "state.bin"
+        >>> with atomic_file(p, private=True) as f:
+        ...     _ = f.write(b"secret")
+        >>> oct(p.stat().st_mode & 0o777)
+        '0o600'
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _new_temp_file(path, private)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -115,8 +143,10 @@ def _naming(e: OSError, path: Path) -> OSError:
     return OSError(code, text, str(path))
 
 
-def atomic_write_bytes(path: PathLike, data: Union[bytes, str]) -> None:
+def atomic_write_bytes(path: PathLike, data: Union[bytes, str], private: bool = False) -> None:
     """Write ``data`` (``str`` is UTF-8 encoded) to ``path`` atomically: the old content or the new, never a mix.
+
+    The file gets the umask's permissions (``0644`` under umask ``022``), or ``0600`` with ``private=True``.
 
     Example:
         >>> import tempfile, pathlib
@@ -124,13 +154,14 @@ def atomic_write_bytes(path: PathLike, data: Union[bytes, str]) -> None:
         >>> atomic_write_bytes(p, "hello"); p.read_text()
         'hello'
     """
-    with atomic_file(path) as f:
+    with atomic_file(path, private) as f:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
-def atomic_write_json(path: PathLike, obj: Any, default=None) -> None:
-    """Write ``obj`` as indented JSON to ``path`` atomically (``default`` as in :func:`json.dumps`)."""
-    atomic_write_bytes(path, json.dumps(obj, indent=1, default=default))
+def atomic_write_json(path: PathLike, obj: Any, default=None, private: bool = False) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically (``default`` as in :func:`json.dumps`; ``private``
+    as in :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, json.dumps(obj, indent=1, default=default), private)
 
 
 def atomic_save_npy(path: PathLike, array: np.ndarray) -> None:
@@ -294,12 +325,21 @@ def _kind_names(kind: str) -> str:
     return " or ".join(names.get(k, k) for k in kind)
 
 
-def check_writable(path: PathLike, what: str = "file") -> Path:
+def check_writable(path: PathLike, what: str = "file", replace: bool = False) -> Path:
     """Make sure records can be appended at ``path`` (creating it and its folder); ``ValueError`` naming it if not.
 
     Called before long work whose results go to ``path``, so a typo fails in a second, not after hours.
     An existing file is kept as it is (logs are appended to); an empty one is probed with a byte that is
     truncated again, which catches files that open but refuse writes (``/proc/version``).
+    ``replace=True`` is for a file that will be written whole by :func:`atomic_write_bytes` (``predict --out``,
+    ``plot --out``): ``path`` itself is not created (a run that fails later leaves no empty file); a
+    temporary file is created and removed in its folder instead, which is what the atomic write needs.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "out" / "pred.csv"
+        >>> _ = check_writable(p, "--out file", replace=True); p.exists(), p.parent.is_dir()
+        (False, True)
     """
     p = Path(path)
     if p.is_dir():
@@ -308,7 +348,12 @@ def check_writable(path: PathLike, what: str = "file") -> Path:
         raise ValueError(f"{what} {p}: {p.parent} is a file, not a folder; pass a path in a folder")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        if replace:
+            fd, tmp = _new_temp_file(p, private=True)
+            os.close(fd)
+            os.unlink(tmp)
+            return p
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask decides, as for open()
         try:
             if os.fstat(fd).st_size == 0:
                 os.write(fd, b"\n")
@@ -327,7 +372,7 @@ def append_jsonl(path: PathLike, record: Mapping[str, Any]) -> None:
     an ``OSError`` says so, so the file never holds a torn line.
     """
     line = (json.dumps(record, default=_json_default) + "\n").encode("utf-8")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # the umask decides, as for open()
     try:
         size = os.fstat(fd).st_size
         try:
@@ -399,8 +444,9 @@ def read_run_log(path: PathLike) -> Dict[str, Any]:
 
 
 # what to do about a file operation that failed, by errno (the rest: the message says enough)
-_FIXES = {errno.ENOSPC: "free space on that file system, or write elsewhere (--checkpoint, --log, --out)",
-          errno.EDQUOT: "free space within your quota, or write elsewhere (--checkpoint, --log, --out)",
+_FIXES = {errno.ENOSPC: "the disk is full: free space on that file system, or write elsewhere (--checkpoint, --log, "
+                        "--out, --dataset-out)",
+          errno.EDQUOT: "free space within your quota, or write elsewhere (--checkpoint, --log, --out, --dataset-out)",
           errno.EROFS: "write to a writable file system (--checkpoint, --log, --out)",
           errno.EACCES: "write to a folder you may write to (--checkpoint, --log, --out)"}
 _ERRNO_TEXT = re.compile(r"^\[Errno (\d+)\] (.*?)(?:: '(.*)')?$", re.S)
@@ -412,7 +458,7 @@ def file_error_line(exc: BaseException) -> Optional[str]:
 
     Example:
         >>> file_error_line(OSError(errno.ENOSPC, "No space left on device", "/ck/state.pt"))
-        'No space left on device (/ck/state.pt); free space on that file system, or write elsewhere (--checkpoint, --log, --out)'
+        'No space left on device (/ck/state.pt); the disk is full: free space on that file system, or write elsewhere (--checkpoint, --log, --out, --dataset-out)'
         >>> file_error_line(ValueError("x")) is None
         True
     """

@@ -334,7 +334,8 @@ def test_graph_load_rejects_bad_arrays(tmp_path):
     np.save(folder / "indices.npy", np.array([0, -1, 2]))
     with pytest.raises(ValueError, match=r"indices.npy holds vertex id -1 outside \[0, 3\)"):
         Graph.load(folder)
-    Graph.load(folder, validate=False)  # trusted-file mode skips the pass over the arrays
+    with pytest.raises(ValueError, match=r"indices.npy holds vertex id -1 outside \[0, 3\) at entry 1"):
+        Graph.load(folder, validate=False)  # never skipped: native code would index with the id
 
     np.save(folder / "indices.npy", good)
     np.save(folder / "indptr.npy", np.array([0, 2, 1, 3]))
