@@ -571,8 +571,11 @@ def test_a_slow_save_by_rank_0_is_not_reported_as_a_hang(tmp_path):
     assert (tmp_path / "latest").exists()
 
 
-def _in_private_mount(tmp_path: Path, mount: str, script: str):
-    """Run ``script`` (python) with ``mount`` (a mount command for $D) in a private mount namespace (root)."""
+def _in_private_mount(tmp_path: Path, mount: str, script: str, timeout: float = 1200):
+    """Run ``script`` (python) with ``mount`` (a mount command for $D) in a private mount namespace (root).
+
+    ``timeout`` bounds the whole script: above the sum of its commands' own timeouts (each set for a busy
+    2-core machine, several times what the command takes alone), so a slow command fails as itself."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare to mount a small or read-only file system")
     d = tmp_path / "mnt"
@@ -583,7 +586,7 @@ def _in_private_mount(tmp_path: Path, mount: str, script: str):
     shell = (f"{mount.replace('$D', str(d))} && cd {ROOT} && GSPLIT_NO_EXTENSIONS=1 PYTHONPATH={ROOT} "
              f"{sys.executable} {tmp_path / 's.py'} {d}")
     proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout)
     if "Operation not permitted" in proc.stderr and "mount" in proc.stderr:
         pytest.skip(f"mounting refused here: {proc.stderr.strip()[:200]}")
     return proc
@@ -621,7 +624,7 @@ READ_ONLY_SCRIPT = textwrap.dedent("""
                  ["train", "-D", "num_nodes=300", "--num-ranks", "1", "--epochs", "1", "--checkpoint", d + "/ck"],
                  ["train", "-D", "num_nodes=300", "--num-ranks", "2", "--partition", d + "/map"],
                  ["train", "-D", "num_nodes=300", "--num-ranks", "1", "--log", d + "/run.jsonl"]):
-        p = subprocess.run([sys.executable, "-m", "gsplit", *argv], capture_output=True, text=True, timeout=60)
+        p = subprocess.run([sys.executable, "-m", "gsplit", *argv], capture_output=True, text=True, timeout=240)
         print(p.returncode, repr(p.stdout), repr(p.stderr))
 """)
 
@@ -675,7 +678,8 @@ def test_an_empty_training_set_fails_in_train_rank():
 FULL_DISK_PREPARE = textwrap.dedent("""
     import subprocess, sys
     p = subprocess.run([sys.executable, "-m", "gsplit", "prepare", "-D", "num_nodes=20000", "--num-parts", "2",
-                        "--method", "random", "--out", sys.argv[1] + "/map"], capture_output=True, text=True, timeout=60)
+                        "--method", "random", "--fanouts", "3,3", "--batch-size", "64", "--out", sys.argv[1] + "/map"],
+                       capture_output=True, text=True, timeout=600)
     print(p.returncode)
     print(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "")
     print("Traceback" in p.stderr)

@@ -73,7 +73,7 @@ def _is_loopback(addr_port: str) -> bool:
 def test_single_host_ranks_listen_on_loopback_only():
     from gsplit.launch import launch
 
-    results = launch(listening_worker, 2, devices="cpu", timeout=60)
+    results = launch(listening_worker, 2, devices="cpu", timeout=300)
     for r in results:
         assert r["listening"], r  # the ranks do listen (gloo pairs); otherwise the test proves nothing
         assert all(_is_loopback(a) for a in r["listening"]), r
@@ -86,7 +86,7 @@ _NETNS_SCRIPT = textwrap.dedent("""
     from test_security import listening_worker
     if __name__ == "__main__":
         print("RESULT " + json.dumps({{"resolves": socket.gethostbyname(socket.gethostname()),
-                                      "ranks": launch(listening_worker, 2, devices="cpu", timeout=60)}}))
+                                      "ranks": launch(listening_worker, 2, devices="cpu", timeout=300)}}))
 """)
 
 
