@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 import gsplit
 from gsplit.cli import main
@@ -159,3 +160,59 @@ def test_train_reads_the_ogb_folder_prepare_converts(tmp_path, offline):
     with pytest.raises(RuntimeError) as e:
         gsplit.datasets.load("ogbn-arxiv", root=tmp_path, download=False)
     assert "raw/node-label.csv.gz" in str(e.value) and "network" not in str(e.value), e.value
+
+
+# ---------------------------------------------------------------------------------------- your own data
+def _edges(tmp_path):
+    """Edges among ids 0, 2, 5 and 6 (1, 3 and 4 have none: they are not vertices of the graph)."""
+    path = tmp_path / "edges.csv"
+    path.write_text("src,dst\n0,2\n2,5\n5,6\n6,0\n")
+    return path
+
+
+def test_an_edge_list_takes_its_features_and_labels_from_files(tmp_path):
+    """Old: edgelist: always made random features and labels (synthetic_features / synthetic_labels)."""
+    import numpy as np
+
+    feats = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
+    np.save(tmp_path / "feat.npy", feats)
+    (tmp_path / "labels.txt").write_text("# class per vertex id\n0\n9\n1\n9\n9\n2\n-1\n")
+    ds = gsplit.datasets.load(f"edgelist:{_edges(tmp_path)}", features=str(tmp_path / "feat.npy"),
+                              labels=str(tmp_path / "labels.txt"), split_fractions=[0.34, 0.33, 0.33])
+    assert ds.node_ids.tolist() == [0, 2, 5, 6]
+    assert ds.features.tolist() == feats[[0, 2, 5, 6]].tolist() and ds.labels.tolist() == [0, 1, 2, -1]
+    assert not ds.synthetic_features and not ds.synthetic_labels and ds.num_classes == 3
+    split = torch.cat([ds.train_idx, ds.val_idx, ds.test_idx]).sort().values.tolist()
+    assert split == [0, 1, 2]  # vertex 3 (id 6) is unlabelled: in no split
+    # a text features file and a .npy labels file work alike
+    np.savetxt(tmp_path / "feat.txt", feats, delimiter=",")
+    np.save(tmp_path / "labels.npy", np.array([0, 9, 1, 9, 9, 2, 1]))
+    again = gsplit.datasets.load(f"edgelist:{tmp_path / 'edges.csv'}", features=str(tmp_path / "feat.txt"),
+                                 labels=str(tmp_path / "labels.npy"))
+    assert torch.equal(again.features, ds.features) and again.labels.tolist() == [0, 1, 2, 1]
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("feat.txt", "1,2\n3,4\n5,x\n", "line 3 (1-based, in the file): '5,x': 'x' is not a number"),
+    ("feat.txt", "1,2\n3,4\n5\n", "line 3 (1-based, in the file): '5' has 1 field(s), the lines before it 2"),
+    ("labels.txt", "0\n1\n\n# c\n1.5\n", "line 5 (1-based, in the file): '1.5': '1.5' is not an integer"),
+    ("labels.txt", "0\n1\n1\n", "has 3 rows but the edge list has vertex id 6"),
+    ("labels.txt", "0\n1\n-2\n0\n0\n0\n0\n", "holds -2"),
+])
+def test_a_bad_vertex_file_is_one_line_with_its_line_number(tmp_path, capsys, name, content, says):
+    (tmp_path / name).write_text(content)
+    key = "features" if name.startswith("feat") else "labels"
+    line, _ = _one_line(capsys, ["train", "--dataset", f"edgelist:{_edges(tmp_path)}", "-D",
+                                 f"{key}={tmp_path / name}", "--device", "cpu", "--epochs", "1"])
+    assert str(tmp_path / name) in line and says in line, line
+
+
+def test_edge_list_parse_errors_give_the_line_of_the_file():
+    """Old: numpy's 'at row 2', counted from 0 after the header and comment lines, for the file's line 4."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tempfile.mkdtemp()) / "edges.csv"
+    path.write_text("src,dst\n# a comment\n1,2\n3,x\n")
+    with pytest.raises(ValueError, match=r"line 4 \(1-based, in the file\): '3,x': 'x' is not an integer"):
+        gsplit.datasets.read_edgelist(path)
