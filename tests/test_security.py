@@ -116,7 +116,7 @@ def test_a_hostname_that_resolves_to_the_lan_does_not_open_the_ranks_to_it(tmp_p
     shell = (f"hostname gsplit-test-host && mount --bind {hosts} /etc/hosts && "
              f"{sys.executable} {script}")
     proc = subprocess.run(["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", shell],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and "unshare" in proc.stderr and "Operation not permitted" in proc.stderr:
         pytest.skip(f"unshare refused here: {proc.stderr.strip()[:200]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
