@@ -223,7 +223,8 @@ def test_the_your_data_guide_mapping_script_runs(tmp_path, monkeypatch):
     then gives every named vertex its own features and label."""
     from test_docs_snippets import marked_block
 
-    code = marked_block("guides/your-data.md", "tests/test_user_inputs.py::test_the_your_data_guide_mapping_script_runs")
+    code = marked_block("guides/your-data.md",
+                        "tests/test_user_inputs.py::test_the_your_data_guide_mapping_script_runs")
     (tmp_path / "names.csv").write_text("alice,bob\nbob,carol\ncarol,alice\ndave,alice\n")
     (tmp_path / "attributes.csv").write_text("carol,2,0.5,1.5\nalice,0,1.0,2.0\nerin,1,9.0,9.0\nbob,1,3.0,4.0\n")
     monkeypatch.chdir(tmp_path)

@@ -312,7 +312,7 @@ def load_edgelist(
 
 
 def read_vertex_file(path: PathLike, ids: np.ndarray, what: str) -> np.ndarray:
-    """The rows ``ids`` of a per-vertex ``features`` (float32 ``[rows, dim]``) or ``labels`` (int64 ``[rows]``,
+    r"""The rows ``ids`` of a per-vertex ``features`` (float32 ``[rows, dim]``) or ``labels`` (int64 ``[rows]``,
     -1: unlabelled) file: a ``.npy`` array, or text with one vertex a line (numbers separated by commas, tabs,
     semicolons or spaces; ``#``/``%`` comments). Row ``r`` is the vertex with id ``r``.
 
