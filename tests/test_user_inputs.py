@@ -122,7 +122,7 @@ def test_a_bad_cpu_transport_is_one_line_before_any_rank(monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------------------------------- library options
-def test_a_bad_macrobatch_memory_names_the_option():
+def test_a_bad_macrobatch_memory_names_the_option(capsys):
     """Old: "cache size -5 is negative; pass 0 (no cache) ..." for DataLoader(macrobatch_memory=-5)."""
     from gsplit.loader import DataLoader
 
@@ -134,6 +134,8 @@ def test_a_bad_macrobatch_memory_names_the_option():
         assert says in str(e.value) and "cache" not in str(e.value), e.value
     with pytest.raises(ValueError, match="cache size -5 is negative; pass 0 \\(no cache\\)"):
         gsplit.feature_store.parse_size(-5)
+    line, _ = _one_line(capsys, ["train", "--cache-size=-5G"])
+    assert "--cache-size '-5G' is not a size" in line, line
 
 
 # ---------------------------------------------------------------------------------------- datasets
@@ -205,6 +207,23 @@ def test_a_bad_vertex_file_is_one_line_with_its_line_number(tmp_path, capsys, na
     line, _ = _one_line(capsys, ["train", "--dataset", f"edgelist:{_edges(tmp_path)}", "-D",
                                  f"{key}={tmp_path / name}", "--device", "cpu", "--epochs", "1"])
     assert str(tmp_path / name) in line and says in line, line
+
+
+def test_prepare_writes_an_edge_list_with_its_files_into_a_folder(tmp_path, capsys):
+    """prepare --dataset-out converts an edge list in chunks with random features; with features and labels files
+    it reads the edge list whole, so the folder holds the files' rows."""
+    import numpy as np
+
+    feats = np.arange(7 * 2, dtype=np.float32).reshape(7, 2)
+    np.save(tmp_path / "feat.npy", feats)
+    np.save(tmp_path / "labels.npy", np.array([0, 5, 1, 5, 5, 1, 0]))
+    rc = main(["prepare", "--dataset", f"edgelist:{_edges(tmp_path)}", "-D", f"features={tmp_path / 'feat.npy'}",
+               "-D", f"labels={tmp_path / 'labels.npy'}", "--dataset-out", str(tmp_path / "ds"), "--out",
+               str(tmp_path / "map"), "--num-parts", "2", "--method", "random", "--fanouts", "2", "--batch-size", "2"])
+    assert rc == 0, capsys.readouterr().err
+    ds = gsplit.datasets.load_folder(tmp_path / "ds")
+    assert ds.features.tolist() == feats[[0, 2, 5, 6]].tolist() and ds.labels.tolist() == [0, 1, 1, 0]
+    assert not ds.synthetic_features and not ds.synthetic_labels
 
 
 def test_edge_list_parse_errors_give_the_line_of_the_file():
