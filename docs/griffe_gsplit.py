@@ -59,8 +59,67 @@ def rewrite_roles(obj: griffe.Object | griffe.Alias, text: str) -> str:
         return f'<autoref identifier="{html.escape(path)}" optional>{shown}</autoref>'
 
     text = _ROLE.sub(replace, text)
-    text = re.sub(r"^(\s*)Example:$", r"\1Examples:", text, flags=re.M)  # griffe's section for doctests
+    # griffe's section for doctests is "Examples:"; "Example (one process):" keeps its words as a line above it
+    text = re.sub(r"^([ \t]*)Examples? \((.+)\):$", lambda m: f"{m.group(1)}{m.group(2)[:1].upper()}{m.group(2)[1:]}:"
+                  f"\n\n{m.group(1)}Examples:", text, flags=re.M)
+    text = re.sub(r"^(\s*)Example:$", r"\1Examples:", text, flags=re.M)
+    text = split_grouped_parameters(text)
     return re.sub(r"(?<=\S)::$", ":", text, flags=re.M)
+
+
+_SECTION = re.compile(r"^(\s*)(Args|Arguments|Parameters|Params|Keyword Args|Keyword Arguments|Other Parameters):\s*$")
+_GROUPED = re.compile(r"^(\s*)(\*{0,2}\w+(?:\s*,\s*\*{0,2}\w+)+)(\s*\([^)]*\))?:(\s.*|)$")
+
+
+def split_grouped_parameters(text: str) -> str:
+    r"""``shuffle, drop_last: as in DGL.`` in an ``Args:`` section as one item per name, each with the description.
+
+    griffe reads a grouped item as one parameter named ``shuffle, drop_last``, which matches no parameter of
+    the signature and so is shown without its default, as *required*; one item per name gets each its own
+    default from the signature.
+
+    Example:
+        >>> print(split_grouped_parameters("Args:\n    a, b: two numbers.\n        More.\n    c: one."))
+        Args:
+            a: two numbers.
+                More.
+            b: two numbers.
+                More.
+            c: one.
+    """
+    lines = text.split("\n")
+    out: List[str] = []
+    i, section_indent, item_indent = 0, None, None
+    while i < len(lines):
+        line = lines[i]
+        indent = len(line) - len(line.lstrip())
+        if _SECTION.match(line):
+            section_indent, item_indent = indent, None
+            out.append(line)
+            i += 1
+            continue
+        if section_indent is not None and line.strip():
+            if indent <= section_indent:
+                section_indent = None
+            elif item_indent is None:
+                item_indent = indent
+        m = _GROUPED.match(line) if section_indent is not None and indent == item_indent else None
+        if m is None:
+            out.append(line)
+            i += 1
+            continue
+        body = [line[m.end(3) if m.group(3) else m.end(2):]]  # ": description" of the first line
+        i += 1
+        while i < len(lines) and (not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > item_indent):
+            if not lines[i].strip() and (i + 1 >= len(lines) or
+                                         len(lines[i + 1]) - len(lines[i + 1].lstrip()) <= item_indent):
+                break
+            body.append(lines[i])
+            i += 1
+        for name in (n.strip() for n in m.group(2).split(",")):
+            out.append(f"{m.group(1)}{name}{m.group(3) or ''}{body[0]}")
+            out.extend(body[1:])
+    return "\n".join(out)
 
 
 def missing_docstrings(modules: griffe.ModulesCollection, public: Iterable[str]) -> List[str]:

@@ -67,6 +67,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             previous[s] = signal.signal(s, _stop_on_signal)
     try:
         check_numbers(args)
+        _check_environment()
         return args.func(args)
     except (CliError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"gsplit: error: {e}", file=sys.stderr)
@@ -84,6 +85,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def _check_environment() -> None:
+    """Environment variables the ranks read, checked here, before any rank starts (a bad one would otherwise be
+    one rank's traceback after the launch)."""
+    from gsplit.comm import shm
+
+    shm.requested()  # GSPLIT_CPU_TRANSPORT: gloo or shm
 
 
 def _in_main_thread() -> bool:

@@ -81,11 +81,14 @@ def default_num_ranks() -> int:
 def _prepare_kernels() -> None:
     """Build or load the compiled CPU kernels now, before any timed work, and say how it went, once."""
     from gsplit import ops
+    from gsplit.ops import aggregate, cpu_ext, sample_cpu
 
     if os.environ.get("GSPLIT_NO_EXTENSIONS"):
         return
-    print("preparing the compiled CPU kernels (the first build takes about a minute, then they are cached) ...",
-          flush=True)
+    kernels = ((sample_cpu.NAME, sample_cpu.SOURCES), (aggregate._EXT_NAME, aggregate._EXT_SOURCES))
+    if not all(cpu_ext.is_built(name, sources) for name, sources in kernels):  # a cached load says only its line
+        print(f"preparing the compiled CPU kernels (the first build takes {cpu_ext.BUILD_TIME}, then they are "
+              "cached) ...", flush=True)
     report = ops.prepare_kernels()
     if report.ready:
         state = "built" if report.seconds > 3 else "loaded from the cache"

@@ -7,7 +7,7 @@ with the dispatcher (:mod:`gsplit.cli`). The model itself is :mod:`gsplit.estima
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import textwrap
 import time
 from pathlib import Path
@@ -55,6 +55,37 @@ EARLIER_PASSES = ("0902", "1010", "rounds", "rounds5", "gather", "rows", "quiet1
 ``rounds5`` are ``estimate_validation_rounds.json`` and ``estimate_validation_rounds5.json``), oldest first."""
 
 
+MAX_GPUS = 8
+"""The largest host the link table describes: an NVLink 4 (NVSwitch) host such as an HGX/DGX H100 holds 8 GPUs, a
+DGX-1 (NVLink 2) 8, and the measured H100 shares cover 1 to 8 ranks."""
+
+MAX_NODES = 10**12
+"""The largest graph ``--nodes`` takes: its CSC alone would be some 100 TB, beyond any one host."""
+
+MAX_STAND_IN_EDGES = 10**8
+"""The largest synthetic stand-in (vertices x degree) whose work this command counts in minutes."""
+
+MEASURED = {"batch_size": (1024, "the per-unit costs were fitted at 1,024 targets per GPU"),
+            "hidden": (256, "the H100 profile was measured at hidden 256 (the CPU validation at 128)")}
+"""Inputs the costs were measured at: a value more than 4x away from it is an extrapolation (said once, as a
+warning line)."""
+
+
+def _count(text: str) -> int:
+    """An integer option that also takes ``1e6`` or ``1_000_000`` (a size is often written so)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count: {text!r}; pass a whole number such as 1000000 or 1e6")
+    if not math.isfinite(value) or value != int(value):
+        raise argparse.ArgumentTypeError(f"invalid count: {text!r}; pass a whole number such as 1000000 or 1e6")
+    return int(value)
+
+
 def _fanouts(text: str):
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -72,7 +103,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # one paragraph, filled to the terminal's usual width (the quoted validation is one long line)
     p.epilog = textwrap.fill(" ".join(EPILOG.format(validation=VALIDATION_SUMMARY).split()), 110)
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--gpus", type=int, required=True, help="GPUs of the host (one rank each)")
+    p.add_argument("--gpus", type=int, required=True, help=f"GPUs of the host (one rank each; 1 to {MAX_GPUS})")
     p.add_argument("--link", choices=sorted(LINKS), default="nvlink4",
                    help="how the GPUs are joined: nvlink4 (H100 SXM), nvlink2 (V100 SXM2), pcie4, pcie5")
     p.add_argument("--device-profile", default=None,
@@ -83,7 +114,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="a dataset gsplit loads (npz:PATH, folder:PATH, edgelist:PATH, synthetic): its real graph")
     what.add_argument("--shape", choices=sorted(SHAPES), default=None,
                       help="a published graph by its size: synthetic stand-in with its degree and training share")
-    what.add_argument("--nodes", type=int, default=None,
+    what.add_argument("--nodes", type=_count, default=None,
                       help="a graph given by its size: vertices (with --avg-degree, --feature-dim, --classes, "
                            "--train-fraction)")
     p.add_argument("--avg-degree", type=float, default=15.0, help="with --nodes: in-edges per vertex")
@@ -92,7 +123,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-fraction", type=float, default=0.1, help="with --nodes: share of training vertices")
     p.add_argument("--model", choices=("sage", "gat", "gcn"), default="sage")
     p.add_argument("--fanouts", default="15,10,5", help="neighbours per layer from the input up")
-    p.add_argument("--batch-size", type=int, default=1024, help="targets per GPU per iteration")
+    p.add_argument("--batch-size", type=_count, default=1024, help="targets per GPU per iteration")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (GAT: all heads)")
     p.add_argument("--heads", type=int, default=4, help="GAT's heads")
     p.add_argument("--partition", default=None, help="a partition folder (gsplit prepare --num-parts GPUS) for --dataset")
@@ -104,20 +135,110 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check(args) -> None:
+    """Refuse, before any work, what the estimate cannot answer (one line each: the option, its value, the fix)."""
     for name in ("gpus", "batch_size", "iterations", "sample_nodes", "hidden", "heads", "feature_dim", "classes"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.gpus > MAX_GPUS:
+        host = {"nvlink4": "an NVLink 4 (NVSwitch) host such as an HGX or DGX H100 holds 8 GPUs",
+                "nvlink2": "an NVLink 2 host such as a DGX-1 holds 8 GPUs"}.get(
+                    args.link, "the link table describes hosts of up to 8 GPUs")
+        raise ValueError(f"--gpus {args.gpus} with --link {args.link}: {host}, and gsplit estimate models one host "
+                         f"(the measured shares cover 1 to {MAX_GPUS} ranks); pass --gpus {MAX_GPUS} or fewer")
     if args.nodes is not None and args.nodes < 2:
         raise ValueError(f"--nodes must be at least 2, got {args.nodes}")
+    if args.nodes is not None and args.nodes > MAX_NODES:
+        raise ValueError(f"--nodes {args.nodes:.3g} is beyond any graph one host holds (its CSC alone would take "
+                         f"{8 * args.nodes * (1 + args.avg_degree) / 1e12:.3g} TB); pass at most {MAX_NODES:.0e}")
     if not 0 < args.train_fraction <= 1:
         raise ValueError(f"--train-fraction must be in (0, 1], got {args.train_fraction}")
-    if not args.avg_degree > 0:
-        raise ValueError(f"--avg-degree must be positive, got {args.avg_degree}")
+    if not (math.isfinite(args.avg_degree) and args.avg_degree > 0):
+        raise ValueError(f"--avg-degree must be a positive finite number, got {args.avg_degree}")
+    if args.dataset is None:
+        nodes = args.nodes if args.nodes else 1_000_000
+        if args.nodes is not None and args.avg_degree > nodes - 1:
+            raise ValueError(f"--avg-degree {args.avg_degree:g} with --nodes {nodes}: a vertex has at most "
+                             f"{nodes - 1} in-neighbours; pass a smaller degree")
+        stand_in = min(nodes, args.sample_nodes) * args.avg_degree
+        if args.shape is None and stand_in > MAX_STAND_IN_EDGES:
+            raise ValueError(f"--avg-degree {args.avg_degree:g}: the synthetic stand-in of "
+                             f"{min(nodes, args.sample_nodes):,} vertices would have {stand_in:.3g} edges (this "
+                             f"command counts work on at most {MAX_STAND_IN_EDGES:.0e}); lower --sample-nodes or "
+                             "--avg-degree")
     if args.partition and not args.dataset:
         raise ValueError("--partition needs --dataset: a map belongs to one graph (a synthetic stand-in has none)")
     if args.model == "gat" and args.hidden % args.heads:
         raise ValueError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+    if args.json:
+        _check_json_path(args.json)
+
+
+def _check_batch(args, train: int) -> None:
+    """A global batch larger than the training set is one short iteration, not the batch asked for: refused."""
+    if args.batch_size * args.gpus > train:
+        raise ValueError(f"--batch-size {args.batch_size:,} x --gpus {args.gpus} is more than the graph's "
+                         f"{train:,} training vertices: an epoch would be one short iteration, not batches of "
+                         f"{args.batch_size:,}; pass --batch-size {max(1, train // args.gpus):,} or less")
+
+
+def _check_json_path(path: str) -> None:
+    """``--json``'s file can be written (checked before the estimate; nothing is left behind by the check)."""
+    from gsplit.cli.common import check_output_folder
+    from gsplit.cli.options import CliError
+
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"--json {p} is a folder; pass a file path, e.g. {p / 'estimate.json'}")
+    try:
+        check_output_folder(str(p.parent), f"--json {p}: its folder")
+    except CliError as e:
+        raise ValueError(str(e)) from None
+
+
+def extrapolations(args) -> list:
+    """The inputs outside what the costs were measured at: ``["--batch-size 100000 (the per-unit costs were
+    fitted at 1,024 targets per GPU)", ...]``; empty where every input is inside.
+
+    Example:
+        >>> import argparse
+        >>> extrapolations(argparse.Namespace(batch_size=1024, hidden=256, model="gcn"))
+        ["--model gcn (GCN's layers are costed as SAGE's: no GCN layer was measured)"]
+    """
+    out = []
+    for name, (measured, why) in MEASURED.items():
+        value = getattr(args, name)
+        if not measured / 4 <= value <= measured * 4:
+            out.append(f"--{name.replace('_', '-')} {value:,} ({why})")
+    if args.model == "gcn":
+        out.append("--model gcn (GCN's layers are costed as SAGE's: no GCN layer was measured)")
+    return out
+
+
+def confidence_lines(device_name: str) -> list:
+    """How far to trust the numbers, as a few short lines (the full account: the help's epilog, the guide).
+
+    Example:
+        >>> print(confidence_lines("h100")[-1])
+          no multi-GPU host has been measured: the GPU seconds are unvalidated.
+    """
+    counts, total, medians = _latest_passes()
+    return ["how far to trust this (docs/guides/estimate.md):",
+            "  on CPU ranks (2 and 4, over gloo) the model came within 20 % of the measured iteration",
+            f"  in {counts} of {total} runs of the latest passes (median error {medians}),",
+            "  and chose split or dp right wherever they were more than 10 % apart in those passes;",
+            f"  the GPU seconds rest on one {device_name} profile and published link figures:",
+            "  no multi-GPU host has been measured: the GPU seconds are unvalidated."]
+
+
+def _latest_passes():
+    """``("16, 16 and 16", "16", "11 %, 9 % and 7 %")``: the latest passes as :data:`VALIDATION_SUMMARY` quotes
+    them (tests/estimate/test_estimate.py checks that against the result files)."""
+    import re
+
+    counts = re.search(r"within 20 % in ([\d, and]+) of (\d+) runs", VALIDATION_SUMMARY)
+    medians = re.search(r"median \|error\| ([\d %,and]+?), largest", VALIDATION_SUMMARY)
+    return counts.group(1), counts.group(2), medians.group(1)
 
 
 def _graph(args):
@@ -148,11 +269,16 @@ def _gib(b: int) -> str:
 def main(args) -> int:
     """Run ``gsplit estimate``: print both systems' predicted epoch time and memory per GPU, and which to choose."""
     t0 = time.perf_counter()
-    _check(args)
     fanouts = _fanouts(args.fanouts)
+    _check(args)
     device = get_device(args.device_profile or default_device_for(args.link))
     link = get_link(args.link)
+    if args.dataset is None:
+        shape = SHAPES[args.shape] if args.shape else None
+        _check_batch(args, shape.train if shape else max(1, round((args.nodes or 1_000_000) * args.train_fraction)))
     graph, train, feat_dim, classes, full_train, gbytes, desc = _graph(args)
+    if args.dataset:
+        _check_batch(args, int(train.numel()))
     shape = ModelShape(args.model, feat_dim, args.hidden, classes, len(fanouts), args.heads)
     owner = None
     if args.partition:
@@ -187,10 +313,16 @@ def main(args) -> int:
             if est.memory[system].total > device.memory_bytes:
                 print(f"note: {system} needs {_gib(est.memory[system].total)} GiB per GPU, more than the "
                       f"{_gib(device.memory_bytes)} GiB of a {device.name}; --uva keeps the graph in host memory")
-    print(f"(model: {VALIDATION_SUMMARY} on CPU ranks; GPU costs from one {device.name} profile, "
-          f"multi-GPU unvalidated; {time.perf_counter() - t0:.1f}s)")
+    outside = extrapolations(args)
+    if outside:
+        print(f"warning: this estimate extrapolates beyond what was measured: {'; '.join(outside)}")
+    print("\n".join(confidence_lines(device.name)))
     if args.json:
-        Path(args.json).write_text(json.dumps({"description": desc, **est.to_dict()}, indent=1, default=float))
+        from gsplit.runtime.io import atomic_write_json
+
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(args.json, {"description": desc, "extrapolates": outside, **est.to_dict()}, default=float)
+    print(f"({time.perf_counter() - t0:.1f}s)")
     return 0
 
 

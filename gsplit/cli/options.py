@@ -204,7 +204,7 @@ def check_numbers(args) -> None:
                        + "; leave --uva out")
     if getattr(args, "cache_size", None) is not None:
         from gsplit.data.feature_store import parse_size
-        parse_size(args.cache_size)
+        parse_size(args.cache_size, "--cache-size")
 
 
 def _values_that_look_like_options(argv: List[str]) -> List[str]:

@@ -90,7 +90,9 @@ def _prepare_dataset(args, out: Path):
         raise CliError(f"--dataset-out {folder} is the --out folder; both write a meta.json: pass another folder "
                        f"(e.g. {out / 'dataset'})")
     t = time.perf_counter()
-    if args.dataset.startswith("edgelist:"):
+    # an edge list with its own features or labels files is read whole (the chunked converter makes random ones)
+    files = {"features", "labels"} & set(parse_dataset_options(args.dataset_opts))
+    if args.dataset.startswith("edgelist:") and not files:
         path = args.dataset.partition(":")[2]
         print(f"converting {path} into {folder} in chunks of {args.chunk_edges:,} edges ...", flush=True)
         rep = convert_edgelist(path, folder, chunk_edges=args.chunk_edges, **parse_dataset_options(args.dataset_opts))

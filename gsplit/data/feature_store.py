@@ -47,11 +47,12 @@ _FILL_BYTES = 64 << 20
 """The cache is filled in chunks of about this many bytes, so filling it never needs a host copy of it."""
 
 
-def parse_size(size: Union[int, str, None]) -> int:
+def parse_size(size: Union[int, str, None], what: str = "cache size") -> int:
     """Bytes in ``size``: an int, or a string such as ``"10G"``, ``"512M"``, ``"1.5GiB"``, ``"0"``.
 
     Units are binary (``K`` = 1024 bytes, ``M`` = 1024**2, ``G`` = 1024**3, ``T`` = 1024**4), with or
-    without a trailing ``B``/``iB``; no unit means bytes.
+    without a trailing ``B``/``iB``; no unit means bytes. ``what`` names the option in an error (e.g.
+    ``"macrobatch_memory"``).
 
     Example:
         >>> parse_size("10G"), parse_size("512M"), parse_size("0"), parse_size(4096)
@@ -60,18 +61,19 @@ def parse_size(size: Union[int, str, None]) -> int:
     if size is None:
         return 0
     if isinstance(size, bool):
-        raise ValueError(f"cache size {size!r} is a bool; pass a number of bytes or a string like '10G'")
+        raise ValueError(f"{what} {size!r} is a bool; pass a number of bytes or a string like '10G'")
     if isinstance(size, (int, np.integer)):
         if size < 0:
-            raise ValueError(f"cache size {size} is negative; pass 0 (no cache) or a positive number of bytes")
+            raise ValueError(f"{what} {size} is negative; pass "
+                             + ("0 (no cache) or " if what == "cache size" else "") + "a positive number of bytes")
         return int(size)
     if isinstance(size, float):
         if not math.isfinite(size) or size < 0:
-            raise ValueError(f"cache size {size} is not a finite non-negative number of bytes")
+            raise ValueError(f"{what} {size} is not a finite non-negative number of bytes")
         return int(size)
     m = _SIZE_RE.match(str(size))
     if m is None:
-        raise ValueError(f"cache size {size!r} is not a size; write bytes or a number with a unit K, M, G or T, "
+        raise ValueError(f"{what} {size!r} is not a size; write bytes or a number with a unit K, M, G or T, "
                          "e.g. '10G', '512M' or '0'")
     return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 

@@ -189,14 +189,41 @@ def read_edgelist(path: PathLike, delimiter: Optional[str] = "auto") -> np.ndarr
                 edges = np.loadtxt(f, dtype=np.int64, delimiter=delim, comments=_COMMENTS, skiprows=skip,
                                    usecols=(0, 1), ndmin=2)
             except ValueError as e:
+                f.seek(0)
                 raise ValueError(f"could not parse {str(p)!r} as an edge list of two integer columns "
-                                 f"(delimiter {delim!r}, {skip} header line(s) skipped): {e}") from e
+                                 f"(delimiter {delim!r}, {skip} header line(s) skipped): "
+                                 f"{_first_bad_line(f, delim, skip, 2, int) or e}") from None
     except UnicodeDecodeError as e:  # binary data: the codec's own message does not name the file
         raise ValueError(f"{str(p)!r} is not a text edge list: it holds bytes that are not UTF-8 text "
                          f"({e.reason} at byte {e.start}); pass a text file with 'src<sep>dst' per line") from None
     if edges.shape[0] == 0:
         raise ValueError(f"edge list {str(p)!r} holds no edges")
     return edges
+
+
+def _first_bad_line(f, delim: Optional[str], skip: int, fields: int, conv, every: bool = False) -> Optional[str]:
+    """``"line 7 (1-based, in the file): '3,x': 'x' is not an integer"``: the first line after ``skip`` whose first
+    ``fields`` fields (``every``: all its fields, as many as the first line's) ``conv`` cannot read; numpy's own
+    message counts rows after the skipped and comment lines, from 0. ``None`` where every line reads."""
+    width = None
+    for lineno, line in enumerate(f, start=1):
+        text = line.strip()
+        if lineno <= skip or not text or text.startswith(_COMMENTS):
+            continue
+        parts = [x.strip() for x in (text.split(delim) if delim is not None else text.split())]
+        where = f"line {lineno} (1-based, in the file): {text[:60]!r}"
+        if len(parts) < fields:
+            return f"{where} has {len(parts)} field(s), not {fields}"
+        if every:
+            width = len(parts) if width is None else width
+            if len(parts) != width:
+                return f"{where} has {len(parts)} field(s), the lines before it {width}"
+        for part in parts if every else parts[:fields]:
+            try:
+                conv(part)
+            except ValueError:
+                return f"{where}: {part[:30]!r} is not {'an integer' if conv is int else 'a number'}"
+    return None
 
 
 def _sniff(f, p: Path, delimiter: Optional[str]) -> Tuple[int, Optional[str]]:
@@ -231,6 +258,8 @@ def load_edgelist(
     seed: int = 0,
     split_fractions: Sequence[float] = (0.6, 0.2, 0.2),
     name: Optional[str] = None,
+    features: Optional[PathLike] = None,
+    labels: Optional[PathLike] = None,
 ) -> Dataset:
     """Load an edge list file (see :func:`read_edgelist` for the accepted formats) as a :class:`Dataset`.
 
@@ -240,12 +269,19 @@ def load_edgelist(
     self-loops by default. Edge lists carry no features or labels, so seeded random ones are made
     (``feature_dim`` N(0, 1) features, ``num_classes`` uniform labels), flagged ``synthetic_features``
     and ``synthetic_labels`` and logged as a warning: accuracy on them is meaningless, timings are not.
-    Split: seeded random ``split_fractions``.
+    Split: seeded random ``split_fractions`` (of the labelled vertices).
+
+    ``features`` and ``labels`` name files with the vertices' real features and labels instead (CLI:
+    ``-D features=feat.npy -D labels=labels.npy``; see :func:`read_vertex_file`): row ``r`` of each belongs to
+    the vertex whose id in the edge list is ``r``, so the files need more rows than the largest id; a label
+    of -1 marks an unlabelled vertex (in no split). With a labels file ``num_classes`` is the largest label
+    + 1, with a features file ``feature_dim`` its width.
 
     Example:
         >>> ds = load_edgelist("../shared/data/bio-pathways-network.csv")   # doctest: +SKIP
         >>> ds.num_nodes, ds.synthetic_labels                               # doctest: +SKIP
         (21557, True)
+        >>> ds = load_edgelist("edges.csv", features="feat.npy", labels="labels.txt")  # doctest: +SKIP
     """
     if feature_dim < 1 or num_classes < 1:
         raise ValueError(f"feature_dim and num_classes must be positive, got {feature_dim} and {num_classes}")
@@ -257,16 +293,94 @@ def load_edgelist(
     graph = Graph.from_edges(inverse[:, 0], inverse[:, 1], num_nodes=n, symmetric=symmetric,
                              remove_duplicates=True, remove_self_loops=remove_self_loops)
     gen = torch.Generator().manual_seed(int(seed))
-    features = torch.randn(n, feature_dim, generator=gen)
-    labels = torch.randint(num_classes, (n,), generator=gen, dtype=torch.int64)
-    train, val, test = random_split(n, split_fractions, seed=seed)
-    ds = Dataset(graph=graph, features=features, labels=labels, train_idx=train, val_idx=val, test_idx=test,
-                 num_classes=num_classes, name=name or p.stem, synthetic_features=True, synthetic_labels=True,
-                 node_ids=torch.from_numpy(ids.astype(np.int64)),
+    feature_rows = torch.randn(n, feature_dim, generator=gen)
+    label_rows = torch.randint(num_classes, (n,), generator=gen, dtype=torch.int64)
+    files = {}
+    if features is not None:
+        feature_rows = torch.from_numpy(read_vertex_file(features, ids, "features"))
+        files["features"] = str(features)
+    if labels is not None:
+        label_rows = torch.from_numpy(read_vertex_file(labels, ids, "labels"))
+        num_classes = max(1, int(label_rows.max()) + 1)
+        files["labels"] = str(labels)
+    train, val, test = random_split(n, split_fractions, seed=seed, labels=label_rows if labels is not None else None)
+    ds = Dataset(graph=graph, features=feature_rows, labels=label_rows, train_idx=train, val_idx=val, test_idx=test,
+                 num_classes=num_classes, name=name or p.stem, synthetic_features=features is None,
+                 synthetic_labels=labels is None, node_ids=torch.from_numpy(ids.astype(np.int64)),
                  meta={"source": str(p), "format": "edgelist", "file_edges": int(edges.shape[0]),
                        "symmetric": symmetric, "remove_self_loops": remove_self_loops,
-                       "split": f"random {tuple(split_fractions)} seed={seed}"})
-    log.warning("%s has no features or labels: using random features (dim %d) and random labels (%d classes), "
-                "seed %d; accuracy on this dataset is meaningless", p, feature_dim, num_classes, seed)
+                       "split": f"random {tuple(split_fractions)} seed={seed}", **files})
+    if features is None or labels is None:
+        made = " and ".join(w for w, given in ((f"random features (dim {feature_dim})", features),
+                                               (f"random labels ({num_classes} classes)", labels)) if given is None)
+        log.warning("%s: no %s file given (-D features=FILE, -D labels=FILE): using %s, seed %d; accuracy on "
+                    "random %s is meaningless", p, " or ".join(k for k in ("features", "labels") if k not in files),
+                    made, seed, "labels" if labels is None else "features")
     log.info("loaded %r", ds)
     return ds
+
+
+def read_vertex_file(path: PathLike, ids: np.ndarray, what: str) -> np.ndarray:
+    r"""The rows ``ids`` of a per-vertex ``features`` (float32 ``[rows, dim]``) or ``labels`` (int64 ``[rows]``,
+    -1: unlabelled) file: a ``.npy`` array, or text with one vertex a line (numbers separated by commas, tabs,
+    semicolons or spaces; ``#``/``%`` comments). Row ``r`` is the vertex with id ``r``.
+
+    A mistake is one ``ValueError`` naming the file: a line that is not numbers (its 1-based line number), too
+    few rows for the largest id, a label below -1.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> f = pathlib.Path(tempfile.mkdtemp()) / "labels.txt"
+        >>> _ = f.write_text("0\n2\n1\n")
+        >>> read_vertex_file(f, np.array([0, 2]), "labels").tolist()
+        [0, 1]
+    """
+    p = _existing_file(path, what)
+    features = what == "features"
+    dtype = np.float32 if features else np.int64
+    if p.suffix == ".npy":
+        try:
+            arr = np.load(p, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise ValueError(f"{what} file {str(p)!r} is not a readable .npy array ({e}); write it with numpy.save")
+        if arr.dtype.kind not in ("fiu" if features else "iu"):
+            raise ValueError(f"{what} file {str(p)!r} holds {arr.dtype}; expected "
+                             + ("numbers" if features else "integer classes"))
+    else:
+        arr = _read_vertex_text(p, what, dtype)
+    if not features and arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != (2 if features else 1):
+        raise ValueError(f"{what} file {str(p)!r} has shape {list(arr.shape)}; expected "
+                         + ("[vertices, dim]" if features else "[vertices] (one label a vertex)"))
+    top = int(ids.max()) if ids.size else -1
+    if ids.size and (int(ids.min()) < 0 or top >= arr.shape[0]):
+        bad = int(ids.min()) if int(ids.min()) < 0 else top
+        raise ValueError(f"{what} file {str(p)!r} has {arr.shape[0]:,} rows but the edge list has vertex id {bad}; "
+                         f"row r of the file belongs to the vertex with id r: give a row for every id from 0 to "
+                         f"{top}, or renumber the edge list's ids to 0..N-1")
+    rows = np.ascontiguousarray(arr[ids], dtype=dtype)
+    if what == "labels" and rows.size and int(rows.min()) < -1:
+        raise ValueError(f"labels file {str(p)!r} holds {int(rows.min())}; labels are classes 0..C-1, or -1 for "
+                         "an unlabelled vertex")
+    return rows
+
+
+def _read_vertex_text(p: Path, what: str, dtype) -> np.ndarray:
+    """A text file of numbers, one vertex a line, delimiter sniffed as :func:`read_edgelist` does (no header)."""
+    conv, kind = (int, "integers") if what == "labels" else (float, "numbers")
+    try:
+        with open(p, "r", newline=None, encoding="utf-8-sig") as f:
+            first = next((line.strip() for line in f if line.strip() and not line.strip().startswith(_COMMENTS)), "")
+            delim = next((d for d in _DELIMITERS if d in first), None)
+            f.seek(0)
+            try:
+                return np.loadtxt(f, dtype=dtype, delimiter=delim, comments=_COMMENTS, ndmin=2)
+            except ValueError as e:
+                f.seek(0)
+                where = _first_bad_line(f, delim, 0, 1, conv, every=True)
+                raise ValueError(f"could not parse {what} file {str(p)!r} as {kind}, one vertex a line: "
+                                 f"{where or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{what} file {str(p)!r} is neither a .npy array nor text ({e.reason} at byte {e.start}); "
+                         "pass a .npy file or a text file with one vertex a line") from None

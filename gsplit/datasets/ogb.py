@@ -106,8 +106,20 @@ def load_ogb(
             ogb_ds = ogb_dataset_mod.NodePropPredDataset(name=name, root=str(root_path))
             split = ogb_ds.get_idx_split()
         except OSError as e:  # urllib errors are OSErrors
-            raise RuntimeError(f"could not fetch or read {name} under {dataset_dir}: {e}; check the network, "
-                               f"or place the unpacked dataset there and pass download=False") from e
+            failure = e
+        else:
+            failure = None
+    if failure is not None:
+        if raw_files_missing(dataset_dir) == []:  # what gsplit prepare converts: read it the same way
+            log.warning("ogb could not read %s (%s); reading its raw files as gsplit prepare does", dataset_dir,
+                        failure)
+            return load_ogb_raw(dataset_dir, name=name, symmetric=symmetric, remove_self_loops=remove_self_loops)
+        if _has_files(dataset_dir, name):  # the files are there: not the network's fault
+            raise RuntimeError(f"could not read {name} under {dataset_dir}: {failure}; the raw files gsplit needs "
+                               f"are {', '.join(RAW_FILES)} and split/<kind>/{{train,valid,test}}.csv.gz "
+                               f"(missing: {', '.join(raw_files_missing(dataset_dir))})") from failure
+        raise RuntimeError(f"could not fetch or read {name} under {dataset_dir}: {failure}; check the network, "
+                           f"or place the unpacked dataset there and pass download=False") from failure
     g, raw_labels = ogb_ds[0]
     num_classes = int(ogb_ds.num_classes)
 
@@ -127,6 +139,60 @@ def load_ogb(
                        "remove_self_loops": remove_self_loops,
                        "split": f"official ({ogb_ds.meta_info['split']})"})
     log.info("loaded %r", ds)
+    return ds
+
+
+RAW_FILES = ("raw/edge.csv.gz", "raw/num-node-list.csv.gz", "raw/node-feat.csv.gz", "raw/node-label.csv.gz")
+"""The raw files of an unpacked OGB folder that :func:`load_ogb_raw` (and ``gsplit prepare``) read, beside one
+``split/<kind>/`` folder."""
+
+
+def raw_files_missing(dataset_dir: os.PathLike) -> list:
+    """What :func:`load_ogb_raw` needs and ``dataset_dir`` lacks (empty: it can be read).
+
+    Example:
+        >>> raw_files_missing("/nonexistent/ogbn_arxiv")[:1]
+        ['raw/edge.csv.gz']
+    """
+    d = Path(dataset_dir)
+    missing = [f for f in RAW_FILES if not (d / f).is_file()]
+    kinds = [k for k in (d / "split").glob("*") if k.is_dir()] if (d / "split").is_dir() else []
+    if len(kinds) != 1 or not all((kinds[0] / f"{s}.csv.gz").is_file() for s in ("train", "valid", "test")):
+        missing.append("split/<kind>/{train,valid,test}.csv.gz (one split folder)")
+    return missing
+
+
+def load_ogb_raw(dataset_dir: os.PathLike, *, name: Optional[str] = None, symmetric: bool = True,
+                 remove_self_loops: bool = True) -> Dataset:
+    """An unpacked OGB folder's raw files read the way ``gsplit prepare`` reads them (:func:`convert_ogb`, whose
+    parser needs none of ogb's extra files such as ``node_year.csv.gz``), into memory.
+
+    :func:`load_ogb` falls back to it where ogb's own processing fails on a folder that holds
+    :data:`RAW_FILES` and a split, so that ``gsplit train`` takes every folder ``gsplit prepare`` converts. The
+    conversion goes through a temporary folder that is removed before this returns.
+
+    Example:
+        >>> ds = load_ogb_raw("/data/ogb/ogbn_arxiv")    # doctest: +SKIP
+    """
+    import shutil
+    import tempfile
+
+    from gsplit.datasets.chunked import convert_ogb
+    from gsplit.datasets.folder import load_folder
+
+    src = Path(dataset_dir).expanduser()
+    tmp = Path(tempfile.mkdtemp(prefix="gsplit-ogb-"))
+    try:
+        convert_ogb(src, tmp / "ds", name=name, symmetric=symmetric, remove_self_loops=remove_self_loops)
+        mapped = load_folder(tmp / "ds", mmap=False)
+        ds = Dataset(graph=Graph(mapped.graph.indptr.clone(), mapped.graph.indices.clone()),
+                     features=mapped.features.clone(), labels=mapped.labels.clone(),
+                     train_idx=mapped.train_idx.clone(), val_idx=mapped.val_idx.clone(),
+                     test_idx=mapped.test_idx.clone(), num_classes=mapped.num_classes, name=mapped.name,
+                     meta={**{k: v for k, v in mapped.meta.items() if k != "folder"}, "source": str(src)})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("loaded %r from the raw files in %s", ds, src)
     return ds
 
 

@@ -108,5 +108,24 @@ def get_device(name: str) -> DeviceProfile:
         raise ValueError(f"device profile {name!r} is neither a built-in one ({', '.join(DEVICES)}) nor a file; "
                          "pass h100, v100 or a profile JSON written by experiments/estimate_validation.py or "
                          "experiments/gpu_bench.py --parts shares")
-    data = json.loads(path.read_text())
-    return DeviceProfile.from_dict(data.get("device", data))
+    return _profile_file(path)
+
+
+def _profile_file(path: Path) -> DeviceProfile:
+    """The profile in the JSON file ``path``; a ``ValueError`` naming the file when it is not one."""
+    fix = "pass h100, v100 or a profile JSON written by experiments/estimate_validation.py or gpu_bench.py"
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"device profile {path} is not JSON ({e}); {fix}") from None
+    if isinstance(data, dict) and isinstance(data.get("device"), dict):
+        data = data["device"]
+    if not isinstance(data, dict):
+        raise ValueError(f"device profile {path} holds a {type(data).__name__}, not a profile (an object with "
+                         f"name, sample, layers, ...); {fix}")
+    try:
+        return DeviceProfile.from_dict(data)
+    except KeyError as e:
+        raise ValueError(f"device profile {path} lacks the field {e.args[0]!r}; {fix}") from None
+    except (TypeError, AttributeError, ValueError) as e:
+        raise ValueError(f"device profile {path} is not a profile ({e}); {fix}") from None

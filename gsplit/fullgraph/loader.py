@@ -434,7 +434,7 @@ class FullGraphLoader:
             return None
         if isinstance(memory_limit, str):
             from gsplit.data.feature_store import parse_size
-            return parse_size(memory_limit)
+            return parse_size(memory_limit, "memory_limit")
         return int(memory_limit)
 
     def _with_labels(self, full: FullGraph, labels, train_idx) -> List[Block]:

@@ -173,7 +173,8 @@ class RankLoader:
                              "(1: each alone)")
         if size == 1:
             return 1
-        budget = parse_size(memory) if memory is not None else default_budget(self.device, self.comm.world_size)
+        budget = (parse_size(memory, "macrobatch_memory") if memory is not None
+                  else default_budget(self.device, self.comm.world_size))
         graph = self.graph
         max_degree = int(graph.in_degrees().max()) if graph.num_nodes else 0
         return fit_macrobatch(int(size), lambda b: macrobatch_bytes(

@@ -73,7 +73,7 @@ def _is_loopback(addr_port: str) -> bool:
 def test_single_host_ranks_listen_on_loopback_only():
     from gsplit.launcher import launch
 
-    results = launch(listening_worker, 2, devices="cpu", timeout=60)
+    results = launch(listening_worker, 2, devices="cpu", timeout=300)
     for r in results:
         assert r["listening"], r  # the ranks do listen (gloo pairs); otherwise the test proves nothing
         assert all(_is_loopback(a) for a in r["listening"]), r
@@ -86,7 +86,7 @@ _NETNS_SCRIPT = textwrap.dedent("""
     from test_security import listening_worker
     if __name__ == "__main__":
         print("RESULT " + json.dumps({{"resolves": socket.gethostbyname(socket.gethostname()),
-                                      "ranks": launch(listening_worker, 2, devices="cpu", timeout=60)}}))
+                                      "ranks": launch(listening_worker, 2, devices="cpu", timeout=300)}}))
 """)
 
 
@@ -116,7 +116,7 @@ def test_a_hostname_that_resolves_to_the_lan_does_not_open_the_ranks_to_it(tmp_p
     shell = (f"hostname gsplit-test-host && mount --bind {hosts} /etc/hosts && "
              f"{sys.executable} {script}")
     proc = subprocess.run(["unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", shell],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and "unshare" in proc.stderr and "Operation not permitted" in proc.stderr:
         pytest.skip(f"unshare refused here: {proc.stderr.strip()[:200]}")
     assert proc.returncode == 0, proc.stderr[-2000:]

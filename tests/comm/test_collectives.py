@@ -87,7 +87,7 @@ def test_split_sampling_runs_one_collective_per_layer():
     """After the first iteration (which learns the slot sizes), one all-to-all per layer, and one more for
     the features: labels cost none (each rank reads its own targets' labels). Main: a count exchange and
     an id exchange per layer, 2 per layer."""
-    for rank, out in enumerate(launch(_sampling_collectives, WORLD, devices="cpu", backend="gloo", timeout=120)):
+    for rank, out in enumerate(launch(_sampling_collectives, WORLD, devices="cpu", backend="gloo", timeout=300)):
         layers = len(FANOUTS)
         for name, extra in (("ids only", 0), ("ids and features", 1)):
             spied = out[name]["spied"]
@@ -128,7 +128,7 @@ def test_counted_exchange_equals_the_plain_one_and_overflows_only_when_needed():
     # k=4: 0->1 sends 20 > ceil(1.25 * 6) = 8, and rank 1, whose pairs fit, joins the second exchange
     want_calls = [2, 1, 1, 2, 2, 1, 1]
     for rank, results in enumerate(launch(_counted_exchanges, WORLD, args=(sizes,), devices="cpu",
-                                          backend="gloo", timeout=120)):
+                                          backend="gloo", timeout=300)):
         assert all(r["equal"] and r["counts"] for r in results), (rank, results)
         assert [r["calls"] for r in results] == want_calls, (rank, results)
 
@@ -148,7 +148,7 @@ def test_trainer_logs_the_collectives_of_every_iteration_and_the_balance_per_lay
     ds = dataclasses.replace(ds, train_idx=ds.train_idx[:160])
     owner = torch.randint(0, WORLD, (ds.num_nodes,), generator=torch.Generator().manual_seed(2))
     out = launch(_train, WORLD, args=(ds, owner, "sage", input_features), devices="cpu", backend="gloo",
-                 timeout=120)
+                 timeout=300)
     # CPU ranks read their inputs directly under "auto": no bottom id exchange, no feature shuffle
     exchanged = 0 if input_features == "auto" else 1
     epoch = out[0]["log"]["epochs"][0]

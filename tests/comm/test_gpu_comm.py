@@ -372,7 +372,7 @@ def _overlaps(spans):
 
 @linux_only
 def test_under_nccl_the_prefetch_thread_never_issues_collectives_while_training_does():
-    per_rank = launch(overlap_worker, 2, args=(True,), devices="cpu", timeout=120)
+    per_rank = launch(overlap_worker, 2, args=(True,), devices="cpu", timeout=300)
     for r in per_rank:
         assert r["flag"] is True  # the loader saw its group as NCCL
         spans = r["spans"]

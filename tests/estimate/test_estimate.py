@@ -60,7 +60,7 @@ def _three_runs(rank, world_size, ds, owner):
 def two_rank_run():
     ds = small_dataset()
     owner = torch.randint(0, WORLD, (ds.num_nodes,), generator=torch.Generator().manual_seed(2))
-    logs = launch(_three_runs, WORLD, args=(ds, owner), devices="cpu", backend="gloo", timeout=120)[0]
+    logs = launch(_three_runs, WORLD, args=(ds, owner), devices="cpu", backend="gloo", timeout=300)[0]
     return ds, owner, logs
 
 

@@ -172,7 +172,7 @@ def test_peers_and_the_first_gpu_run_load_neither_gsplit_nor_a_plotting_library(
             "assert not bad, bad")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-c", code, str(EXPERIMENTS), *(p.stem for p in PEERS)],
-                          capture_output=True, text=True, timeout=120, env=env)
+                          capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
 
 

@@ -117,7 +117,7 @@ def destroy_guard_worker(rank, world_size):
 # ---------------------------------------------------------------- tests
 @pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
 def test_two_cpu_ranks_allreduce_in_rank_order(start_method):
-    out = launch(allreduce_worker, 2, args=(10,), devices="cpu", timeout=30, start_method=start_method)
+    out = launch(allreduce_worker, 2, args=(10,), devices="cpu", timeout=300, start_method=start_method)
     assert [o["rank"] for o in out] == [0, 1]
     assert all(o["world"] == 2 and o["sum"] == 21.0 and o["backend"] == "gloo" for o in out)
     assert [o["device"] for o in out] == ["cpu", "cpu"]
@@ -129,7 +129,7 @@ def test_two_cpu_ranks_allreduce_in_rank_order(start_method):
 def test_failure_in_one_rank_stops_all_promptly(start_method):
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(raise_on_rank1_worker, 2, devices="cpu", timeout=120, start_method=start_method)
+        launch(raise_on_rank1_worker, 2, devices="cpu", timeout=300, start_method=start_method)
     elapsed = time.monotonic() - start
     assert elapsed < 60, f"launch took {elapsed:.1f}s to report the failure"
     err = info.value
@@ -144,7 +144,7 @@ def test_failure_in_one_rank_stops_all_promptly(start_method):
 def test_rank_dying_without_exception_reports_exit_code():
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch(exit_on_rank1_worker, 2, devices="cpu", timeout=120)
+        launch(exit_on_rank1_worker, 2, devices="cpu", timeout=300)
     assert time.monotonic() - start < 60
     err = info.value
     assert err.rank == 1 and err.exitcode == 3
@@ -163,7 +163,7 @@ def test_rank_that_ignores_sigterm_is_killed():
 def test_a_rank_that_hangs_after_returning_its_result_is_ended_within_seconds(hang_rank, caplog):
     """Fails on the old main: the launcher gave ranks that had delivered their results 30 s to exit."""
     with caplog.at_level("WARNING", logger="gsplit.launch"):
-        out = launch(hang_in_teardown_worker, 2, args=(hang_rank,), devices="cpu", timeout=60)
+        out = launch(hang_in_teardown_worker, 2, args=(hang_rank,), devices="cpu", timeout=300)
     waited = time.time() - max(o["returned_at"] for o in out)
     assert [o["rank"] for o in out] == [0, 1]  # every result kept
     assert waited < 10, f"the launch returned {waited:.1f}s after the last result"
@@ -172,7 +172,7 @@ def test_a_rank_that_hangs_after_returning_its_result_is_ended_within_seconds(ha
 
 def test_ranks_settle_before_a_destroy_of_their_own():
     """User code's destroy_process_group() in a rank first lets gloo's workers free their last tensors."""
-    assert launch(destroy_guard_worker, 2, devices="cpu", timeout=60) == [True, True]
+    assert launch(destroy_guard_worker, 2, devices="cpu", timeout=300) == [True, True]
 
 
 @pytest.mark.slow
@@ -181,7 +181,7 @@ def test_ranks_settle_before_a_destroy_of_their_own():
 def test_destroying_a_gloo_group_right_after_its_collective_does_not_deadlock():
     """Fails on the old main under torch 2.2.1 (1000 rounds outside gsplit deadlocked twice before round 200;
     with gsplit's settle before the destroy, none in 1000): the real mechanism of the DGL port's hung exit."""
-    assert launch(destroy_after_collectives_worker, 2, args=(300,), devices="cpu", timeout=60,
+    assert launch(destroy_after_collectives_worker, 2, args=(300,), devices="cpu", timeout=300,
                   heartbeat_timeout=20) == [300, 300]
 
 
@@ -189,20 +189,20 @@ def test_forked_ranks_come_from_one_server_and_see_the_environment_of_their_laun
     """The fork server starts once per launching process, so it holds the environment of its first launch;
     each rank must still see the launcher's environment as it is at the call (the CLI sets variables for its
     ranks, a user's script may too)."""
-    first = launch(start_worker, 2, devices="cpu", timeout=60, start_method="forkserver")
+    first = launch(start_worker, 2, devices="cpu", timeout=300, start_method="forkserver")
     monkeypatch.setenv("GSPLIT_TEST_MARK", "set after the server started")
-    second = launch(start_worker, 2, devices="cpu", timeout=60, start_method="forkserver")
+    second = launch(start_worker, 2, devices="cpu", timeout=300, start_method="forkserver")
     servers = {o["parent"] for o in first + second}
     assert len(servers) == 1 and os.getpid() not in servers, f"ranks' parents {servers}, launcher {os.getpid()}"
     assert [o["mark"] for o in second] == ["set after the server started"] * 2
-    spawned = launch(start_worker, 2, devices="cpu", timeout=60, start_method="spawn")
+    spawned = launch(start_worker, 2, devices="cpu", timeout=300, start_method="spawn")
     assert {o["parent"] for o in spawned} == {os.getpid()} and [o["mark"] for o in spawned] == [o["mark"] for o in second]
 
 
 def test_the_start_method_comes_from_the_argument_then_the_environment(monkeypatch):
     monkeypatch.setenv("GSPLIT_START_METHOD", "spawn")
-    assert {o["parent"] for o in launch(start_worker, 1, devices="cpu", timeout=60)} == {os.getpid()}
-    assert {o["parent"] for o in launch(start_worker, 1, devices="cpu", timeout=60,
+    assert {o["parent"] for o in launch(start_worker, 1, devices="cpu", timeout=300)} == {os.getpid()}
+    assert {o["parent"] for o in launch(start_worker, 1, devices="cpu", timeout=300,
                                         start_method="forkserver")} != {os.getpid()}
     monkeypatch.setenv("GSPLIT_START_METHOD", "fork")
     with pytest.raises(ValueError, match=r"GSPLIT_START_METHOD='fork' is not a start method .*'spawn', 'forkserver'"):
@@ -231,7 +231,7 @@ def test_what_the_fork_server_imports_asks_nothing_of_cuda():
         import {modules}
         print(calls, torch.cuda.is_initialized())
     """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split("\n")[0] == "[] False", out.stdout
 
@@ -283,7 +283,7 @@ def test_rendezvous_listens_on_loopback_only():
 
 
 def test_spawn_calls_fn_as_torch_multiprocessing_spawn_does():
-    out = spawn(spawn_style_worker, args=(10,), nprocs=2, devices="cpu", timeout=60)
+    out = spawn(spawn_style_worker, args=(10,), nprocs=2, devices="cpu", timeout=300)
     assert [o["rank"] for o in out] == [0, 1] and {o["world"] for o in out} == {2}
     assert all(o["sum"] == 21.0 for o in out)
 

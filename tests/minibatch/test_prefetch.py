@@ -177,7 +177,7 @@ def test_interpreter_exit_with_an_unfinished_pass_is_clean():
         next(IT)
         print("done")
     """)
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0 and res.stdout.strip() == "done", res.stderr
 
 

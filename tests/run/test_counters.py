@@ -55,7 +55,7 @@ def _both_systems(rank, world_size, ds, owner):
 def run():
     ds = make_dataset()
     owner = torch.randint(0, WORLD, (ds.num_nodes,), generator=torch.Generator().manual_seed(2))
-    logs = launch(_both_systems, WORLD, args=(ds, owner), devices="cpu", backend="gloo", timeout=120)[0]
+    logs = launch(_both_systems, WORLD, args=(ds, owner), devices="cpu", backend="gloo", timeout=300)[0]
     sampler = gsplit.NeighborSampler(FANOUTS, seed=SEED)
     order = epoch_permutation(ds.train_idx, SEED, 0, True)
     gb = BATCH * WORLD

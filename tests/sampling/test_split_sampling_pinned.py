@@ -139,7 +139,7 @@ def assert_same(a, b, where):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_split_batches_equal_the_reference_exchange(world_size):
-    per_rank = (launch(sample_both, world_size, devices="cpu", backend="gloo", timeout=120) if world_size > 1
+    per_rank = (launch(sample_both, world_size, devices="cpu", backend="gloo", timeout=300) if world_size > 1
                 else [sample_both(0, 1)])
     remote = 0
     for rank, (cases, searchsorted_calls) in enumerate(per_rank):

@@ -23,7 +23,7 @@ import torch
 import gsplit
 from gsplit.datasets import load_folder, save_folder
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N = 3000
 BAD_IDS = {"negative": -1, "huge": 2**40, "just past the end": N + 5}
 
@@ -123,7 +123,7 @@ CLI_COMMANDS = textwrap.dedent("""
 def test_every_command_refuses_the_damaged_folder_in_one_line(folder, tmp_path):
     """train, train --full-graph, prepare, eval and predict: exit 2 with one line naming the file (the old
     code crashed in train/prepare/full-graph and gave an IndexError traceback from a rank elsewhere)."""
-    from gsplit.model_io import save_model
+    from gsplit.run.model_io import save_model
     from gsplit.nn.models import build_model
 
     bad = _poke(folder, tmp_path / "bad", "graph/indices.npy", 2**40, 17)
@@ -167,8 +167,8 @@ def _mode(p: Path) -> int:
 
 def test_data_files_get_the_umask_and_checkpoints_stay_private(tmp_path):
     """Every file came out 0600 (tempfile.mkstemp), so a shared dataset folder was unreadable to colleagues."""
-    from gsplit.checkpoint import save_checkpoint
-    from gsplit.io import append_jsonl, atomic_write_bytes
+    from gsplit.run.checkpoint import save_checkpoint
+    from gsplit.runtime.io import append_jsonl, atomic_write_bytes
     from gsplit.partitioning import PartitionMap
 
     ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=0)
@@ -223,7 +223,7 @@ def test_a_dataset_that_does_not_fit_the_disk_is_refused_before_writing(tmp_path
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_disk_that_fills_while_the_dataset_is_written_is_one_line(tmp_path, monkeypatch, capsys):
     """The space was there when checked, and gone by the time the features were written (another writer)."""
-    from gsplit import io as gio
+    from gsplit.runtime import io as gio
     from gsplit.cli import main
 
     real = gio._new_temp_file
