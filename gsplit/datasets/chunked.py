@@ -71,6 +71,25 @@ class ConversionReport:
     """This process's peak resident size (``VmHWM``) at the end; mapped file pages count in it."""
 
 
+def ogb_labels_to_int64(raw: np.ndarray, name: str) -> torch.Tensor:
+    """OGB labels are ``[N, 1]``; float with NaN for unlabelled vertices in papers100M. NaN -> -1.
+
+    Example:
+        >>> ogb_labels_to_int64(np.array([[1.0], [np.nan]]), "demo").tolist()
+        [1, -1]
+    """
+    if raw.ndim == 2 and raw.shape[1] == 1:
+        raw = raw[:, 0]
+    if raw.ndim != 1:
+        raise ValueError(f"{name}: expected one label per vertex, got a label array of shape {raw.shape}")
+    if np.issubdtype(raw.dtype, np.floating):
+        out = np.full(raw.shape, -1, dtype=np.int64)
+        ok = ~np.isnan(raw)
+        out[ok] = raw[ok].astype(np.int64)
+        return torch.from_numpy(out)
+    return torch.from_numpy(raw.astype(np.int64))
+
+
 def _read_chunks(path: Path, delimiter, chunk_edges: int):
     """Yield int64 ``[k, 2]`` arrays of at most ``chunk_edges`` edges, parsed as :func:`read_edgelist` does."""
     with open(path, "r", newline=None, encoding="utf-8-sig") as f:
@@ -220,7 +239,6 @@ def convert_ogb(
     Example:
         >>> convert_ogb("/data/ogb/ogbn_papers100M", "prepared/papers100M")    # doctest: +SKIP
     """
-    from gsplit.datasets.ogb import _labels_to_int64
     from gsplit.data.finite import first_non_finite_row
 
     if chunk_edges < 1:
@@ -262,7 +280,7 @@ def convert_ogb(
     del feats
     if bad is not None:
         raise ValueError(f"{raw / 'node-feat.csv.gz'} row {bad} holds NaN or inf; clean the features")
-    labels = _labels_to_int64(np.concatenate(list(_csv_gz_chunks(raw / "node-label.csv.gz", 1 << 22))), name)
+    labels = ogb_labels_to_int64(np.concatenate(list(_csv_gz_chunks(raw / "node-label.csv.gz", 1 << 22))), name)
     splits = [np.concatenate(list(_csv_gz_chunks(kinds[0] / f"{k}.csv.gz", 1 << 22, np.int64))).reshape(-1)
               for k in ("train", "valid", "test")]
     seconds["features"] = time.perf_counter() - t

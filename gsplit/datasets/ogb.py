@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from gsplit.datasets.base import Dataset
+from gsplit.datasets.chunked import ogb_labels_to_int64
 from gsplit.data.graph import Graph
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ def load_ogb(
     if g.get("node_feat") is None:
         raise ValueError(f"{name} under {dataset_dir} has no node features; this loader needs them")
     features = torch.from_numpy(np.ascontiguousarray(g["node_feat"], dtype=np.float32))
-    labels = _labels_to_int64(np.asarray(raw_labels), name)
+    labels = ogb_labels_to_int64(np.asarray(raw_labels), name)
     idx = {k: torch.from_numpy(np.asarray(split[k]).astype(np.int64).reshape(-1)) for k in ("train", "valid", "test")}
     ds = Dataset(graph=graph, features=features, labels=labels, train_idx=idx["train"], val_idx=idx["valid"],
                  test_idx=idx["test"], num_classes=num_classes, name=name,
@@ -194,20 +195,6 @@ def load_ogb_raw(dataset_dir: os.PathLike, *, name: Optional[str] = None, symmet
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("loaded %r from the raw files in %s", ds, src)
     return ds
-
-
-def _labels_to_int64(raw: np.ndarray, name: str) -> torch.Tensor:
-    """OGB labels are ``[N, 1]``; float with NaN for unlabelled vertices in papers100M. NaN -> -1."""
-    if raw.ndim == 2 and raw.shape[1] == 1:
-        raw = raw[:, 0]
-    if raw.ndim != 1:
-        raise ValueError(f"{name}: expected one label per vertex, got a label array of shape {raw.shape}")
-    if np.issubdtype(raw.dtype, np.floating):
-        out = np.full(raw.shape, -1, dtype=np.int64)
-        ok = ~np.isnan(raw)
-        out[ok] = raw[ok].astype(np.int64)
-        return torch.from_numpy(out)
-    return torch.from_numpy(raw.astype(np.int64))
 
 
 def _has_files(dataset_dir: Path, name: str) -> bool:
