@@ -167,7 +167,8 @@ class RankLoader:
     def _init_macrobatch(self, size: int, memory, sampler: NeighborSampler, targets: int, row_bytes: int,
                          shuffled: bool) -> int:
         """The macrobatch size to use: ``size`` when its estimated memory fits the budget (``memory``, else
-        :func:`~gsplit.sampling.macrobatch.default_budget`), else lowered with one WARNING line."""
+        :func:`~gsplit.sampling.macrobatch.default_budget`), else lowered, with one WARNING line on the job's first
+        rank."""
         if isinstance(size, bool) or int(size) != size or size < 1:
             raise ValueError(f"macrobatch={size!r}; pass the number of mini-batches sampled and loaded together "
                              "(1: each alone)")
@@ -176,8 +177,11 @@ class RankLoader:
         budget = parse_size(memory) if memory is not None else default_budget(self.device, self.comm.world_size)
         graph = self.graph
         max_degree = int(graph.in_degrees().max()) if graph.num_nodes else 0
+        # every rank lowers alike (same graph, fanouts, targets); the first rank of the job says so, once
+        first = self.comm.rank == 0 and self.replica_rank == 0
         return fit_macrobatch(int(size), lambda b: macrobatch_bytes(
-            b, sampler.fanouts, targets, graph.num_nodes, graph.num_edges, max_degree, row_bytes, shuffled), budget)
+            b, sampler.fanouts, targets, graph.num_nodes, graph.num_edges, max_degree, row_bytes, shuffled), budget,
+            warn=first)
 
     def _macrobatches(self, epoch: int, start: int) -> Iterator[List[Tuple[int, torch.Tensor]]]:
         """The ``(iteration, global mini-batch)`` pairs of ``epoch`` from ``start`` on, in macrobatches."""
