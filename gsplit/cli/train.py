@@ -20,7 +20,7 @@ from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_grap
                                check_output_folder, default_num_ranks)
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
                                 check_dataset_options, parse_dataset_options, parse_fanouts)
-from gsplit.io import append_jsonl, check_writable
+from gsplit.io import append_jsonl, check_writable, trim_run_log
 
 
 def print_epoch(record: dict) -> None:
@@ -233,7 +233,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       prefetch=args.prefetch, uva=args.uva, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
-                      overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch)
+                      overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch,
+                      keep_epochs=1)  # every record goes to the log as its epoch ends: memory stays flat
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -293,6 +294,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
         resumed = {} if guard is None or guard.saved is None else {"resumed_from": dict(guard.saved.counters)}
         if not args.resume:  # a new run starts the log afresh; a resumed one appends to its run's log
             Path(args.log).write_bytes(b"")
+        else:  # less what it logs again: every epoch is in the log exactly once, however the run stopped
+            trim_run_log(args.log, int(resumed.get("resumed_from", {}).get("epoch", 0)))
         append_jsonl(args.log, {**_run_record(args, ds, ranks, cfg), **resumed})
     report = EpochReport(args.log, _tensorboard(args))
     t = time.perf_counter()
@@ -423,7 +426,8 @@ def _report_final(result: dict, report: "EpochReport") -> None:
     if accs:
         print(f"final accuracy (layer-wise inference over the whole graph): {'  '.join(accs)}", flush=True)
     if report.tensorboard is not None:
-        report.tensorboard.final(result, step=len(result.get("epochs", [])))
+        epochs = result.get("epochs") or [{"epoch": -1}]  # the run keeps its last record only (keep_epochs)
+        report.tensorboard.final(result, step=int(epochs[-1]["epoch"]) + 1)
         report.tensorboard.close()
 
 
