@@ -30,7 +30,7 @@ from gsplit.counters import (EpochCounters, _book_layer_time, _book_train_time, 
 from gsplit.feature_store import parse_size
 from gsplit.graph import Graph
 from gsplit.interop.dgl import SPLIT_FIX  # imports no dgl
-from gsplit.model_io import save_model
+from gsplit.model_io import check_model_spec, save_model
 from gsplit.inference import accuracy, layerwise_inference
 from gsplit.launch import report_progress, resolve_device
 from gsplit.nn.models import build_model
@@ -221,12 +221,24 @@ class TrainPosition:
     """Optimiser steps taken (iterations trained) since the start of the run."""
 
 
+def model_spec(cfg: TrainConfig, dataset) -> dict:
+    """``build_model``'s arguments for ``cfg`` on ``dataset`` (what model.pt records).
+
+    Example:
+        >>> import gsplit
+        >>> ds = gsplit.datasets.load("synthetic", num_nodes=300, feature_dim=8, num_classes=3)
+        >>> model_spec(TrainConfig(fanouts=[4, 3], hidden=16), ds)["num_classes"]
+        3
+    """
+    return {"name": cfg.model, "in_feats": int(dataset.features.shape[1]), "hidden": cfg.hidden,
+            "num_classes": int(dataset.num_classes), "num_layers": len(cfg.fanouts), "dropout": cfg.dropout,
+            "heads": cfg.heads}
+
+
 def _save_model(cfg: TrainConfig, model, dataset) -> None:
     """``checkpoint_dir/model.pt``, self-describing (:mod:`gsplit.model_io`): architecture, training options,
     how to reload the dataset, versions and weights; ``gsplit eval`` / ``gsplit.model_io.load_model`` read it."""
-    spec = {"name": cfg.model, "in_feats": int(dataset.features.shape[1]), "hidden": cfg.hidden,
-            "num_classes": int(dataset.num_classes), "num_layers": len(cfg.fanouts), "dropout": cfg.dropout,
-            "heads": cfg.heads}
+    spec = model_spec(cfg, dataset)
     save_model(Path(cfg.checkpoint_dir) / "model.pt", model, spec, asdict(cfg),
                dataset.meta.get("load", {"name": dataset.name}))
 
@@ -392,6 +404,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         keep_freed_heap()
     system = SYSTEMS[cfg.system]
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
+    # a size nobody can allocate (10**10 classes in a folder's meta.json) is refused before build_model tries
+    check_model_spec(model_spec(cfg, dataset), f"dataset {dataset.name!r}" + (
+        f" ({dataset.meta['folder']}/meta.json)" if "folder" in dataset.meta else ""))
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset.features.shape[1], cfg.hidden, dataset.num_classes,
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)

@@ -185,7 +185,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     from gsplit.feature_store import parse_size
     from gsplit.launch.torchrun import init_from_env, started_by_torchrun
     from gsplit.systems import SYSTEMS
-    from gsplit.trainer import TrainConfig, train_rank
+    from gsplit.model_io import check_model_spec
+    from gsplit.trainer import TrainConfig, model_spec, train_rank
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda but CUDA is not available here (no GPU or a CPU-only torch); use --device cpu "
@@ -245,6 +246,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     if ds.train_idx.numel() == 0:
         raise CliError(f"dataset {ds.name} has no training vertices: nothing to train; check its split options "
                        f"(e.g. -D split_fractions=0.6,0.2,0.2)")
+    check_model_spec(model_spec(cfg, ds), _model_source(ds))  # before anything builds it (a 10**10-class layer)
     if guard is not None:
         guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
     if (partitioned or args.system == "full") and parts > 1:
@@ -310,6 +312,12 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     _finish_log(args, result, ds, t)
     _report_final(result, report)
     return 0
+
+
+def _model_source(ds) -> str:
+    """What a model check names: a dataset folder's meta.json (it gives the classes), else the options."""
+    folder = ds.meta.get("folder")
+    return f"{Path(folder) / 'meta.json'}" if folder else f"dataset {ds.name!r} with --hidden and --fanouts"
 
 
 def _check_given_map(partition: Optional[str], ds, parts: int) -> None:
