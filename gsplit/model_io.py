@@ -134,11 +134,13 @@ def file_digest(obj: Dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def check_model_spec(spec: Any, where: str, memory: Optional[int] = None) -> None:
+def check_model_spec(spec: Any, where: str, memory: Optional[int] = None,
+                     fix: str = "check the file (a damaged or hand-edited description?)") -> None:
     """Refuse, in one ``ValueError`` naming ``where``, a model description that cannot build its model:
     not exactly ``build_model``'s arguments, a size that is not a positive integer, a dropout outside
     [0, 1), an unknown model, or parameters larger than ``memory`` bytes (default: the host memory
     available now). The model is built on the ``meta`` device to count them: nothing is allocated.
+    ``fix`` ends the message: what to do.
 
     Example:
         >>> spec = dict(name="sage", in_feats=4, hidden=8, num_classes=3, num_layers=2, dropout=0.0, heads=1)
@@ -151,7 +153,6 @@ def check_model_spec(spec: Any, where: str, memory: Optional[int] = None) -> Non
     from gsplit.nn.models import MODELS, build_model
     from gsplit.resources import available_memory
 
-    fix = "check the file (a damaged or hand-edited description?)"
     if not isinstance(spec, dict):
         raise ValueError(f"{where}: the model description is a {type(spec).__name__}, not a dict of "
                          f"build_model's arguments; {fix}")

@@ -246,7 +246,9 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     if ds.train_idx.numel() == 0:
         raise CliError(f"dataset {ds.name} has no training vertices: nothing to train; check its split options "
                        f"(e.g. -D split_fractions=0.6,0.2,0.2)")
-    check_model_spec(model_spec(cfg, ds), _model_source(ds))  # before anything builds it (a 10**10-class layer)
+    # before anything builds the model: a folder's meta.json with 10**10 classes, or a --hidden too large
+    where, fix = _model_source(ds)
+    check_model_spec(model_spec(cfg, ds), where, fix=fix)
     if guard is not None:
         guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
     if (partitioned or args.system == "full") and parts > 1:
@@ -314,10 +316,13 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     return 0
 
 
-def _model_source(ds) -> str:
-    """What a model check names: a dataset folder's meta.json (it gives the classes), else the options."""
+def _model_source(ds):
+    """``(where, fix)`` of a model check: a dataset folder's meta.json (it gives the classes), else the options."""
     folder = ds.meta.get("folder")
-    return f"{Path(folder) / 'meta.json'}" if folder else f"dataset {ds.name!r} with --hidden and --fanouts"
+    options = "or pass a smaller --hidden, --heads or fewer --fanouts"
+    if folder:
+        return f"{Path(folder) / 'meta.json'}", f"check its num_classes (a damaged or hand-edited file?) {options}"
+    return f"dataset {ds.name!r} with these options", "pass a smaller --hidden, --heads or fewer --fanouts"
 
 
 def _check_given_map(partition: Optional[str], ds, parts: int) -> None:
