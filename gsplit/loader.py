@@ -177,11 +177,20 @@ class RankLoader:
         budget = parse_size(memory) if memory is not None else default_budget(self.device, self.comm.world_size)
         graph = self.graph
         max_degree = int(graph.in_degrees().max()) if graph.num_nodes else 0
-        # every rank lowers alike (same graph, fanouts, targets); the first rank of the job says so, once
+        # the ranks of a group exchange ids per macrobatch, so they must use one size: the smallest of theirs
+        # (their default budgets are read at different moments); the first rank of the job says it, once
         first = self.comm.rank == 0 and self.replica_rank == 0
         return fit_macrobatch(int(size), lambda b: macrobatch_bytes(
             b, sampler.fanouts, targets, graph.num_nodes, graph.num_edges, max_degree, row_bytes, shuffled), budget,
-            warn=first)
+            warn=first, agree=self._smallest_of_group)
+
+    def _smallest_of_group(self, value: int) -> int:
+        """The smallest ``value`` of this loader's ranks (itself on one rank)."""
+        if self.comm.world_size == 1:
+            return value
+        values: List = [None] * self.comm.world_size
+        dist.all_gather_object(values, int(value), group=self.comm.group)
+        return min(values)
 
     def _macrobatches(self, epoch: int, start: int) -> Iterator[List[Tuple[int, torch.Tensor]]]:
         """The ``(iteration, global mini-batch)`` pairs of ``epoch`` from ``start`` on, in macrobatches."""

@@ -296,8 +296,8 @@ def test_a_huge_macrobatch_is_lowered_at_once():
             assert fit_macrobatch(size, lambda b: b * 100, budget) == want, (size, budget)
 
 
-def lowering_warnings(rank, world_size):
-    """The WARNING lines this rank's loader logged while lowering macrobatch=10**9."""
+def lowering_warnings(rank, world_size, budgets):
+    """The WARNING lines this rank's loader logged while lowering macrobatch=10**9 to ``budgets[rank]``."""
     graph, feats, labels, train_idx = make_problem()
     owner = torch.arange(graph.num_nodes) % world_size
     records = []
@@ -308,18 +308,23 @@ def lowering_warnings(rank, world_size):
     logger.setLevel(logging.DEBUG)
     try:
         loader = make_loader("split", graph, feats, labels, train_idx, owner, world_size, 10 ** 9,
-                             macrobatch_memory="200K")
+                             macrobatch_memory=budgets[rank])
     finally:
         logger.removeHandler(handler)
     return loader.macrobatch, [r.getMessage() for r in records if r.levelno >= logging.WARNING]
 
 
-def test_the_lowering_is_said_once_not_per_rank():
-    per_rank = launch(lowering_warnings, 2, devices="cpu", timeout=180)
-    sizes = {size for size, _ in per_rank}
-    assert len(sizes) == 1 and 1 <= sizes.pop() < 10 ** 9, per_rank
+def test_the_lowering_is_said_once_not_per_rank_and_the_ranks_agree():
+    """Rank 1's budget is smaller (as default budgets, read at different moments, may be): both ranks use its
+    size, since they exchange ids per macrobatch, and rank 0 alone says so."""
+    alone = [lowering_warnings(0, 1, [budget])[0] for budget in ("200K", "100K")]
+    assert 1 <= alone[1] < alone[0] < 10 ** 9, alone  # each budget alone gives its own size
+    per_rank = launch(lowering_warnings, 2, args=(["200K", "100K"],), devices="cpu", timeout=180)
+    smaller = alone[1]
+    assert [size for size, _ in per_rank] == [smaller, smaller], (per_rank, alone)
     assert [len(w) for _, w in per_rank] == [1, 0], per_rank
     assert "macrobatch=1000000000 needs about" in per_rank[0][1][0]
+    assert f"using macrobatch={smaller} " in per_rank[0][1][0]
 
 
 def test_the_estimate_bounds_what_a_macrobatch_holds():
