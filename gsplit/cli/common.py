@@ -100,7 +100,9 @@ def _prepare_kernels() -> None:
         os.environ["GSPLIT_SKIP_EXTENSIONS"] = ",".join(report.failed)
 
 
-def _read_ids(path: str, num_nodes: int) -> torch.Tensor:
+def _read_ids(path: str, num_nodes: int, dataset=None) -> torch.Tensor:
+    """The vertex indices ``--ids FILE`` names. With ``dataset`` its ids are the dataset's source ids
+    (:meth:`gsplit.datasets.Dataset.vertices`: an edge list's own ids); a boolean mask is one entry per vertex."""
     from gsplit.data.graph import as_vertex_ids
     from gsplit.runtime.io import load_npy
 
@@ -113,7 +115,10 @@ def _read_ids(path: str, num_nodes: int) -> torch.Tensor:
             arr = np.loadtxt(path, dtype=np.int64, ndmin=1)
         except ValueError as e:
             raise CliError(f"--ids {path}: not one integer vertex id a line ({e})") from e
-    return as_vertex_ids(torch.from_numpy(np.asarray(arr)), num_nodes, f"--ids {path}")
+    ids = torch.from_numpy(np.asarray(arr))
+    if dataset is not None and ids.dtype != torch.bool:
+        return dataset.vertices(ids, f"--ids {path}")
+    return as_vertex_ids(ids, num_nodes, f"--ids {path}")
 
 
 def _model_and_dataset(args):
@@ -121,7 +126,7 @@ def _model_and_dataset(args):
     from gsplit.run.model_io import describe, load_model
     from gsplit.run.predict import check_model_fits
 
-    mf = load_model(args.checkpoint)
+    mf = load_model(args.checkpoint, trust=args.trust_model)
     print(f"model {args.checkpoint}: {describe(mf)}", flush=True)
     if args.dataset is not None:
         ds = _load_dataset(args)
@@ -145,7 +150,7 @@ def _run_inference(args, ds, id_sets, predict_ids=None):
     print(f"layer-wise inference on {ranks} rank(s)", flush=True)
     path = args.checkpoint if not Path(args.checkpoint).is_dir() else str(Path(args.checkpoint) / "model.pt")
     return evaluate_model(path, ds, id_sets, predict_ids, num_ranks=ranks, device=args.device,
-                          batch_size=args.batch_size)
+                          batch_size=args.batch_size, trust=args.trust_model)
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -156,6 +161,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="dataset to run on (default: the one model.pt was trained on, with its -D options)")
     p.add_argument("-D", dest="dataset_opts", action="append", metavar="KEY=VALUE",
                    help="dataset option with --dataset, repeatable")
+    p.add_argument("--trust-model", action="store_true",
+                   help="load a model file whose digest is missing, of an older gsplit (weights only) or does not "
+                        "match (a file you edited yourself); its description is still checked")
 
 
 def _add_inference_args(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ def cmd_eval(args) -> int:
         raise CliError(f"--split {args.split}: unknown set(s) {bad}; use train, val, test, all")
     id_sets = {s: all_sets[s] for s in names}
     if args.ids:
-        id_sets[args.ids] = _read_ids(args.ids, ds.num_nodes)
+        id_sets[args.ids] = _read_ids(args.ids, ds.num_nodes, ds)  # the dataset's own ids (an edge list's)
     empty = [s for s, ids in id_sets.items() if not ids.numel()]
     if len(empty) == len(id_sets):
         raise CliError(f"every vertex set asked for is empty ({empty}) on dataset {ds.name}")
@@ -39,6 +39,6 @@ def add_parser(sub) -> None:
                    help="comma-separated vertex sets to score: train, val, test, all")
     p.add_argument("--ids", metavar="FILE",
                    help="also score these vertices: .npy of ids or a boolean mask, or a text file, one id "
-                        "a line")
+                        "a line; ids as in the dataset's source (an edge list's own ids)")
     _add_inference_args(p)
     p.set_defaults(func=cmd_eval)

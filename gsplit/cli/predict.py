@@ -18,14 +18,18 @@ def cmd_predict(args) -> int:
         raise CliError(f"--out {args.out}: write .csv, .npy or .npz")
     check_writable(out, "--out file", replace=True)
     mf, ds = _model_and_dataset(args)
-    ids = _read_ids(args.ids, ds.num_nodes) if args.ids else torch.arange(ds.num_nodes)
+    ids = _read_ids(args.ids, ds.num_nodes, ds) if args.ids else torch.arange(ds.num_nodes)
+    if ds.node_ids is not None:  # renumbered by its loader: the user's ids in, the user's ids out
+        print(f"vertex ids: those of {ds.meta.get('source', 'the source')} (the dataset renumbered them 0..N-1 and "
+              f"keeps the originals)", flush=True)
     res = _run_inference(args, ds, {}, predict_ids=ids)
     logits = res.predictions
     pred = logits.argmax(1)
+    named = ds.source_ids(ids)
     from gsplit.runtime.io import atomic_write_bytes
 
     if out.suffix == ".csv":
-        atomic_write_bytes(out, "vertex,prediction\n" + "".join(f"{v},{p}\n" for v, p in zip(ids.tolist(), pred.tolist())))
+        atomic_write_bytes(out, "vertex,prediction\n" + "".join(f"{v},{p}\n" for v, p in zip(named.tolist(), pred.tolist())))
     else:
         import io
 
@@ -33,7 +37,7 @@ def cmd_predict(args) -> int:
         if out.suffix == ".npy":
             np.save(buf, pred.numpy())
         else:
-            np.savez(buf, ids=ids.numpy(), prediction=pred.numpy(), logits=logits.numpy())
+            np.savez(buf, ids=named.numpy(), prediction=pred.numpy(), logits=logits.numpy())
         atomic_write_bytes(out, buf.getvalue())
     print(f"predictions of {ids.numel()} vertices written to {out} ({res.seconds:.1f}s)")
     return 0
@@ -45,9 +49,9 @@ def add_parser(sub) -> None:
     _add_model_args(p)
     p.add_argument("--ids", metavar="FILE",
                    help="vertices to predict: .npy of ids or a boolean mask, or a text file, one id a line "
-                        "(default: every vertex)")
+                        "(default: every vertex); ids as in the dataset's source: an edge list's own ids")
     p.add_argument("--out", required=True, metavar="FILE",
                    help=".csv (vertex,prediction), .npy (predicted class per vertex of --ids) or .npz "
-                        "(ids, prediction, logits)")
+                        "(ids, prediction, logits); vertex ids as in the dataset's source (an edge list's own ids)")
     _add_inference_args(p)
     p.set_defaults(func=cmd_predict)

@@ -20,7 +20,7 @@ from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_grap
                                check_output_folder, default_num_ranks)
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
                                 check_dataset_options, parse_dataset_options, parse_fanouts)
-from gsplit.runtime.io import append_jsonl, check_writable
+from gsplit.runtime.io import append_jsonl, check_writable, trim_run_log
 
 
 def print_epoch(record: dict) -> None:
@@ -185,7 +185,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     from gsplit.data.feature_store import parse_size
     from gsplit.launcher.torchrun import init_from_env, started_by_torchrun
     from gsplit.run.systems import SYSTEMS
-    from gsplit.run.trainer import TrainConfig, train_rank
+    from gsplit.run.model_io import check_model_spec
+    from gsplit.run.trainer import TrainConfig, model_spec, train_rank
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda but CUDA is not available here (no GPU or a CPU-only torch); use --device cpu "
@@ -233,7 +234,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       prefetch=args.prefetch, uva=args.uva, ranks_per_host=parts if parts != ranks else 0,
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
-                      overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch)
+                      overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch,
+                      keep_epochs=1)  # every record goes to the log as its epoch ends: memory stays flat
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -244,6 +246,9 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     if ds.train_idx.numel() == 0:
         raise CliError(f"dataset {ds.name} has no training vertices: nothing to train; check its split options "
                        f"(e.g. -D split_fractions=0.6,0.2,0.2)")
+    # before anything builds the model: a folder's meta.json with 10**10 classes, or a --hidden too large
+    where, fix = _model_source(ds)
+    check_model_spec(model_spec(cfg, ds), where, fix=fix)
     if guard is not None:
         guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
     if (partitioned or args.system == "full") and parts > 1:
@@ -293,6 +298,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
         resumed = {} if guard is None or guard.saved is None else {"resumed_from": dict(guard.saved.counters)}
         if not args.resume:  # a new run starts the log afresh; a resumed one appends to its run's log
             Path(args.log).write_bytes(b"")
+        else:  # less what it logs again: every epoch is in the log exactly once, however the run stopped
+            trim_run_log(args.log, int(resumed.get("resumed_from", {}).get("epoch", 0)))
         append_jsonl(args.log, {**_run_record(args, ds, ranks, cfg), **resumed})
     report = EpochReport(args.log, _tensorboard(args))
     t = time.perf_counter()
@@ -307,6 +314,15 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     _finish_log(args, result, ds, t)
     _report_final(result, report)
     return 0
+
+
+def _model_source(ds):
+    """``(where, fix)`` of a model check: a dataset folder's meta.json (it gives the classes), else the options."""
+    folder = ds.meta.get("folder")
+    options = "or pass a smaller --hidden, --heads or fewer --fanouts"
+    if folder:
+        return f"{Path(folder) / 'meta.json'}", f"check its num_classes (a damaged or hand-edited file?) {options}"
+    return f"dataset {ds.name!r} with these options", "pass a smaller --hidden, --heads or fewer --fanouts"
 
 
 def _check_given_map(partition: Optional[str], ds, parts: int) -> None:
@@ -423,7 +439,8 @@ def _report_final(result: dict, report: "EpochReport") -> None:
     if accs:
         print(f"final accuracy (layer-wise inference over the whole graph): {'  '.join(accs)}", flush=True)
     if report.tensorboard is not None:
-        report.tensorboard.final(result, step=len(result.get("epochs", [])))
+        epochs = result.get("epochs") or [{"epoch": -1}]  # the run keeps its last record only (keep_epochs)
+        report.tensorboard.final(result, step=int(epochs[-1]["epoch"]) + 1)
         report.tensorboard.close()
 
 

@@ -50,7 +50,9 @@ class Dataset:
     synthetic_labels: bool = False
     """True when ``labels`` were generated at random (the source had none), so accuracy means nothing."""
     node_ids: Optional[torch.Tensor] = None
-    """int64 ``[num_nodes]``: the source file's id of every vertex when ids were remapped, else None."""
+    """int64 ``[num_nodes]``: the source file's id of every vertex when the loader renumbered them (an edge
+    list's ids, 1-based or ~1e12, become ``0..N-1``), else None (the vertex index is the source's id).
+    :meth:`source_ids` and :meth:`vertices` translate; ``gsplit predict`` and ``eval --ids`` speak these ids."""
     communities: Optional[torch.Tensor] = None
     """int64 ``[num_nodes]``: planted community of every vertex (synthetic graphs only), else None."""
     meta: Dict[str, Any] = field(default_factory=dict)
@@ -121,6 +123,55 @@ class Dataset:
                 if t.shape[0] != n:
                     raise ValueError(f"{what} has {t.shape[0]} entries but the graph has {n} vertices")
 
+    # ------------------------------------------------------------------ the source's vertex ids
+    def source_ids(self, vertices: torch.Tensor) -> torch.Tensor:
+        """The source's own ids of ``vertices`` (indices ``0..N-1``): :attr:`node_ids` at them, or the indices
+        themselves when the loader kept the source's numbering.
+
+        Example:
+            >>> ds = _renumbered_example()
+            >>> ds.source_ids(torch.tensor([0, 2])).tolist()
+            [10, 1000000000000]
+        """
+        vertices = torch.as_tensor(vertices, dtype=torch.int64)
+        return vertices.clone() if self.node_ids is None else self.node_ids[vertices]
+
+    def vertices(self, ids, what: str = "vertex ids") -> torch.Tensor:
+        """Vertex indices (``0..N-1``) of the source's own ids ``ids`` (the inverse of :meth:`source_ids`);
+        ``ValueError`` naming the ids the dataset does not have, how many, and what ids it has.
+
+        Example:
+            >>> ds = _renumbered_example()
+            >>> ds.vertices([1000000000000, 10]).tolist()
+            [2, 0]
+            >>> ds.vertices([11, 12], "--ids ids.txt")
+            Traceback (most recent call last):
+            ...
+            ValueError: --ids ids.txt: 2 of 2 ids are not vertices of dataset 'example' (e.g. 11, 12); its vertex ids are those of its source file (node_ids: 3 ids from 10 to 1000000000000)
+        """
+        t = torch.as_tensor(np.asarray(ids)) if not isinstance(ids, torch.Tensor) else ids
+        if t.dtype.is_floating_point or t.dtype == torch.bool or t.dim() != 1:
+            raise ValueError(f"{what} must be a 1-D array of integer vertex ids, got {t.dtype} of shape "
+                             f"{tuple(t.shape)}")
+        t = t.to(torch.int64)
+        if self.node_ids is None:
+            self.graph.check_ids(t, what)
+            return t
+        order = torch.argsort(self.node_ids)
+        known = self.node_ids[order]
+        if known.numel() == 0:
+            pos, found = t, torch.zeros_like(t, dtype=torch.bool)
+        else:
+            pos = torch.searchsorted(known, t).clamp_max(known.numel() - 1)
+            found = known[pos] == t
+        if not bool(found.all()):
+            missing = t[~found]
+            raise ValueError(f"{what}: {missing.numel()} of {t.numel()} ids are not vertices of dataset {self.name!r} "
+                             f"(e.g. {', '.join(str(v) for v in missing[:5].tolist())}); its vertex ids are those "
+                             f"of its source file (node_ids: {known.numel()} ids from {int(known[0])} to "
+                             f"{int(known[-1])})")
+        return order[pos]
+
     # ------------------------------------------------------------------ pickling
     def __reduce_ex__(self, protocol):
         """A dataset mapped from a prepared folder (:func:`gsplit.datasets.load_folder`) and still holding the
@@ -161,6 +212,14 @@ class Dataset:
         return (f"Dataset(name={self.name!r}, num_nodes={self.num_nodes}, num_edges={self.num_edges}, "
                 f"feature_dim={self.feature_dim}, num_classes={self.num_classes}, "
                 f"train/val/test={self.train_idx.numel()}/{self.val_idx.numel()}/{self.test_idx.numel()}{extra})")
+
+
+def _renumbered_example() -> "Dataset":
+    """A 3-vertex dataset whose source ids are 10, 20 and 10**12 (the docstring examples' renumbered dataset)."""
+    graph = Graph.from_edges([0, 1], [1, 2], num_nodes=3)
+    return Dataset(graph=graph, features=torch.zeros(3, 1), labels=torch.zeros(3, dtype=torch.int64),
+                   train_idx=torch.tensor([0]), val_idx=torch.tensor([1]), test_idx=torch.tensor([2]), num_classes=1,
+                   name="example", node_ids=torch.tensor([10, 20, 10**12]))
 
 
 def _check_tensor(t, what: str, dtype: torch.dtype, dim: int) -> None:

@@ -167,7 +167,8 @@ class RankLoader:
     def _init_macrobatch(self, size: int, memory, sampler: NeighborSampler, targets: int, row_bytes: int,
                          shuffled: bool) -> int:
         """The macrobatch size to use: ``size`` when its estimated memory fits the budget (``memory``, else
-        :func:`~gsplit.sampling.macrobatch.default_budget`), else lowered with one WARNING line."""
+        :func:`~gsplit.sampling.macrobatch.default_budget`), else lowered, with one WARNING line on the job's first
+        rank."""
         if isinstance(size, bool) or int(size) != size or size < 1:
             raise ValueError(f"macrobatch={size!r}; pass the number of mini-batches sampled and loaded together "
                              "(1: each alone)")
@@ -177,8 +178,20 @@ class RankLoader:
                   else default_budget(self.device, self.comm.world_size))
         graph = self.graph
         max_degree = int(graph.in_degrees().max()) if graph.num_nodes else 0
+        # the ranks of a group exchange ids per macrobatch, so they must use one size: the smallest of theirs
+        # (their default budgets are read at different moments); the first rank of the job says it, once
+        first = self.comm.rank == 0 and self.replica_rank == 0
         return fit_macrobatch(int(size), lambda b: macrobatch_bytes(
-            b, sampler.fanouts, targets, graph.num_nodes, graph.num_edges, max_degree, row_bytes, shuffled), budget)
+            b, sampler.fanouts, targets, graph.num_nodes, graph.num_edges, max_degree, row_bytes, shuffled), budget,
+            warn=first, agree=self._smallest_of_group)
+
+    def _smallest_of_group(self, value: int) -> int:
+        """The smallest ``value`` of this loader's ranks (itself on one rank)."""
+        if self.comm.world_size == 1:
+            return value
+        values: List = [None] * self.comm.world_size
+        dist.all_gather_object(values, int(value), group=self.comm.group)
+        return min(values)
 
     def _macrobatches(self, epoch: int, start: int) -> Iterator[List[Tuple[int, torch.Tensor]]]:
         """The ``(iteration, global mini-batch)`` pairs of ``epoch`` from ``start`` on, in macrobatches."""

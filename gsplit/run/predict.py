@@ -68,14 +68,14 @@ def check_model_fits(spec: dict, dataset, warn: bool = True) -> None:
 
 
 def _rank(rank: int, world_size: int, model_path: str, dataset, id_sets: Dict[str, torch.Tensor],
-          predict_ids: Optional[torch.Tensor], device: str, batch_size: int):
+          predict_ids: Optional[torch.Tensor], device: str, batch_size: int, trust: bool = False):
     import time
 
     from gsplit.launcher import resolve_device
 
     t0 = time.perf_counter()
     dev = resolve_device(device)
-    mf = load_model(model_path)
+    mf = load_model(model_path, trust=trust)
     model = mf.model.to(dev)
     graph = dataset.graph.to(dev) if dev.type == "cuda" else dataset.graph
     result = layerwise_inference(model, graph, dataset.features, batch_size=batch_size, device=dev,
@@ -87,11 +87,12 @@ def _rank(rank: int, world_size: int, model_path: str, dataset, id_sets: Dict[st
 
 def evaluate_model(model_path: Union[str, os.PathLike], dataset, id_sets: Dict[str, torch.Tensor],
                    predict_ids: Optional[torch.Tensor] = None, num_ranks: int = 1, device: str = "auto",
-                   batch_size: int = 4096, **launch_options) -> EvalResult:
+                   batch_size: int = 4096, trust: bool = False, **launch_options) -> EvalResult:
     """Accuracy of the saved model on each vertex set of ``id_sets`` and/or its outputs for ``predict_ids``.
 
     ``num_ranks > 1`` starts that many ranks with :func:`gsplit.launch` (GPUs, else CPU processes) and
-    splits the inference between them.
+    splits the inference between them. ``trust``: :func:`gsplit.run.model_io.load_model`'s (a file without a
+    digest, or one that does not match it).
 
     Example:
         >>> import tempfile, pathlib, gsplit
@@ -106,8 +107,8 @@ def evaluate_model(model_path: Union[str, os.PathLike], dataset, id_sets: Dict[s
         >>> 0 <= res.accuracy["test"] <= 1, tuple(res.predictions.shape)
         (True, (2, 8))
     """
-    check_model_fits(load_model(model_path).spec, dataset)
-    args = (os.fspath(model_path), dataset, id_sets, predict_ids, device, int(batch_size))
+    check_model_fits(load_model(model_path, trust=trust).spec, dataset)
+    args = (os.fspath(model_path), dataset, id_sets, predict_ids, device, int(batch_size), bool(trust))
     if num_ranks <= 1:
         return _rank(0, 1, *args)
     from gsplit.launcher import launch

@@ -30,7 +30,7 @@ from gsplit.run.counters import (EpochCounters, _book_layer_time, _book_train_ti
 from gsplit.data.feature_store import parse_size
 from gsplit.data.graph import Graph
 from gsplit.interop.dgl import SPLIT_FIX  # imports no dgl
-from gsplit.run.model_io import save_model
+from gsplit.run.model_io import check_model_spec, save_model
 from gsplit.minibatch.inference import accuracy, layerwise_inference
 from gsplit.launcher import report_progress, resolve_device
 from gsplit.nn.models import build_model
@@ -124,6 +124,12 @@ class TrainConfig:
     table every rank holds: no bottom id exchange, no feature shuffle) or ``"auto"`` (direct for CPU ranks
     without a cache, else shuffle)."""
 
+    keep_epochs: int = 0
+    """Epoch records :func:`train_rank` keeps and returns in its log's ``epochs``: the last this many (0: all of
+    them, for scripts that read the returned log). A record holds every rank's counters (per iteration with
+    ``log_iterations``), so keeping all of them grows a rank, and the launcher that receives the log, by each
+    epoch's records; ``gsplit train`` keeps 1, since it streams every record to its log as the epoch ends."""
+
     macrobatch: int = 1
     """Split and dp: sample and load this many consecutive mini-batches together, then train on them one by one
     (:mod:`gsplit.sampling.macrobatch`): one id exchange per layer and one load of the union of their input rows
@@ -143,6 +149,8 @@ class TrainConfig:
         if self.macrobatch < 1 or (self.macrobatch > 1 and self.system == "full"):
             raise ValueError(f"macrobatch={self.macrobatch} with system={self.system!r}; pass 1 or more mini-batches "
                              "per macrobatch (full-graph training has one batch per epoch: leave it at 1)")
+        if self.keep_epochs < 0:
+            raise ValueError(f"keep_epochs={self.keep_epochs}; pass how many epoch records to keep, or 0 for all")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every={self.checkpoint_every}; pass iterations between checkpoints, or 0")
         if self.resume and not self.checkpoint_dir:
@@ -213,12 +221,24 @@ class TrainPosition:
     """Optimiser steps taken (iterations trained) since the start of the run."""
 
 
+def model_spec(cfg: TrainConfig, dataset) -> dict:
+    """``build_model``'s arguments for ``cfg`` on ``dataset`` (what model.pt records).
+
+    Example:
+        >>> import gsplit
+        >>> ds = gsplit.datasets.load("synthetic", num_nodes=300, feature_dim=8, num_classes=3)
+        >>> model_spec(TrainConfig(fanouts=[4, 3], hidden=16), ds)["num_classes"]
+        3
+    """
+    return {"name": cfg.model, "in_feats": int(dataset.features.shape[1]), "hidden": cfg.hidden,
+            "num_classes": int(dataset.num_classes), "num_layers": len(cfg.fanouts), "dropout": cfg.dropout,
+            "heads": cfg.heads}
+
+
 def _save_model(cfg: TrainConfig, model, dataset) -> None:
     """``checkpoint_dir/model.pt``, self-describing (:mod:`gsplit.run.model_io`): architecture, training options,
     how to reload the dataset, versions and weights; ``gsplit eval`` / ``gsplit.run.model_io.load_model`` read it."""
-    spec = {"name": cfg.model, "in_feats": int(dataset.features.shape[1]), "hidden": cfg.hidden,
-            "num_classes": int(dataset.num_classes), "num_layers": len(cfg.fanouts), "dropout": cfg.dropout,
-            "heads": cfg.heads}
+    spec = model_spec(cfg, dataset)
     save_model(Path(cfg.checkpoint_dir) / "model.pt", model, spec, asdict(cfg),
                dataset.meta.get("load", {"name": dataset.name}))
 
@@ -384,6 +404,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         keep_freed_heap()
     system = SYSTEMS[cfg.system]
     sampler = NeighborSampler(cfg.fanouts, seed=cfg.seed)
+    # a size nobody can allocate (10**10 classes in a folder's meta.json) is refused before build_model tries
+    check_model_spec(model_spec(cfg, dataset), f"dataset {dataset.name!r}" + (
+        f" ({dataset.meta['folder']}/meta.json)" if "folder" in dataset.meta else ""))
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, dataset.features.shape[1], cfg.hidden, dataset.num_classes,
                         num_layers=len(cfg.fanouts), dropout=cfg.dropout, heads=cfg.heads).to(device)
@@ -440,6 +463,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             tqdm.set_lock(threading.RLock())
             batches = tqdm(train_loader, desc=f"epoch {epoch}", unit="it", leave=False, dynamic_ncols=True)
         faults_before = minor_page_faults()
+        save_at_end = False
         for it, (_, _, blocks) in enumerate(batches, start=position.iteration if epoch == position.epoch else 0):
             stats = train_loader.last_stats
             counters.add_iteration(stats)
@@ -484,8 +508,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             done = it + 1 == len(train_loader) or bool(cfg.max_iters and it + 1 >= cfg.max_iters)
             if cfg.checkpoint_dir and rank == 0 and (position.step % cfg.checkpoint_every == 0 if cfg.checkpoint_every
                                                      else done):
-                _save_checkpoint(cfg, model, opt, epoch + 1 if done else epoch, 0 if done else it + 1, position.step,
-                                 run, reports)
+                if done:  # it claims the whole epoch: saved once the epoch's record is out (below), so that a
+                    save_at_end = True  # stop in between never leaves an epoch done but absent from the log
+                else:
+                    _save_checkpoint(cfg, model, opt, epoch, it + 1, position.step, run, reports)
             report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
             reports += 1
             if cfg.max_iters and it + 1 >= cfg.max_iters:
@@ -523,8 +549,12 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         if cfg.log_iterations:
             record["balance"] = iteration_balance(per_rank)
         history.append(record)
+        if cfg.keep_epochs and len(history) > cfg.keep_epochs:  # the older ones went to report() already
+            del history[:-cfg.keep_epochs]
         if rank == 0 and report is not None:
             report(record)
+        if save_at_end:  # after the record (see above); evaluation changed neither model nor optimiser
+            _save_checkpoint(cfg, model, opt, epoch + 1, 0, position.step, run, reports)
     if cfg.checkpoint_dir and rank == 0:  # the trained model, whatever the checkpoint schedule
         _save_model(cfg, model, dataset)
     final = final_evaluation(cfg, model, dataset, owner, comm, device, graph=graph) \

@@ -33,8 +33,8 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Unio
 import numpy as np
 
 __all__ = ["atomic_file", "atomic_write_bytes", "atomic_write_json", "atomic_save_npy", "write_array_dir", "read_meta",
-           "load_npy", "check_writable", "append_jsonl", "read_run_log", "file_stamp", "stamp_status",
-           "file_error_line"]
+           "load_npy", "check_writable", "append_jsonl", "read_run_log", "trim_run_log", "file_stamp",
+           "stamp_status", "file_error_line"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -441,6 +441,47 @@ def read_run_log(path: PathLike) -> Dict[str, Any]:
         else:
             raise ValueError(f"{p}: line {n} has record type {kind!r}; is this a gsplit run log?")
     return out
+
+
+def trim_run_log(path: PathLike, first_epoch: int) -> int:
+    """Before a resumed run appends to its log: drop the epoch records from ``first_epoch`` on and any summary.
+
+    The resumed run trains (and logs) every epoch from ``first_epoch`` on again, a partial one included, so a
+    record the stopped run wrote for one of them (written before the stop, its checkpoint never saved) would
+    appear twice; the run's earlier records and its ``run`` records stay, and the file is rewritten
+    atomically. A missing or empty file is left alone. Returns the number of records dropped.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "run.jsonl"
+        >>> for rec in ({"type": "run"}, {"type": "epoch", "epoch": 0}, {"type": "epoch", "epoch": 1}):
+        ...     append_jsonl(p, rec)
+        >>> trim_run_log(p, 1), [e["epoch"] for e in read_run_log(p)["epochs"]]
+        (1, [0])
+    """
+    p = Path(path)
+    if not p.is_file():
+        return 0
+    lines = p.read_text(encoding="utf-8").splitlines()
+    kept, dropped = [], 0
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # a line cut short by the stop
+                dropped += 1
+                break
+            raise ValueError(f"{p}: line {n} is not JSON ({e}); pass --log a gsplit run log, or a new file") from None
+        kind = rec.get("type") if isinstance(rec, dict) else None
+        if kind == "summary" or (kind == "epoch" and int(rec.get("epoch", 0)) >= first_epoch):
+            dropped += 1
+        else:
+            kept.append(line + "\n")
+    if dropped:
+        atomic_write_bytes(p, "".join(kept))
+    return dropped
 
 
 # what to do about a file operation that failed, by errno (the rest: the message says enough)

@@ -90,23 +90,42 @@ def macrobatch_bytes(size: int, fanouts: Sequence[int], targets: int, num_nodes:
     return size * per_batch + union * row_bytes * (2 if shuffled else 1) + vertices * row_bytes
 
 
-def fit_macrobatch(size: int, bytes_of, budget: int, what: str = "macrobatch") -> int:
+def fit_macrobatch(size: int, bytes_of, budget: int, what: str = "macrobatch", warn: bool = True,
+                   agree=None) -> int:
     """The largest macrobatch ``<= size`` whose estimate ``bytes_of(B)`` fits ``budget`` bytes (at least 1):
-    ``size`` itself when it fits, else the lowered size, said in one WARNING line.
+    ``size`` itself when it fits, else the lowered size, said in one WARNING line when ``warn`` (a loader
+    passes ``warn`` on one rank only, so a job says it once; the others log it at DEBUG). ``agree(B)``, when
+    given, turns this rank's answer into the group's (a loader's: the smallest over its ranks, whose budgets,
+    read from the memory available at slightly different moments, may differ), before it is said.
+
+    ``bytes_of`` must not decrease with ``B`` (:func:`macrobatch_bytes` does not): the size is found by
+    bisection, ~log2(size) estimates, so ``macrobatch=10**9`` is lowered at once instead of one by one.
 
     Example:
         >>> fit_macrobatch(16, lambda b: b * 100, budget=450)
+        4
+        >>> fit_macrobatch(10**9, lambda b: b * 100, budget=450)
         4
     """
     if size < 1:
         raise ValueError(f"{what}={size}; pass the number of mini-batches sampled and loaded together (1: each alone)")
     fits = size
-    while fits > 1 and bytes_of(fits) > budget:
-        fits -= 1
-    if fits < size:
-        log.warning("%s=%d needs about %.1f MiB per rank (estimated), above the budget of %.1f MiB; using %s=%d "
-                    "(about %.1f MiB); pass the loader a larger macrobatch_memory= to allow more",
-                    what, size, bytes_of(size) / 2**20, budget / 2**20, what, fits, bytes_of(fits) / 2**20)
+    if size > 1 and bytes_of(size) > budget:
+        fits, too_big = 1, size  # bytes_of(too_big) > budget; fits is 1 or fits the budget
+        while too_big - fits > 1:
+            mid = (fits + too_big) // 2
+            if bytes_of(mid) <= budget:
+                fits = mid
+            else:
+                too_big = mid
+    if agree is not None:
+        fits = int(agree(fits))
+    if fits == size:
+        return size
+    log.log(logging.WARNING if warn else logging.DEBUG,
+            "%s=%d needs about %.1f MiB per rank (estimated), above the budget of %.1f MiB; using %s=%d "
+            "(about %.1f MiB); pass the loader a larger macrobatch_memory= to allow more",
+            what, size, bytes_of(size) / 2**20, budget / 2**20, what, fits, bytes_of(fits) / 2**20)
     return fits
 
 

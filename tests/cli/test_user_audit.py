@@ -100,6 +100,9 @@ def test_a_model_file_whose_description_does_not_fit_its_weights_is_refused_in_o
     obj["model"]["hidden"] = 32
     torch.save(obj, path)
     assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu"]) == 2
+    line = _one_error_line(capsys.readouterr().err)  # the digest covers the description: changed
+    assert "has been changed since it was written" in line and "--trust-model" in line
+    assert main(["eval", "--checkpoint", str(path), "--num-ranks", "1", "--device", "cpu", "--trust-model"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "do not fit the model its description builds" in line and "in the file but" in line
 

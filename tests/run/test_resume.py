@@ -73,3 +73,54 @@ def test_resume_without_checkpoint_dir_is_refused():
     from gsplit.cli import main
 
     assert main(["train", "--resume", "--epochs", "1"]) == 2
+
+
+# ---------------------------------------------------------------- a stop never loses (or repeats) a log record
+TINY = ["train", "--dataset", "synthetic", "-D", "num_nodes=600", "-D", "avg_degree=6", "-D", "feature_dim=8",
+        "--num-ranks", "1", "--fanouts", "4,3", "--batch-size", "128", "--hidden", "8", "--device", "cpu",
+        "--epochs", "3"]
+
+
+def _logged_epochs(log: Path) -> list:
+    return [rec["epoch"] for rec in map(__import__("json").loads, log.read_text().splitlines())
+            if rec.get("type") == "epoch"]
+
+
+@pytest.mark.parametrize("stop_in", ["evaluate", "save_checkpoint"])
+def test_a_stop_between_an_epoch_and_its_checkpoint_loses_no_record(tmp_path, monkeypatch, stop_in):
+    """Ctrl-C during epoch 0's evaluation (its last step done), or while its checkpoint is being saved (its
+    record written), then --resume: the log holds epochs 0, 1 and 2 exactly once each and reads complete."""
+    import gsplit.run.trainer
+    from gsplit.cli import main
+
+    real = getattr(gsplit.run.trainer, stop_in)
+    calls = []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:  # the first evaluation / save: epoch 0's
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(gsplit.run.trainer, stop_in, interrupted)
+    log, ck = tmp_path / "run.jsonl", tmp_path / "ck"
+    assert main([*TINY, "--checkpoint", str(ck), "--log", str(log)]) == 130
+    assert _logged_epochs(log) == ([] if stop_in == "evaluate" else [0])
+    monkeypatch.undo()
+    assert main([*TINY, "--checkpoint", str(ck), "--log", str(log), "--resume"]) == 0
+    assert _logged_epochs(log) == [0, 1, 2]
+    run = read_run_log(log)
+    assert run["complete"] is True and [e["epoch"] for e in run["epochs"]] == [0, 1, 2]
+    assert all("val_acc" in e for e in run["epochs"])
+
+
+def test_resuming_a_finished_epoch_keeps_its_record_once(tmp_path):
+    """A run stopped after epoch 1's checkpoint resumes at epoch 2: epochs 0 and 1 stay, 2 is added once."""
+    from gsplit.cli import main
+
+    log, ck = tmp_path / "run.jsonl", tmp_path / "ck"
+    assert main([*TINY, "--epochs", "2", "--checkpoint", str(ck), "--log", str(log)]) == 0
+    assert main([*TINY, "--checkpoint", str(ck), "--log", str(log), "--resume"]) == 0
+    run = read_run_log(log)
+    assert _logged_epochs(log) == [0, 1, 2] and run["complete"] is True
+    assert sum(1 for line in log.read_text().splitlines() if '"type": "summary"' in line) == 1

@@ -153,7 +153,7 @@ def test_one_writer_per_folder(tmp_path, capsys):
     assert rc == 0, err
 
 
-def test_resume_appends_to_the_log_and_marks_the_partial_epoch(tmp_path, capsys):
+def test_resume_appends_to_the_log_and_logs_the_resumed_epoch_once(tmp_path, capsys):
     ck, log = tmp_path / "ck", tmp_path / "run.jsonl"
     rc, _, err = run(capsys, "--epochs", "1", "--checkpoint", str(ck), "--checkpoint-every", "3", "--log", str(log))
     assert rc == 0, err
@@ -163,13 +163,14 @@ def test_resume_appends_to_the_log_and_marks_the_partial_epoch(tmp_path, capsys)
     rc, out, err = run(capsys, "--epochs", "1", "--checkpoint", str(ck), "--resume", "--log", str(log))
     assert rc == 0, err
     text = log.read_text()
-    assert text.startswith(first)  # appended, not truncated
+    assert text.startswith(first.splitlines()[0] + "\n")  # appended to the run's log, not started afresh
     records = [json.loads(line) for line in text.splitlines()]
-    assert [r["type"] for r in records] == ["run", "epoch", "summary", "run", "epoch", "summary"]
-    assert records[3]["resumed_from"]["step"] == 3
-    assert records[1].get("partial") is None
-    assert records[4]["partial"] is True and records[4]["first_iteration"] == 3 and records[4]["iterations"] == 5
-    assert len(read_run_log(log)["epochs"]) == 2
+    # epoch 0 is trained (and logged) again from iteration 3: the stopped run's record of it and its summary
+    # are dropped, so that the epoch is in the log once (a stop after a record but before its checkpoint)
+    assert [r["type"] for r in records] == ["run", "run", "epoch", "summary"]
+    assert records[1]["resumed_from"]["step"] == 3
+    assert records[2]["partial"] is True and records[2]["first_iteration"] == 3 and records[2]["iterations"] == 5
+    assert len(read_run_log(log)["epochs"]) == 1
 
 
 def test_leftovers_of_interrupted_saves_are_removed_at_startup(saved, capsys):

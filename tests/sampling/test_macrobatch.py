@@ -279,6 +279,54 @@ def test_a_macrobatch_that_does_not_fit_is_lowered_with_one_warning(caplog):
     assert fit_macrobatch(3, lambda b: 10 ** 9, budget=1) == 1  # even one batch "too big": B = 1, as always
 
 
+def test_a_huge_macrobatch_is_lowered_at_once():
+    """B = 10**9 is lowered by bisection (a few dozen estimates), to the largest B that fits, not one by one."""
+    calls = []
+
+    def bytes_of(b):
+        calls.append(b)
+        return 1000 + 100 * b
+
+    assert fit_macrobatch(10 ** 9, bytes_of, budget=1000 + 100 * 12345) == 12345
+    assert len(calls) <= 40, len(calls)
+    assert fit_macrobatch(10 ** 9, lambda b: 10 ** 9 * b, budget=1) == 1
+    for size in range(1, 40):  # every answer is the largest that fits, as the one-by-one search gave
+        for budget in (0, 250, 450, 1000, 10 ** 6):
+            want = next((b for b in range(size, 0, -1) if b * 100 <= budget), 1)
+            assert fit_macrobatch(size, lambda b: b * 100, budget) == want, (size, budget)
+
+
+def lowering_warnings(rank, world_size, budgets):
+    """The WARNING lines this rank's loader logged while lowering macrobatch=10**9 to ``budgets[rank]``."""
+    graph, feats, labels, train_idx = make_problem()
+    owner = torch.arange(graph.num_nodes) % world_size
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    logger = logging.getLogger("gsplit.sampling.macrobatch")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        loader = make_loader("split", graph, feats, labels, train_idx, owner, world_size, 10 ** 9,
+                             macrobatch_memory=budgets[rank])
+    finally:
+        logger.removeHandler(handler)
+    return loader.macrobatch, [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+
+
+def test_the_lowering_is_said_once_not_per_rank_and_the_ranks_agree():
+    """Rank 1's budget is smaller (as default budgets, read at different moments, may be): both ranks use its
+    size, since they exchange ids per macrobatch, and rank 0 alone says so."""
+    alone = [lowering_warnings(0, 1, [budget])[0] for budget in ("200K", "100K")]
+    assert 1 <= alone[1] < alone[0] < 10 ** 9, alone  # each budget alone gives its own size
+    per_rank = launch(lowering_warnings, 2, args=(["200K", "100K"],), devices="cpu", timeout=180)
+    smaller = alone[1]
+    assert [size for size, _ in per_rank] == [smaller, smaller], (per_rank, alone)
+    assert [len(w) for _, w in per_rank] == [1, 0], per_rank
+    assert "macrobatch=1000000000 needs about" in per_rank[0][1][0]
+    assert f"using macrobatch={smaller} " in per_rank[0][1][0]
+
+
 def test_the_estimate_bounds_what_a_macrobatch_holds():
     """The bytes of a macrobatch's blocks and rows (measured on the tensors) stay below its estimate."""
     graph, feats, labels, train_idx = make_problem()
