@@ -10,6 +10,7 @@ from gsplit.feature_store import FeatureStore
 from gsplit.fullgraph import FullGraphLoader, recompute_layers
 from gsplit.graph import Graph
 from gsplit.inference import InferenceResult, layerwise_inference
+from gsplit.link import as_edge_prediction_sampler, negative as negative_sampler
 from gsplit.launch import LaunchError, LaunchInterrupted, current_device, launch, report_progress, spawn, world_size
 from gsplit.loader import DataLoader
 from gsplit.nn import sp_forward, split_cross_entropy
@@ -29,5 +30,6 @@ __all__ = [
     "LaunchInterrupted", "report_progress", "world_size", "spawn",
     "layerwise_inference", "InferenceResult",
     "FullGraphLoader", "recompute_layers", "partition_full_graph", "full_graph_stats",
+    "as_edge_prediction_sampler", "negative_sampler",
     "__version__",
 ]

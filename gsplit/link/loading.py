@@ -1,0 +1,57 @@
+"""What :class:`gsplit.DataLoader` does differently for an edge sampler (link prediction), in one place.
+
+The loader's schedule iterates edge ids; each global mini-batch of edges is planned
+(:meth:`~gsplit.link.sampler.EdgePredictionSampler.plan`) into the vertex targets that the split machinery
+samples as usual, with a node sampler that leaves out the excluded edges; the pairs are then split by owner
+(:func:`~gsplit.link.sampler.attach_pairs`). Nothing here runs a collective, so it is safe in the loader's
+prefetch thread.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from gsplit.graph import Graph
+from gsplit.link.sampler import EdgeBatch, EdgePredictionSampler, edge_endpoints
+from gsplit.sampling.neighbor import NeighborSampler
+
+
+def unwrap_edge_sampler(sampler, graph_kind: str, replica_group) -> Tuple[Optional[EdgePredictionSampler], object]:
+    """``(edge_sampler, node_sampler)`` of the loader's ``sampler`` argument: ``(None, sampler)`` for a node
+    sampler; one error line for what link prediction does not support yet.
+
+    Example:
+        >>> s = NeighborSampler([2])
+        >>> unwrap_edge_sampler(s, "gsplit", None) == (None, s)
+        True
+    """
+    if not isinstance(sampler, EdgePredictionSampler):
+        return None, sampler
+    if graph_kind == "dgl":
+        raise TypeError("an edge sampler with a DGLGraph is not supported yet (the loader would yield DGL pair "
+                        "graphs); pass gsplit.Graph.from_edges(*g.edges(), g.num_nodes()), which keeps DGL's edge "
+                        "ids when the edges are sorted by destination, or see the link prediction guide")
+    if replica_group is not None:
+        raise ValueError("an edge sampler with replica_group (several hosts) is not supported yet; train link "
+                         "prediction on one host")
+    return sampler, sampler.sampler
+
+
+def bind_node_sampler(edge_sampler: EdgePredictionSampler, sampler: NeighborSampler, graph: Graph,
+                      train_eids: torch.Tensor) -> Tuple[EdgePredictionSampler, torch.Tensor]:
+    """The edge sampler around the loader's (converted) node sampler, checked against ``graph``, and the
+    vertices the training edges touch (the targets a default partition map is made for)."""
+    edge_sampler = edge_sampler.with_node_sampler(sampler)
+    edge_sampler.check(graph)
+    return edge_sampler, torch.unique(torch.cat(edge_endpoints(graph, train_eids)))
+
+
+def plan_group(edge_sampler: EdgePredictionSampler, graph: Graph, group: Sequence[Tuple[int, torch.Tensor]],
+               epoch: int) -> Tuple[List[Tuple[int, torch.Tensor]], NeighborSampler, List[EdgeBatch]]:
+    """For ``group`` (``(iteration, global edge ids)`` pairs: a mini-batch or a macrobatch's): the
+    ``(iteration, vertex targets)`` pairs to split, the node sampler to split them with, and the planned
+    batches (for :func:`~gsplit.link.sampler.attach_pairs`)."""
+    batches = [edge_sampler.plan(graph, eids, epoch, it) for it, eids in group]
+    return [(b.iteration, b.seeds) for b in batches], edge_sampler.node_sampler(graph, batches), batches
