@@ -1,0 +1,105 @@
+"""``gsplit train --task link``: trains on a seeded edge split, reports MRR and Hits@K, and refuses what it
+does not support (or what makes no sense) in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gsplit.cli import main
+
+DATA = ["--dataset", "synthetic", "-D", "num_nodes=600", "-D", "feature_dim=6"]
+SMALL = ["--fanouts", "4,3", "--hidden", "8", "--batch-size", "64", "--epochs", "2", "--device", "cpu",
+         "--eval-negatives", "20", "--hits-k", "10"]
+
+
+def test_link_training_from_the_command_line(tmp_path, capsys):
+    log = tmp_path / "run.jsonl"
+    argv = ["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "2", "--neg-ratio", "2", "--predictor", "mlp",
+            "--log", str(log)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "validation and" in out and "held out of the message-passing graph" in out
+    assert "final test: MRR" in out and "Hits@10" in out
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["type"] for r in records] == ["run", "epoch", "epoch", "summary"]
+    summary = records[-1]
+    assert summary["task"] == "link" and summary["world_size"] == 2 and summary["exclude"] == "reverse_id"
+    for key in ("final_val_mrr", "final_test_mrr"):
+        assert 1 / 21 <= summary[key] <= 1, key   # a rank among 20 negatives is at most 21
+    for key in ("final_val_hits@10", "final_test_hits@10"):
+        assert 0 <= summary[key] <= 1, key
+    # the model learns: the second epoch's loss is below the first's
+    assert records[2]["loss"] < records[1]["loss"]
+    assert summary["val_edges"] > 0 and summary["test_edges"] > summary["val_edges"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--neg-ratio", "0"], "--neg-ratio 0: pass at least 1"),
+    (["--checkpoint", "ck"], "--checkpoint is not supported with --task link yet"),
+    (["--system", "dp"], "--system is not supported with --task link yet"),
+    (["--edge-split", "0.6,0.5"], "leave none for training"),
+    (["--edge-split", "half"], "pass two fractions VAL,TEST"),
+])
+def test_link_refuses_in_one_line(extra, message, capsys):
+    assert main(["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gsplit: error:") and message in err[0], err
+
+
+def test_link_refuses_graphs_it_cannot_split(tmp_path, capsys):
+    loops = tmp_path / "loops.txt"
+    loops.write_text("0 0\n1 1\n2 2\n")
+    chain = tmp_path / "chain.txt"
+    chain.write_text("".join(f"{i} {i + 1}\n" for i in range(40)))
+    cases = [
+        (["--dataset", f"edgelist:{loops}"], "no edges"),
+        (["--dataset", f"edgelist:{chain}", "-D", "symmetric=false"], "graph is directed"),
+        (["--dataset", "ogbl-collab"], "OGB link datasets"),
+    ]
+    for data, message in cases:
+        assert main(["train", "--task", "link", *data, *SMALL, "--num-ranks", "1"]) == 2, data
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (data, err)
+
+
+def test_edge_split_holds_out_both_directions():
+    import torch
+
+    import gsplit
+    from gsplit.link.edge_split import split_edges
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=1)
+    s = split_edges(ds.graph, 0.1, 0.2, seed=4)
+    assert s.undirected and torch.equal(split_edges(ds.graph, 0.1, 0.2, seed=4).test[1], s.test[1])
+    n = ds.graph.num_nodes
+    train = set((s.graph.edge_dst() * n + s.graph.indices).tolist())
+    held = [(u, v) for part in (s.val, s.test) for u, v in zip(*(t.tolist() for t in part))]
+    assert held and not any(v * n + u in train or u * n + v in train for u, v in held)
+    undirected = int((ds.graph.indices < ds.graph.edge_dst()).sum())
+    assert s.test[0].numel() == round(0.2 * undirected) and s.val[0].numel() == round(0.1 * undirected)
+    assert s.graph.num_edges == ds.graph.num_edges - 2 * len(held)
+
+
+def test_link_trainer_is_the_same_on_one_and_two_ranks():
+    """The same global mini-batches (2 ranks x B edges = 1 rank x 2B), negatives and picks: the same losses
+    and final metrics, up to float32 rounding."""
+    import torch
+
+    import gsplit
+    from gsplit.link.edge_split import split_edges
+    from gsplit.link.train import LinkTrainConfig, train_link_rank
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=400, seed=2, feature_dim=6)
+    split = split_edges(ds.graph, 0.05, 0.1, seed=0)
+    cfg = dict(fanouts=[4, 3], hidden=8, epochs=2, neg_ratio=2, predictor="mlp", eval_negatives=20, hits_k=10,
+               max_iters=4)
+    one = train_link_rank(0, 1, LinkTrainConfig(batch_size=64, **cfg), split, ds.features, ds.graph, None)
+    owner = torch.randint(0, 2, (ds.graph.num_nodes,), generator=torch.Generator().manual_seed(0))
+    two = gsplit.launch(train_link_rank, 2, args=(LinkTrainConfig(batch_size=32, **cfg), split, ds.features,
+                                                  ds.graph, owner))
+    for a, b in zip(one["epochs"], two[0]["epochs"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    for key in ("final_val_mrr", "final_test_mrr", "final_test_hits@10"):
+        assert one[key] == pytest.approx(two[0][key], abs=1e-3) and two[0][key] == two[1][key], key
