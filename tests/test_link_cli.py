@@ -103,3 +103,33 @@ def test_link_trainer_is_the_same_on_one_and_two_ranks():
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
     for key in ("final_val_mrr", "final_test_mrr", "final_test_hits@10"):
         assert one[key] == pytest.approx(two[0][key], abs=1e-3) and two[0][key] == two[1][key], key
+
+
+def test_edge_presampling_counts_the_edge_sampler_s_batches(capsys):
+    """The top level of the weights is how often a vertex is a target: an endpoint of a positive or negative
+    pair of a global edge mini-batch, as the edge sampler plans them; a map made from them partitions."""
+    import torch
+
+    import gsplit
+    from gsplit.link import negative
+    from gsplit.link.presample import presample_edges
+    from gsplit.sampling.batches import global_batches
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=1)
+    eids = torch.arange(0, ds.graph.num_edges, 3)
+    s = gsplit.as_edge_prediction_sampler(gsplit.NeighborSampler([3, 2]), exclude="self",
+                                          negative_sampler=negative.Uniform(2))
+    w = presample_edges(ds.graph, eids, s, batch_size=40, epochs=2, seed=5, num_parts=2)
+    counts, n = torch.zeros(ds.graph.num_nodes), 0
+    for epoch in range(2):
+        for it, batch in enumerate(global_batches(eids, 80, 5, epoch)):
+            counts[s.plan(ds.graph, batch, epoch, it).seeds] += 1
+            n += 1
+    assert w.num_batches == n and torch.allclose(w.level_vertex_weights[-1], counts / n)
+    assert w.batch_size == 80 and w.metadata["task"] == "link"
+    pmap = gsplit.partition(ds.graph, 2, method="gsplit", weights=w)
+    assert sorted(pmap.assignment.unique().tolist()) == [0, 1]
+    argv = ["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "2", "--presample", "sampled",
+            "--presample-epochs", "1", "--epochs", "1"]
+    assert main(argv) == 0
+    assert "partition map (gsplit, sampled pre-sampling, 2 parts)" in capsys.readouterr().out

@@ -94,7 +94,7 @@ def cmd_train_link(args) -> int:
     _prepare_kernels()
     owner = None
     if ranks > 1:
-        owner = _link_map(split, cfg, ranks, args.method)
+        owner = _link_map(split, cfg, ranks, args.method, args.presample, args.presample_epochs)
     report = EpochReport(args.log, _tensorboard(args))
     if args.log:
         Path(args.log).write_bytes(b"")  # a new run starts its log afresh
@@ -123,17 +123,29 @@ def cmd_train_link(args) -> int:
     return 0
 
 
-def _link_map(split, cfg, ranks: int, method: str):
-    """The partition map of the message-passing graph: random, plain METIS (edge), or METIS on expected
-    pre-sampling weights of the training edges' endpoints as targets (gsplit, node)."""
+def _link_map(split, cfg, ranks: int, method: str, presample: str, presample_epochs: int):
+    """The partition map of the message-passing graph. ``random`` and ``edge`` (plain METIS) need no weights;
+    ``gsplit`` and ``node`` weigh by pre-sampling: ``sampled`` counts the edge sampler's own mini-batches
+    (:func:`gsplit.link.presample.presample_edges`), ``expected`` is the closed form with the training edges'
+    endpoints as node targets (fast; it does not see the negatives or the exclusion)."""
     import gsplit
+    from gsplit.link import negative
+    from gsplit.link.presample import presample_edges
     from gsplit.link.sampler import edge_endpoints
 
     t = time.perf_counter()
-    targets = torch.unique(torch.cat(edge_endpoints(split.graph, split.train_eids)))
     sampler = gsplit.NeighborSampler(cfg.fanouts, seed=cfg.seed)
-    # a batch of B edges has up to B * (2 + k) distinct endpoints: the targets pre-sampling should expect
-    pmap = gsplit.partition(split.graph, ranks, method=method, train_idx=targets, seed=cfg.seed, sampler=sampler,
-                            batch_size=cfg.batch_size * (2 + cfg.neg_ratio))
-    _say(f"partition map ({method}, {ranks} parts) of the message-passing graph in {time.perf_counter() - t:.1f}s")
+    weights = None
+    if method in ("gsplit", "node") and presample == "sampled":
+        edge_sampler = gsplit.as_edge_prediction_sampler(
+            sampler, exclude=cfg.exclude, reverse_eids=split.reverse_eids if cfg.exclude == "reverse_id" else None,
+            negative_sampler=negative.Uniform(cfg.neg_ratio))
+        weights = presample_edges(split.graph, split.train_eids, edge_sampler, cfg.batch_size,
+                                  epochs=presample_epochs, seed=cfg.seed, num_parts=ranks)
+    targets = torch.unique(torch.cat(edge_endpoints(split.graph, split.train_eids)))
+    # expected: a batch of B edges has up to B * (2 + k) distinct endpoints, the targets to expect
+    pmap = gsplit.partition(split.graph, ranks, method=method, weights=weights, train_idx=targets, seed=cfg.seed,
+                            sampler=sampler, batch_size=cfg.batch_size * (2 + cfg.neg_ratio))
+    how = f", {presample} pre-sampling" if method in ("gsplit", "node") else ""
+    _say(f"partition map ({method}{how}, {ranks} parts) of the message-passing graph in {time.perf_counter() - t:.1f}s")
     return pmap.assignment.long()
