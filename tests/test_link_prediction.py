@@ -101,6 +101,17 @@ def test_excluding_sampler_picks_fanout_among_the_rest():
         s.seed = it_seed
         picked = s.sample_neighbors(graph, torch.tensor([0, 3]), 0, 0, 0)
         assert picked.edge_ids.numel() == 2 and not torch.isin(picked.edge_ids, excluded).any()
+    # all picks (fanout -1) of vertices with and without lost edges, in any order: every remaining in-edge,
+    # grouped by destination in the given order, each destination's in CSC order
+    graph, _, train_eids, rev = make_problem()
+    excluded = torch.unique(torch.cat([train_eids[:15], rev[train_eids[:15]]]))
+    s = ExcludingSampler(gsplit.NeighborSampler([-1]), {3: reduced_in_edges(graph, excluded)})
+    nodes = torch.randperm(graph.num_nodes, generator=torch.Generator().manual_seed(0))[:70]
+    got = s.sample_neighbors(graph, nodes, 0, 0, 3)
+    want = [e for v in nodes.tolist() for e in range(int(graph.indptr[v]), int(graph.indptr[v + 1]))
+            if e not in set(excluded.tolist())]
+    assert got.edge_ids.tolist() == want
+    assert torch.equal(got.src, graph.indices[got.edge_ids]) and bool((got.dst_index.diff() >= 0).all())
 
 
 def test_global_uniform_avoids_edges_and_self_loops():

@@ -16,7 +16,6 @@ import torch
 
 from gsplit import ops
 from gsplit.graph import Graph
-from gsplit.ops.torch_ops import _segment_arange
 from gsplit.sampling import counter_rng
 from gsplit.sampling.neighbor import NeighborSampler, SampledEdges
 
@@ -47,20 +46,39 @@ def reduced_in_edges(graph: Graph, excluded: torch.Tensor) -> ReducedInEdges:
         ([1], [1, 2], [1, 2])
     """
     indptr = graph.indptr
-    dst = torch.searchsorted(indptr, excluded.to(indptr.device), right=True) - 1
-    vertices = torch.unique(dst)
+    excluded = excluded.to(indptr.device)
+    dst = torch.searchsorted(indptr, excluded, right=True) - 1
+    vertices, local = torch.unique(dst, return_inverse=True)
     start = indptr.index_select(0, vertices)
     deg = indptr.index_select(0, vertices + 1) - start
-    total = int(deg.sum())
-    eids = torch.repeat_interleave(start, deg, output_size=total) + _segment_arange(deg, total)
-    keep = ~torch.isin(eids, excluded.to(eids.device))
-    owner = torch.repeat_interleave(torch.arange(vertices.numel(), device=deg.device), deg, output_size=total)
-    counts = torch.zeros(vertices.numel(), dtype=torch.int64, device=deg.device).index_add_(
-        0, owner[keep], torch.ones_like(owner[keep]))
-    kept = eids[keep]
+    eids = _ranges(start, deg)  # every in-edge of those vertices, ascending
+    # a binary search in the excluded ids (sorted) instead of torch.isin, which sorts both (~100x slower on the
+    # 128k in-edges of a 100k-vertex graph's batch with hubs)
+    at = torch.searchsorted(excluded, eids).clamp_max(excluded.numel() - 1)
+    kept = eids[excluded.index_select(0, at) != eids]
+    counts = deg - torch.bincount(local, minlength=vertices.numel())  # each excluded id is one in-edge
     sub = Graph(indptr=torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)]),
                 indices=graph.indices.index_select(0, kept))
     return ReducedInEdges(vertices=vertices, graph=sub, edge_ids=kept)
+
+
+def _ranges(start: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+    """``cat([arange(s, s + n) for s, n in zip(start, length)])`` by one cumulative sum (6x faster on the CPU
+    than ``repeat_interleave`` plus a segment arange).
+
+    Example:
+        >>> _ranges(torch.tensor([5, 9, 2]), torch.tensor([2, 0, 3])).tolist()
+        [5, 6, 2, 3, 4]
+    """
+    keep = length > 0
+    start, length = start[keep], length[keep]
+    if start.numel() == 0:
+        return torch.zeros(0, dtype=torch.int64, device=start.device)
+    steps = torch.ones(int(length.sum()), dtype=torch.int64, device=start.device)
+    jump = start.clone()
+    jump[1:] -= start[:-1] + length[:-1] - 1  # from the last id of the previous range to this range's first
+    steps[torch.cumsum(length, 0) - length] = jump
+    return torch.cumsum(steps, 0)
 
 
 class ExcludingSampler(NeighborSampler):
@@ -95,7 +113,13 @@ class ExcludingSampler(NeighborSampler):
         src2, dst2, eid2 = ops.sample_neighbors(reduced.graph, local.index_select(0, lost_rows), fanout,
                                                 self.replace, counter_rng.mix64_int(key ^ _EXCLUDED_SALT))
         eid2 = reduced.edge_ids.to(eid2.device).index_select(0, eid2)
-        dst = torch.cat([kept_rows.index_select(0, dst1), lost_rows.index_select(0, dst2)])
-        order = torch.sort(dst, stable=True).indices  # grouped by destination, each one's edges in CSC order
-        return SampledEdges(src=torch.cat([src1, src2]).index_select(0, order), dst_index=dst.index_select(0, order),
-                            edge_ids=torch.cat([eid1, eid2]).index_select(0, order))
+        rows1, rows2 = kept_rows.index_select(0, dst1), lost_rows.index_select(0, dst2)
+        # merge the two parts by destination row (each ascends, no row is in both): an edge's place is its place
+        # in its part plus the other part's edges of smaller rows; each destination's edges keep CSC order
+        place = torch.cat([torch.arange(rows1.numel()) + torch.searchsorted(rows2, rows1),
+                           torch.arange(rows2.numel()) + torch.searchsorted(rows1, rows2)]).to(rows1.device)
+        n = rows1.numel() + rows2.numel()
+        merged = []
+        for a, b in ((src1, src2), (rows1, rows2), (eid1, eid2)):
+            merged.append(torch.empty(n, dtype=a.dtype, device=a.device).index_copy_(0, place, torch.cat([a, b])))
+        return SampledEdges(src=merged[0], dst_index=merged[1], edge_ids=merged[2])
