@@ -373,6 +373,9 @@ class DataLoader(RankLoader):
                 graph = graph.pin_memory()
         sampler, prefetch_node_feats, prefetch_labels = dgl_interop.loader_sampler(sampler, prefetch_node_feats,
                                                                                    prefetch_labels)
+        if self.edge_sampler is not None and dgl_graph is not None:  # DGL's edge ids in, gsplit's inside
+            indices, self.edge_sampler = link_loading.from_dgl_edge_ids(indices, self.edge_sampler, self.dgl_source,
+                                                                        dgl_graph)
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last, replica_group,
                         edges=self.edge_sampler is not None)
         self.sampler = sampler

@@ -14,7 +14,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from gsplit.graph import Graph
-from gsplit.link.sampler import EdgeBatch, EdgePredictionSampler, edge_endpoints
+from gsplit.link.negative import CallableNegatives
+from gsplit.link.sampler import EdgeBatch, EdgePredictionSampler, as_edge_ids, edge_endpoints
 from gsplit.sampling.neighbor import NeighborSampler
 
 
@@ -29,14 +30,26 @@ def unwrap_edge_sampler(sampler, graph_kind: str, replica_group) -> Tuple[Option
     """
     if not isinstance(sampler, EdgePredictionSampler):
         return None, sampler
-    if graph_kind == "dgl":
-        raise TypeError("an edge sampler with a DGLGraph is not supported yet (the loader would yield DGL pair "
-                        "graphs); pass gsplit.Graph.from_edges(*g.edges(), g.num_nodes()), which keeps DGL's edge "
-                        "ids when the edges are sorted by destination, or see the link prediction guide")
     if replica_group is not None:
         raise ValueError("an edge sampler with replica_group (several hosts) is not supported yet; train link "
                          "prediction on one host")
     return sampler, sampler.sampler
+
+
+def from_dgl_edge_ids(train_eids, edge_sampler: EdgePredictionSampler, source, dgl_graph
+                      ) -> Tuple[torch.Tensor, EdgePredictionSampler]:
+    """A ``DGLGraph`` input (``source``: its :class:`~gsplit.interop.dgl.GraphFromDGL`): DGL's training edge ids
+    and ``reverse_eids`` as gsplit's, and a callable negative sampler given the ``DGLGraph`` and DGL's ids."""
+    train_eids = source.gsplit_edge_ids(as_edge_ids(train_eids, source.graph))
+    out = edge_sampler.with_node_sampler(edge_sampler.sampler)
+    if out.reverse_eids is not None:
+        out.check_reverse_eids(source.graph)  # its length and range, before it is indexed
+        gsplit_ids = torch.arange(source.graph.num_edges)
+        out.reverse_eids = source.gsplit_edge_ids(out.reverse_eids.index_select(0, source.edge_ids(gsplit_ids)))
+    if isinstance(out.negative_sampler, CallableNegatives):
+        out.negative_sampler = CallableNegatives(out.negative_sampler.fn, graph_for_fn=dgl_graph,
+                                                 eids_for_fn=source.edge_ids)
+    return train_eids, out
 
 
 def bind_node_sampler(edge_sampler: EdgePredictionSampler, sampler: NeighborSampler, graph: Graph,

@@ -138,12 +138,15 @@ class CallableNegatives:
         True
     """
 
-    def __init__(self, fn: Callable, graph_for_fn=None):
+    def __init__(self, fn: Callable, graph_for_fn=None, eids_for_fn: Optional[Callable] = None):
         if not callable(fn):
             raise TypeError(f"negative_sampler must be gsplit.negative_sampler.Uniform(k) / GlobalUniform(k) or a "
                             f"callable neg(g, eids) -> (src, dst), got {type(fn).__name__}")
         self.fn = fn
         self.graph_for_fn = graph_for_fn
+        """The graph ``fn`` receives (the loader's input, e.g. a ``DGLGraph``); ``None``: the gsplit graph."""
+        self.eids_for_fn = eids_for_fn
+        """gsplit edge ids -> the ids ``fn`` receives (a ``DGLGraph``'s own); ``None``: gsplit's."""
 
     def __repr__(self) -> str:
         return f"CallableNegatives({self.fn!r})"
@@ -152,7 +155,7 @@ class CallableNegatives:
         g = graph if self.graph_for_fn is None else self.graph_for_fn
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(key & ((1 << 63) - 1))
-            out = self.fn(g, eids)
+            out = self.fn(g, eids if self.eids_for_fn is None else self.eids_for_fn(eids))
         name = getattr(self.fn, "__name__", type(self.fn).__name__)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):
             raise TypeError(f"the negative sampler {name} returned {type(out).__name__}; it must return a pair "

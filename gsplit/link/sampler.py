@@ -154,6 +154,10 @@ class EdgePredictionSampler:
         if not isinstance(self.sampler, NeighborSampler):
             raise TypeError(f"as_edge_prediction_sampler wraps a gsplit.NeighborSampler (or DGL's, converted by "
                             f"the loader), got {type(self.sampler).__name__}")
+        self.check_reverse_eids(graph)
+
+    def check_reverse_eids(self, graph: Graph) -> None:
+        """Raise one clear error when ``reverse_eids`` does not fit ``graph``."""
         if self.reverse_eids is not None:
             r = self.reverse_eids
             if r.dim() != 1 or r.numel() != graph.num_edges:

@@ -23,7 +23,19 @@ import torch
 import torch.nn.functional as F
 
 from gsplit.comm.shuffle import shuffle_by
+from gsplit.interop.dgl import pair_of  # imports no dgl
 from gsplit.link.pairs import PairGraph
+
+
+def _pairs(x) -> PairGraph:
+    """The gsplit pair graph of a pair graph argument: itself, or the one a DGL pair graph was made from."""
+    if isinstance(x, PairGraph):
+        return x
+    pair = pair_of(x)
+    if pair is None:
+        raise TypeError(f"expected a pair graph that gsplit.DataLoader yielded (gsplit.link.PairGraph or its DGL "
+                        f"graph), got {type(x).__name__}")
+    return pair
 
 
 def pair_rows(h: torch.Tensor, pair_graph: PairGraph, group=None) -> torch.Tensor:
@@ -37,6 +49,7 @@ def pair_rows(h: torch.Tensor, pair_graph: PairGraph, group=None) -> torch.Tenso
         >>> pair_rows(torch.ones(2, 3), p).shape        # one rank: the rows are the pair rows
         torch.Size([2, 3])
     """
+    pair_graph = _pairs(pair_graph)
     index = pair_graph.shuffle_index
     if index is None:
         if h.shape[0] != pair_graph.num_nodes():
@@ -60,6 +73,8 @@ def split_bce_with_logits(pos_score: torch.Tensor, neg_score: Optional[torch.Ten
         >>> float(split_bce_with_logits(torch.tensor([0.0]), torch.tensor([0.0]), p, n))  # doctest: +ELLIPSIS
         0.693...
     """
+    pair_graph = _pairs(pair_graph)
+    neg_pair_graph = None if neg_pair_graph is None else _pairs(neg_pair_graph)
     pos_score = pos_score.reshape(-1)
     if pos_score.numel() != pair_graph.num_edges():
         raise ValueError(f"pos_score has {pos_score.numel()} scores but pair_graph has {pair_graph.num_edges()} "
