@@ -37,7 +37,7 @@ def test_link_training_from_the_command_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra, message", [
     (["--neg-ratio", "0"], "--neg-ratio 0: pass at least 1"),
-    (["--checkpoint", "ck"], "--checkpoint is not supported with --task link yet"),
+    (["--checkpoint-every", "5"], "--checkpoint-every is not supported with --task link yet"),
     (["--system", "dp"], "--system is not supported with --task link yet"),
     (["--edge-split", "0.6,0.5"], "leave none for training"),
     (["--edge-split", "half"], "pass two fractions VAL,TEST"),
@@ -133,3 +133,56 @@ def test_edge_presampling_counts_the_edge_sampler_s_batches(capsys):
             "--presample-epochs", "1", "--epochs", "1"]
     assert main(argv) == 0
     assert "partition map (gsplit, sampled pre-sampling, 2 parts)" in capsys.readouterr().out
+
+
+def test_link_checkpoint_resume_is_exact(tmp_path):
+    """Two epochs in one run equal one epoch, then a resumed run to two (losses, metrics, weights)."""
+    import dataclasses
+
+    import torch
+
+    import gsplit
+    from gsplit.link.edge_split import split_edges
+    from gsplit.link.train import LinkTrainConfig, train_link_rank
+    from gsplit.model_io import load_model
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=2, feature_dim=6)
+    split = split_edges(ds.graph, 0.05, 0.1, seed=0)
+    cfg = LinkTrainConfig(fanouts=[4, 3], hidden=8, epochs=2, batch_size=64, predictor="mlp", eval_negatives=20,
+                          hits_k=10, max_iters=3, dropout=0.2)
+    straight = train_link_rank(0, 1, dataclasses.replace(cfg, checkpoint_dir=str(tmp_path / "a")), split,
+                               ds.features, ds.graph, None)
+    half = dataclasses.replace(cfg, epochs=1, checkpoint_dir=str(tmp_path / "b"))
+    train_link_rank(0, 1, half, split, ds.features, ds.graph, None)
+    resumed = train_link_rank(0, 1, dataclasses.replace(half, epochs=2, resume=True), split, ds.features, ds.graph,
+                              None)
+    assert [e["epoch"] for e in resumed["epochs"]] == [1]
+    assert resumed["epochs"][0]["loss"] == straight["epochs"][1]["loss"]
+    assert resumed["final_test_mrr"] == straight["final_test_mrr"]
+    a, b = load_model(tmp_path / "a"), load_model(tmp_path / "b")
+    assert a.train_config["task"] == "link" and (tmp_path / "b" / "predictor.pt").exists()
+    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(x, y) if torch.is_tensor(x) else x == y, name   # weights; dropout's step counter
+
+
+def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
+    link_ck, node_ck = str(tmp_path / "link"), str(tmp_path / "node")
+    assert main(["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", "--epochs", "1",
+                 "--checkpoint", link_ck]) == 0
+    assert main(["train", *DATA, "--fanouts", "4,3", "--hidden", "8", "--batch-size", "64", "--epochs", "1",
+                 "--device", "cpu", "--num-ranks", "1", "--eval-every", "0", "--checkpoint", node_ck]) == 0
+    capsys.readouterr()
+    cases = [
+        (["eval", "--checkpoint", link_ck], "holds a link prediction model"),
+        (["predict", "--checkpoint", link_ck, "--out", str(tmp_path / "p.npy")], "holds a link prediction model"),
+        (["train", *DATA, "--num-ranks", "1", "--device", "cpu", "--checkpoint", link_ck, "--resume"],
+         "is a link prediction run's; resume it with gsplit train --task link"),
+        (["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", "--checkpoint", node_ck, "--resume"],
+         "holds a node classification run's checkpoint"),
+        (["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", "--checkpoint", link_ck],
+         "already holds a checkpoint"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (argv, err)

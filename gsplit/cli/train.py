@@ -123,6 +123,9 @@ class ResumeGuard:
         if not args.resume:
             raise CliError(f"--checkpoint {folder} already holds a checkpoint ({where}); pass --resume to continue "
                            f"it, or another folder for a new run")
+        if latest.run.get("task") == "link":
+            raise CliError(f"the checkpoint in {folder} ({where}) is a link prediction run's; resume it with "
+                           "gsplit train --task link")
         if not latest.run and not args.resume_anyway:
             raise CliError(f"the checkpoint in {folder} ({where}) records no run settings (an older gsplit wrote "
                            f"it), so this run cannot be checked against it; pass --resume-anyway to resume it")

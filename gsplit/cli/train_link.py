@@ -21,8 +21,7 @@ from gsplit.cli.options import CliError, check_dataset_options, parse_dataset_op
 from gsplit.io import append_jsonl, check_writable
 
 # options of node classification that link prediction does not take yet, with their defaults
-_NODE_ONLY = {"system": "split", "full_graph": False, "checkpoint": None, "resume": False, "resume_anyway": False,
-              "partition": None, "cache_size": "0", "uva": False, "ranks_per_host": 0, "recompute": False}
+_NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "checkpoint_every": 0, "partition": None, "cache_size": "0", "uva": False, "ranks_per_host": 0, "recompute": False}
 
 
 def add_link_args(p: argparse.ArgumentParser) -> None:
@@ -50,7 +49,7 @@ def _check_options(args) -> tuple:
         if getattr(args, name, default) != default:
             flag = "--" + name.replace("_", "-")
             raise CliError(f"{flag} is not supported with --task link yet; leave it out (link prediction trains "
-                           "split-parallel on one host, without checkpoints)")
+                           "split-parallel on one host, with a checkpoint at the end of every epoch)")
     if args.launcher == "torchrun":
         raise CliError("--task link runs on the ranks gsplit starts; torchrun is not supported for it yet")
     if args.dataset.startswith("ogbl-"):
@@ -82,7 +81,11 @@ def cmd_train_link(args) -> int:
                           predictor=args.predictor, eval_negatives=args.eval_negatives, hits_k=args.hits_k,
                           max_iters=args.max_iters, device="cpu" if args.device == "auto" and not
                           torch.cuda.is_available() else args.device, prefetch=args.prefetch,
-                          macrobatch=args.macrobatch)
+                          macrobatch=args.macrobatch, checkpoint_dir=args.checkpoint or "", resume=args.resume)
+    if args.resume and not args.checkpoint:
+        raise CliError("--resume needs --checkpoint DIR: the folder to resume from")
+    if args.checkpoint:
+        _check_checkpoint(args.checkpoint, args.resume)
     ds = _load_dataset(args)
     split = split_edges(ds.graph, val, test, seed=args.seed)
     if cfg.exclude == "reverse_id" and split.reverse_eids is None:
@@ -121,6 +124,22 @@ def cmd_train_link(args) -> int:
     if report.tensorboard is not None:
         report.tensorboard.close()
     return 0
+
+
+def _check_checkpoint(folder: str, resume: bool) -> None:
+    """A checkpoint folder a link run may write: empty, or (with ``--resume``) a link run's."""
+    from gsplit.checkpoint import load_checkpoint, prepare_checkpoint_dir
+
+    prepare_checkpoint_dir(folder)
+    latest = load_checkpoint(folder, state=False)
+    if latest is None:
+        return
+    if not resume:
+        raise CliError(f"--checkpoint {folder} already holds a checkpoint (step {latest.step}); pass --resume to "
+                       "continue it, or another folder for a new run")
+    if latest.run.get("task") != "link":
+        raise CliError(f"--checkpoint {folder} holds a node classification run's checkpoint; resume it without "
+                       "--task link, or pass another folder")
 
 
 def _link_map(split, cfg, ranks: int, method: str, presample: str, presample_epochs: int):

@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 from torch import nn
 
+from gsplit.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state, save_checkpoint, set_rng_state
 from gsplit.comm.communicator import Communicator
 from gsplit.comm.gradients import allreduce_gradients, global_sum
 from gsplit.inference import gather_rows, layerwise_inference
@@ -67,6 +68,11 @@ class LinkTrainConfig:
     device: str = "cpu"
     prefetch: bool = False
     macrobatch: int = 1
+    checkpoint_dir: str = ""
+    """Folder for a checkpoint at the end of every epoch (model, predictor, optimiser, position, RNG) and, at
+    the end, ``model.pt`` (the GNN, marked ``task: link``) and ``predictor.pt``; ``""``: none."""
+    resume: bool = False
+    """Continue from the newest checkpoint in ``checkpoint_dir`` (a fresh start when there is none)."""
 
     def __post_init__(self):
         if self.predictor not in PREDICTORS:
@@ -129,6 +135,41 @@ def evaluate_link(model, predictor, split: EdgeSplit, features: torch.Tensor, ne
     return record
 
 
+def _resume(cfg: LinkTrainConfig, params: nn.Module, opt) -> Tuple[int, int]:
+    """Load the newest checkpoint (a link prediction run's) into ``params`` and ``opt``; ``(epoch, step)``."""
+    ck = load_checkpoint(cfg.checkpoint_dir)
+    if ck is None:
+        log.warning("resume: no complete checkpoint in %s yet; starting from the beginning", cfg.checkpoint_dir)
+        return 0, 0
+    if ck.run.get("task") != "link":
+        raise ValueError(f"the checkpoint in {cfg.checkpoint_dir} is a node classification run's; resume it with "
+                         "gsplit train (no --task link), or pass another folder")
+    params.load_state_dict(ck.model)
+    opt.load_state_dict(ck.optimizer)
+    if ck.rng is not None:
+        set_rng_state(ck.rng)
+    return int(ck.counters["epoch"]), int(ck.counters["step"])
+
+
+def _save_link_model(cfg: LinkTrainConfig, model, predictor, in_feats: int) -> None:
+    """``model.pt`` (self-describing, ``train_config["task"] == "link"``) and, for an MLP, ``predictor.pt``."""
+    from pathlib import Path
+
+    from gsplit.io import atomic_write_bytes
+    from gsplit.model_io import save_model
+
+    spec = {"name": cfg.model, "in_feats": int(in_feats), "hidden": cfg.hidden, "num_classes": cfg.hidden,
+            "num_layers": len(cfg.fanouts), "dropout": cfg.dropout, "heads": cfg.heads}
+    folder = Path(cfg.checkpoint_dir)
+    save_model(folder / "model.pt", model, spec, {**asdict(cfg), "task": "link"})
+    if predictor is not None:
+        import io
+
+        buf = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in predictor.state_dict().items()}, buf)
+        atomic_write_bytes(folder / "predictor.pt", buf.getvalue())
+
+
 def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: EdgeSplit, features: torch.Tensor,
                     full_graph, owner: Optional[torch.Tensor], report: Optional[Callable[[dict], None]] = None) -> dict:
     """Train link prediction on this rank; returns the run log (the same on every rank).
@@ -154,7 +195,13 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
                         features=features, prefetch=cfg.prefetch, macrobatch=cfg.macrobatch)
     comm = loader.comm
     history = []
-    for epoch in range(cfg.epochs):
+    start_epoch, step = 0, 0
+    if cfg.resume:
+        start_epoch, step = _resume(cfg, params, opt)
+    if cfg.checkpoint_dir and rank == 0:
+        prepare_checkpoint_dir(cfg.checkpoint_dir)
+    for epoch in range(start_epoch, cfg.epochs):
+        loader.set_epoch(epoch)
         t_epoch, local_loss, iters = time.perf_counter(), torch.zeros((), dtype=torch.float64), 0
         sample_s = load_s = train_s = 0.0
         for it, (_, pos, neg, blocks) in enumerate(loader):
@@ -171,6 +218,7 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
             train_s += time.perf_counter() - t0
             local_loss += loss.detach().double().cpu()
             iters += 1
+            step += 1
             report_progress()
             if cfg.max_iters and it + 1 >= cfg.max_iters:
                 break
@@ -182,6 +230,12 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
         history.append(record)
         if rank == 0 and report is not None:
             report(record)
+        if cfg.checkpoint_dir and rank == 0:  # every rank holds the same parameters: rank 0 saves them
+            save_checkpoint(cfg.checkpoint_dir, params.state_dict(), opt.state_dict(),
+                            {"epoch": epoch + 1, "iteration": 0, "step": step}, rng=rng_state(), step=step,
+                            run={"task": "link", "config": asdict(cfg), "world_size": world_size})
+    if cfg.checkpoint_dir and rank == 0:
+        _save_link_model(cfg, model, predictor, features.shape[1])
     final = evaluate_link(model, predictor, split, features, evaluation_negatives(split, cfg, full_graph),
                           getattr(loader, "owner", owner), comm, device, cfg.hits_k)
     log.info("final link evaluation: %s", final)
