@@ -351,7 +351,7 @@ class DataLoader(RankLoader):
                  prefetch_node_feats: Optional[Sequence[str]] = None, prefetch_labels: Optional[Sequence[str]] = None,
                  replica_group=None, overlap: bool = False, input_features: str = "shuffle", macrobatch: int = 1,
                  macrobatch_memory: Union[int, str, None] = None):
-        source = graph_input(graph)  # a gsplit Graph, a DGLGraph or a PyG Data
+        given, source = graph, graph_input(graph)  # a gsplit Graph, a DGLGraph or a PyG Data
         self.edge_sampler, sampler = link_loading.unwrap_edge_sampler(sampler, source.kind, replica_group)
         """Link prediction: the edge sampler (``indices`` are then edge ids), else None."""
         dgl_graph = graph if source.kind == "dgl" else None
@@ -373,9 +373,9 @@ class DataLoader(RankLoader):
                 graph = graph.pin_memory()
         sampler, prefetch_node_feats, prefetch_labels = dgl_interop.loader_sampler(sampler, prefetch_node_feats,
                                                                                    prefetch_labels)
-        if self.edge_sampler is not None and dgl_graph is not None:  # DGL's edge ids in, gsplit's inside
-            indices, self.edge_sampler = link_loading.from_dgl_edge_ids(indices, self.edge_sampler, self.dgl_source,
-                                                                        dgl_graph)
+        if self.edge_sampler is not None and source.kind != "gsplit":  # DGL's / PyG's edge ids in, gsplit's inside
+            indices, self.edge_sampler = link_loading.from_input_edge_ids(
+                indices, self.edge_sampler, graph, link_loading.native_edge_ids(source, given), given)
         self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last, replica_group,
                         edges=self.edge_sampler is not None)
         self.sampler = sampler

@@ -190,3 +190,26 @@ def test_prefetch_and_no_negatives_yield_the_same_batches():
     triples = epoch(False, None)
     assert all(len(t) == 3 for t in triples)
     assert torch.equal(triples[0][1].edge_ids, inline[0][1].edge_ids)
+
+
+def test_pyg_data_edge_ids_are_its_edge_index_columns():
+    """A PyG Data in: train_eids and reverse_eids are edge_index columns; the pairs and the exclusion follow."""
+    pyg_data = pytest.importorskip("torch_geometric.data")
+    graph, feats, _, _ = make_problem()
+    gen = torch.Generator().manual_seed(8)
+    src, dst = graph.indices, graph.edge_dst()
+    perm = torch.randperm(graph.num_edges, generator=gen)        # PyG's column order, not gsplit's
+    edge_index = torch.stack([src[perm], dst[perm]])
+    keys = {(int(u), int(v)): i for i, (u, v) in enumerate(edge_index.t().tolist())}
+    reverse = torch.tensor([keys[(int(v), int(u))] for u, v in edge_index.t().tolist()])
+    data = pyg_data.Data(edge_index=edge_index, x=feats, num_nodes=graph.num_nodes)
+    train = torch.randperm(graph.num_edges, generator=gen)[:20]
+    s = as_edge_prediction_sampler(gsplit.NeighborSampler([-1]), exclude="reverse_id", reverse_eids=reverse,
+                                   negative_sampler=negative.Uniform(1))
+    _, pos, _, blocks = next(iter(gsplit.DataLoader(data, train, s, batch_size=20)))
+    u, v = pos.global_edges()
+    assert torch.equal(u, edge_index[0, train]) and torch.equal(v, edge_index[1, train])
+    excluded = {(int(a), int(b)) for a, b in edge_index[:, torch.cat([train, reverse[train]])].t().tolist()}
+    picked = {(int(a), int(b)) for a, b in zip(blocks[0].src_nodes[blocks[0].edge_src].tolist(),
+                                               blocks[0].dst_nodes[blocks[0].edge_dst].tolist())}
+    assert picked and not picked & excluded

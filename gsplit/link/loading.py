@@ -36,20 +36,42 @@ def unwrap_edge_sampler(sampler, graph_kind: str, replica_group) -> Tuple[Option
     return sampler, sampler.sampler
 
 
-def from_dgl_edge_ids(train_eids, edge_sampler: EdgePredictionSampler, source, dgl_graph
-                      ) -> Tuple[torch.Tensor, EdgePredictionSampler]:
-    """A ``DGLGraph`` input (``source``: its :class:`~gsplit.interop.dgl.GraphFromDGL`): DGL's training edge ids
-    and ``reverse_eids`` as gsplit's, and a callable negative sampler given the ``DGLGraph`` and DGL's ids."""
-    train_eids = source.gsplit_edge_ids(as_edge_ids(train_eids, source.graph))
+def native_edge_ids(source, given) -> Optional[torch.Tensor]:
+    """For each gsplit edge, its id in the input graph (DGL's edge id, PyG's ``edge_index`` column), or ``None``
+    when they coincide or the input is a gsplit graph. ``given``: the loader's graph argument, ``source`` its
+    :func:`~gsplit.interop.graphs.graph_input`.
+
+    gsplit orders edges by (destination, source), stably: a PyG edge's place is its rank in that order.
+    """
+    if source.kind == "dgl":
+        return source.dgl_source.dgl_edge_ids
+    if source.kind == "pyg":
+        n = source.graph.num_nodes
+        src, dst = (t.cpu().to(torch.int64) for t in given.edge_index)
+        order = torch.sort(dst * n + src, stable=True).indices
+        return None if torch.equal(order, torch.arange(order.numel())) else order
+    return None
+
+
+def from_input_edge_ids(train_eids, edge_sampler: EdgePredictionSampler, graph: Graph,
+                        native: Optional[torch.Tensor], graph_for_fn
+                        ) -> Tuple[torch.Tensor, EdgePredictionSampler]:
+    """A ``DGLGraph`` or PyG ``Data`` input: its training edge ids and ``reverse_eids`` (the input's own ids,
+    ``native[gsplit id]``) as gsplit's, and a callable negative sampler given the input graph and its ids."""
     out = edge_sampler.with_node_sampler(edge_sampler.sampler)
-    if out.reverse_eids is not None:
-        out.check_reverse_eids(source.graph)  # its length and range, before it is indexed
-        gsplit_ids = torch.arange(source.graph.num_edges)
-        out.reverse_eids = source.gsplit_edge_ids(out.reverse_eids.index_select(0, source.edge_ids(gsplit_ids)))
     if isinstance(out.negative_sampler, CallableNegatives):
-        out.negative_sampler = CallableNegatives(out.negative_sampler.fn, graph_for_fn=dgl_graph,
-                                                 eids_for_fn=source.edge_ids)
-    return train_eids, out
+        to_native = None if native is None else (lambda e: native.index_select(0, e.cpu()).to(e.device))
+        out.negative_sampler = CallableNegatives(out.negative_sampler.fn, graph_for_fn=graph_for_fn,
+                                                 eids_for_fn=to_native)
+    train_eids = as_edge_ids(train_eids, graph)
+    if native is None:
+        return train_eids, out
+    gsplit_of = torch.empty_like(native)
+    gsplit_of[native] = torch.arange(native.numel())
+    if out.reverse_eids is not None:
+        out.check_reverse_eids(graph)  # its length and range, before it is indexed
+        out.reverse_eids = gsplit_of.index_select(0, out.reverse_eids.index_select(0, native))
+    return gsplit_of.index_select(0, train_eids), out
 
 
 def bind_node_sampler(edge_sampler: EdgePredictionSampler, sampler: NeighborSampler, graph: Graph,
