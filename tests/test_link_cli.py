@@ -132,7 +132,8 @@ def test_edge_presampling_counts_the_edge_sampler_s_batches(capsys):
     argv = ["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "2", "--presample", "sampled",
             "--presample-epochs", "1", "--epochs", "1"]
     assert main(argv) == 0
-    assert "partition map (gsplit, sampled pre-sampling, 2 parts)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "partition map (gsplit, sampled pre-sampling, 2 parts)" in out and "pairs: scoring imbalance" in out
 
 
 def test_link_checkpoint_resume_is_exact(tmp_path):
@@ -186,3 +187,29 @@ def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (argv, err)
+
+
+def test_link_split_stats_count_the_pairs_as_the_loader_splits_them():
+    import torch
+
+    import gsplit
+    from gsplit.link import negative
+    from gsplit.link.stats import link_split_stats
+    from gsplit.sampling.batches import global_batches
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=1)
+    eids = torch.arange(0, ds.graph.num_edges, 5)
+    s = gsplit.as_edge_prediction_sampler(gsplit.NeighborSampler([3, 2]), negative_sampler=negative.Uniform(2))
+    owner = torch.randint(0, 3, (ds.graph.num_nodes,), generator=torch.Generator().manual_seed(0))
+    st = link_split_stats(ds.graph, owner, s, eids, batch_size=60, num_batches=3, seed=2)
+    remote, scored = [], []
+    for it, batch in zip(range(3), global_batches(eids, 60, 2, 0)):
+        plan = s.plan(ds.graph, batch, 0, it)
+        u, v = torch.cat([plan.pos[0], plan.neg[0]]), torch.cat([plan.pos[1], plan.neg[1]])
+        remote.append(float((owner[u] != owner[v]).double().mean()))
+        counts = torch.bincount(owner[u], minlength=3).double()
+        scored.append(float(counts.max() / counts.mean()))
+    assert st.remote_pair_fraction == pytest.approx(sum(remote) / 3)
+    assert st.pair_imbalance == pytest.approx(sum(scored) / 3)
+    one = link_split_stats(ds.graph, torch.zeros(ds.graph.num_nodes, dtype=torch.int64), s, eids, 60, 2)
+    assert one.remote_pair_fraction == 0 and one.exchanged_rows == 0 and one.blocks.cross_edge_fraction == [0, 0]

@@ -167,4 +167,23 @@ def _link_map(split, cfg, ranks: int, method: str, presample: str, presample_epo
                             sampler=sampler, batch_size=cfg.batch_size * (2 + cfg.neg_ratio))
     how = f", {presample} pre-sampling" if method in ("gsplit", "node") else ""
     _say(f"partition map ({method}{how}, {ranks} parts) of the message-passing graph in {time.perf_counter() - t:.1f}s")
+    _print_link_stats(split, cfg, pmap, weights)
     return pmap.assignment.long()
+
+
+def _print_link_stats(split, cfg, pmap, weights) -> None:
+    """The map's split of a few edge mini-batches: the blocks' cut and balance, the pairs' balance and exchange."""
+    import gsplit
+    from gsplit.cli.common import _print_stats
+    from gsplit.link import negative
+    from gsplit.link.stats import link_split_stats
+
+    edge_sampler = gsplit.as_edge_prediction_sampler(
+        gsplit.NeighborSampler(cfg.fanouts, seed=cfg.seed), exclude=cfg.exclude,
+        reverse_eids=split.reverse_eids if cfg.exclude == "reverse_id" else None,
+        negative_sampler=negative.Uniform(cfg.neg_ratio))
+    stats = link_split_stats(split.graph, pmap.assignment, edge_sampler, split.train_eids,
+                             cfg.batch_size * pmap.num_parts, num_batches=4, seed=cfg.seed, method=pmap.method)
+    _print_stats(stats.blocks.to_dict())
+    _say(f"pairs: scoring imbalance {stats.pair_imbalance:.3f}, {stats.remote_pair_fraction:.3f} of them need a "
+         f"remote row, {stats.exchanged_rows:.0f} rows exchanged per mini-batch (4 mini-batches measured)")
