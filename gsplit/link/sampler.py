@@ -16,9 +16,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from gsplit.graph import Graph, as_vertex_ids
+from gsplit.graph import Graph
 from gsplit.link.exclude import ExcludingSampler, reduced_in_edges
-from gsplit.link.negative import NEGATIVE_STREAM, as_negative_sampler
+from gsplit.link.negative import NEGATIVE_STREAM, GlobalUniform, Uniform, as_negative_sampler
 from gsplit.link.pairs import LinkMiniBatch, split_pairs
 from gsplit.sampling import counter_rng
 from gsplit.sampling.neighbor import NeighborSampler
@@ -141,6 +141,15 @@ class EdgePredictionSampler:
     @property
     def fanouts(self):
         return self.sampler.fanouts
+
+    def targets_per_edge(self) -> int:
+        """At most how many distinct targets one positive edge brings (its endpoints and its negatives'): what a
+        loader's memory estimate of a macrobatch counts per edge."""
+        neg = self.negative_sampler
+        k = getattr(neg, "k", 1)
+        if neg is None:
+            return 2
+        return 2 + (2 * k if isinstance(neg, GlobalUniform) else k if isinstance(neg, Uniform) else 2 * k)
 
     def with_node_sampler(self, sampler: NeighborSampler) -> "EdgePredictionSampler":
         """The same edge sampler around another node sampler (the loader's gsplit one)."""
