@@ -15,7 +15,7 @@ import gsplit
 from gsplit.launch import launch
 from gsplit.link import as_edge_prediction_sampler, edge_endpoints, negative, pair_rows
 from gsplit.link.exclude import ExcludingSampler, reduced_in_edges
-from link_helpers import (BATCH, CASES, NUM_TRAIN, make_problem, rank_worker, train_reference)
+from link_helpers import BATCH, NUM_TRAIN, make_problem, rank_worker, train_reference
 from parity_helpers import rel_err
 
 

@@ -21,7 +21,8 @@ from gsplit.cli.options import CliError, check_dataset_options, parse_dataset_op
 from gsplit.io import append_jsonl, check_writable
 
 # options of node classification that link prediction does not take yet, with their defaults
-_NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "checkpoint_every": 0, "partition": None, "cache_size": "0", "uva": False, "ranks_per_host": 0, "recompute": False}
+_NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "checkpoint_every": 0, "partition": None,
+              "cache_size": "0", "uva": False, "ranks_per_host": 0, "recompute": False}
 
 
 def add_link_args(p: argparse.ArgumentParser) -> None:
@@ -41,7 +42,8 @@ def add_link_args(p: argparse.ArgumentParser) -> None:
                         "message-passing graph (default 0.05,0.1)")
     p.add_argument("--eval-negatives", type=int, default=100,
                    help="link: negatives per held-out edge for MRR (default 100)")
-    p.add_argument("--hits-k", type=int, default=50, help="link: K of Hits@K against 1000 shared negatives (default 50)")
+    p.add_argument("--hits-k", type=int, default=50,
+                   help="link: K of Hits@K against 1000 shared negatives (default 50)")
 
 
 def _check_options(args) -> tuple:
@@ -119,8 +121,9 @@ def cmd_train_link(args) -> int:
     k = cfg.hits_k
     for name in ("val", "test"):
         if f"final_{name}_mrr" in result:
-            print(f"final {name}: MRR {result[f'final_{name}_mrr']:.4f}  Hits@{k} {result[f'final_{name}_hits@{k}']:.4f}"
-                  " (layer-wise embeddings of every vertex)", flush=True)
+            print(f"final {name}: MRR {result[f'final_{name}_mrr']:.4f}  "
+                  f"Hits@{k} {result[f'final_{name}_hits@{k}']:.4f} (layer-wise embeddings of every vertex)",
+                  flush=True)
     if report.tensorboard is not None:
         report.tensorboard.close()
     return 0

@@ -183,7 +183,8 @@ def as_negative_sampler(negative_sampler) -> Optional[object]:
     if negative_sampler is None or isinstance(negative_sampler, (Uniform, GlobalUniform, CallableNegatives)):
         return negative_sampler
     module = type(negative_sampler).__module__ or ""
-    if module.startswith("dgl.") and type(negative_sampler).__name__ in ("Uniform", "GlobalUniform", "PerSourceUniform"):
+    dgl_names = ("Uniform", "GlobalUniform", "PerSourceUniform")
+    if module.startswith("dgl.") and type(negative_sampler).__name__ in dgl_names:
         k = getattr(negative_sampler, "k", None)
         raise TypeError(f"negative_sampler is DGL's {type(negative_sampler).__name__}, whose draws differ per rank; "
                         f"pass gsplit.negative_sampler.{type(negative_sampler).__name__}({k if k else 'k'}) instead "

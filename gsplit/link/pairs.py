@@ -69,7 +69,8 @@ class PairGraph:
         mv = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return replace(self, src=mv(self.src), dst=mv(self.dst), nodes=mv(self.nodes), pair_ids=mv(self.pair_ids),
                        edge_ids=mv(self.edge_ids),
-                       shuffle_index=None if self.shuffle_index is None else self.shuffle_index.to(device, non_blocking))
+                       shuffle_index=None if self.shuffle_index is None else
+                       self.shuffle_index.to(device, non_blocking))
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield from (t for t in (self.src, self.dst, self.nodes, self.pair_ids, self.edge_ids) if t is not None)

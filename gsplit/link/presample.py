@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
+import torch  # noqa: F401 - the example uses it
 
 from gsplit.graph import Graph
 from gsplit.link.sampler import EdgePredictionSampler, as_edge_ids
