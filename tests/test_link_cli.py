@@ -175,7 +175,10 @@ def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
     capsys.readouterr()
     cases = [
         (["eval", "--checkpoint", link_ck], "holds a link prediction model"),
-        (["predict", "--checkpoint", link_ck, "--out", str(tmp_path / "p.npy")], "holds a link prediction model"),
+        (["predict", "--checkpoint", link_ck, "--out", str(tmp_path / "p.npy"), "--ids", "x.npy"],
+         "--ids is for node classification models"),
+        (["predict", "--checkpoint", node_ck, "--out", str(tmp_path / "p.npy"), "--pairs", "x.txt"],
+         "--pairs scores vertex pairs with a link prediction model"),
         (["train", *DATA, "--num-ranks", "1", "--device", "cpu", "--checkpoint", link_ck, "--resume"],
          "is a link prediction run's; resume it with gsplit train --task link"),
         (["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", "--checkpoint", node_ck, "--resume"],
@@ -213,3 +216,33 @@ def test_link_split_stats_count_the_pairs_as_the_loader_splits_them():
     assert st.pair_imbalance == pytest.approx(sum(scored) / 3)
     one = link_split_stats(ds.graph, torch.zeros(ds.graph.num_nodes, dtype=torch.int64), s, eids, 60, 2)
     assert one.remote_pair_fraction == 0 and one.exchanged_rows == 0 and one.blocks.cross_edge_fraction == [0, 0]
+
+
+def test_predict_writes_embeddings_and_scores_pairs(tmp_path, capsys):
+    import numpy as np
+    import torch
+
+    ck = str(tmp_path / "ck")
+    assert main(["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", "--epochs", "1", "--predictor", "mlp",
+                 "--checkpoint", ck]) == 0
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("0 1\n5 7\n599 3\n")
+    assert main(["predict", "--checkpoint", ck, "--out", str(tmp_path / "all.npz"), "--pairs", str(pairs)]) == 0
+    assert main(["predict", "--checkpoint", ck, "--out", str(tmp_path / "s.csv"), "--pairs", str(pairs)]) == 0
+    assert main(["predict", "--checkpoint", ck, "--out", str(tmp_path / "emb.npy")]) == 0
+    got = np.load(tmp_path / "all.npz")
+    h = torch.from_numpy(np.load(tmp_path / "emb.npy"))
+    assert h.shape == (600, 8) and np.allclose(got["embeddings"], h.numpy())
+    from gsplit.link.train import make_predictor, score_pairs
+    mlp = make_predictor("mlp", 8)
+    mlp.load_state_dict(torch.load(tmp_path / "ck" / "predictor.pt", weights_only=True))
+    with torch.no_grad():
+        want = score_pairs(mlp, h[[0, 5, 599]], h[[1, 7, 3]])
+    assert np.allclose(got["scores"], want.numpy(), atol=1e-6) and got["pairs"].tolist() == [[0, 1], [5, 7], [599, 3]]
+    rows = (tmp_path / "s.csv").read_text().splitlines()
+    assert rows[0] == "u,v,score" and rows[3].startswith("599,3,")
+    capsys.readouterr()
+    pairs.write_text("0 600\n")
+    assert main(["predict", "--checkpoint", ck, "--out", str(tmp_path / "x.npy"), "--pairs", str(pairs)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "600" in err[0], err

@@ -83,12 +83,14 @@ def cmd_train_link(args) -> int:
                           predictor=args.predictor, eval_negatives=args.eval_negatives, hits_k=args.hits_k,
                           max_iters=args.max_iters, device="cpu" if args.device == "auto" and not
                           torch.cuda.is_available() else args.device, prefetch=args.prefetch,
-                          macrobatch=args.macrobatch, checkpoint_dir=args.checkpoint or "", resume=args.resume)
+                          macrobatch=args.macrobatch, checkpoint_dir=args.checkpoint or "", resume=args.resume,
+                          edge_split=[val, test])
     if args.resume and not args.checkpoint:
         raise CliError("--resume needs --checkpoint DIR: the folder to resume from")
     if args.checkpoint:
         _check_checkpoint(args.checkpoint, args.resume)
     ds = _load_dataset(args)
+    cfg.dataset_spec = ds.meta.get("load", {"name": args.dataset, "options": parse_dataset_options(args.dataset_opts)})
     split = split_edges(ds.graph, val, test, seed=args.seed)
     if cfg.exclude == "reverse_id" and split.reverse_eids is None:
         raise CliError(f"--exclude reverse_id but {ds.name}'s graph is directed (an edge without its reverse); "

@@ -73,6 +73,11 @@ class LinkTrainConfig:
     the end, ``model.pt`` (the GNN, marked ``task: link``) and ``predictor.pt``; ``""``: none."""
     resume: bool = False
     """Continue from the newest checkpoint in ``checkpoint_dir`` (a fresh start when there is none)."""
+    edge_split: List[float] = field(default_factory=lambda: [0.05, 0.1])
+    """The validation and test fractions the edges were split with (with ``seed``: the message-passing graph
+    ``gsplit predict`` rebuilds from ``model.pt``)."""
+    dataset_spec: Dict = field(default_factory=dict)
+    """``{"name": ..., "options": {...}}``: how ``model.pt`` says to reload the dataset."""
 
     def __post_init__(self):
         if self.predictor not in PREDICTORS:
@@ -161,7 +166,7 @@ def _save_link_model(cfg: LinkTrainConfig, model, predictor, in_feats: int) -> N
     spec = {"name": cfg.model, "in_feats": int(in_feats), "hidden": cfg.hidden, "num_classes": cfg.hidden,
             "num_layers": len(cfg.fanouts), "dropout": cfg.dropout, "heads": cfg.heads}
     folder = Path(cfg.checkpoint_dir)
-    save_model(folder / "model.pt", model, spec, {**asdict(cfg), "task": "link"})
+    save_model(folder / "model.pt", model, spec, {**asdict(cfg), "task": "link"}, cfg.dataset_spec)
     if predictor is not None:
         import io
 
