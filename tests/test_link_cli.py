@@ -246,3 +246,29 @@ def test_predict_writes_embeddings_and_scores_pairs(tmp_path, capsys):
     assert main(["predict", "--checkpoint", ck, "--out", str(tmp_path / "x.npy"), "--pairs", str(pairs)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "600" in err[0], err
+
+
+def test_prepare_stats_and_train_share_a_link_map(tmp_path, capsys):
+    """gsplit prepare --task link saves the map of the split's graph; stats measures it on edge mini-batches;
+    train --partition reuses it; another split (or world size) is refused in one line."""
+    folder = str(tmp_path / "map")
+    data = [*DATA, "--fanouts", "4,3", "--batch-size", "64"]
+    assert main(["prepare", "--task", "link", *data, "--num-parts", "2", "--out", folder]) == 0
+    assert "pairs: scoring imbalance" in capsys.readouterr().out
+    js = tmp_path / "stats.json"
+    assert main(["stats", "--task", "link", *DATA, "--partition", folder, "--num-batches", "2", "--json", str(js)]) == 0
+    record = json.loads(js.read_text())
+    assert 0 <= record["remote_pair_fraction"] <= 1 and len(record["blocks"]["cross_edge_fraction"]) == 2
+    assert main(["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "2", "--epochs", "1",
+                 "--partition", folder]) == 0
+    assert f"using partition map {folder}" in capsys.readouterr().out
+    cases = [
+        (["stats", "--task", "link", *DATA, "--partition", folder, "--edge-split", "0.1,0.1"], "another graph"),
+        (["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "2", "--partition", folder, "--seed", "3"],
+         "another graph"),
+        (["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "3", "--partition", folder], "3"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], (argv, err)

@@ -16,30 +16,22 @@ from pathlib import Path
 
 import torch
 
-from gsplit.cli.common import _load_dataset, _prepare_kernels, _say, default_num_ranks
+from gsplit.cli.common import _prepare_kernels, default_num_ranks
+from gsplit.cli.link_map import add_link_split_args, edge_split_fractions, load_split, map_for_training
 from gsplit.cli.options import CliError, check_dataset_options, parse_dataset_options, parse_fanouts
 from gsplit.io import append_jsonl, check_writable
 
 # options of node classification that link prediction does not take yet, with their defaults
-_NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "checkpoint_every": 0, "partition": None,
-              "cache_size": "0", "uva": False, "ranks_per_host": 0, "recompute": False}
+_NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "checkpoint_every": 0, "cache_size": "0",
+              "uva": False, "ranks_per_host": 0, "recompute": False}
 
 
 def add_link_args(p: argparse.ArgumentParser) -> None:
     """The options of ``--task link`` (on ``gsplit train``'s parser)."""
-    p.add_argument("--task", default="node", choices=("node", "link"),
-                   help="node: node classification (default); link: link prediction on a seeded split of the edges")
-    p.add_argument("--neg-ratio", type=int, default=1, metavar="K",
-                   help="link: uniform negatives per positive edge (default 1)")
-    p.add_argument("--exclude", default="reverse_id", choices=("none", "self", "reverse_id"),
-                   help="link: edges left out of neighbour sampling: the mini-batch's (self), also their reverses "
-                        "(reverse_id, default; undirected graphs) or none")
+    add_link_split_args(p)
     p.add_argument("--predictor", default="dot", choices=("dot", "mlp"),
                    help="link: score of a pair: dot product of the endpoints' embeddings, or an MLP on their "
                         "element-wise product")
-    p.add_argument("--edge-split", default="0.05,0.1", metavar="VAL,TEST",
-                   help="link: fractions of the edges held out for validation and test, removed from the "
-                        "message-passing graph (default 0.05,0.1)")
     p.add_argument("--eval-negatives", type=int, default=100,
                    help="link: negatives per held-out edge for MRR (default 100)")
     p.add_argument("--hits-k", type=int, default=50,
@@ -54,22 +46,12 @@ def _check_options(args) -> tuple:
                            "split-parallel on one host, with a checkpoint at the end of every epoch)")
     if args.launcher == "torchrun":
         raise CliError("--task link runs on the ranks gsplit starts; torchrun is not supported for it yet")
-    if args.dataset.startswith("ogbl-"):
-        raise CliError(f"--dataset {args.dataset}: OGB link datasets (their official splits and negatives) are not "
-                       "supported yet; use synthetic, npz:, edgelist: or folder: data, split with --edge-split")
-    if args.neg_ratio < 1:
-        raise CliError(f"--neg-ratio {args.neg_ratio}: pass at least 1 negative per positive edge")
-    try:
-        val, test = (float(x) for x in args.edge_split.split(","))
-    except ValueError:
-        raise CliError(f"--edge-split {args.edge_split!r}: pass two fractions VAL,TEST, e.g. 0.05,0.1") from None
-    return val, test
+    return edge_split_fractions(args)
 
 
 def cmd_train_link(args) -> int:
     import gsplit
     from gsplit.cli.train import EpochReport, _tensorboard
-    from gsplit.link.edge_split import split_edges
     from gsplit.link.train import LinkTrainConfig, train_link_rank
 
     val, test = _check_options(args)
@@ -89,19 +71,13 @@ def cmd_train_link(args) -> int:
         raise CliError("--resume needs --checkpoint DIR: the folder to resume from")
     if args.checkpoint:
         _check_checkpoint(args.checkpoint, args.resume)
-    ds = _load_dataset(args)
+    ds, split = load_split(args, val, test, cfg.exclude)
     cfg.dataset_spec = ds.meta.get("load", {"name": args.dataset, "options": parse_dataset_options(args.dataset_opts)})
-    split = split_edges(ds.graph, val, test, seed=args.seed)
-    if cfg.exclude == "reverse_id" and split.reverse_eids is None:
-        raise CliError(f"--exclude reverse_id but {ds.name}'s graph is directed (an edge without its reverse); "
-                       "pass --exclude self")
-    print(f"link prediction: {split.train_eids.numel()} training edges, {split.val[0].numel()} validation and "
-          f"{split.test[0].numel()} test edges held out of the message-passing graph", flush=True)
     ranks = args.num_ranks or default_num_ranks()
     _prepare_kernels()
     owner = None
     if ranks > 1:
-        owner = _link_map(split, cfg, ranks, args.method, args.presample, args.presample_epochs)
+        owner = map_for_training(args, split, cfg, ranks, val, test)
     report = EpochReport(args.log, _tensorboard(args))
     if args.log:
         Path(args.log).write_bytes(b"")  # a new run starts its log afresh
@@ -145,50 +121,3 @@ def _check_checkpoint(folder: str, resume: bool) -> None:
     if latest.run.get("task") != "link":
         raise CliError(f"--checkpoint {folder} holds a node classification run's checkpoint; resume it without "
                        "--task link, or pass another folder")
-
-
-def _link_map(split, cfg, ranks: int, method: str, presample: str, presample_epochs: int):
-    """The partition map of the message-passing graph. ``random`` and ``edge`` (plain METIS) need no weights;
-    ``gsplit`` and ``node`` weigh by pre-sampling: ``sampled`` counts the edge sampler's own mini-batches
-    (:func:`gsplit.link.presample.presample_edges`), ``expected`` is the closed form with the training edges'
-    endpoints as node targets (fast; it does not see the negatives or the exclusion)."""
-    import gsplit
-    from gsplit.link import negative
-    from gsplit.link.presample import presample_edges
-    from gsplit.link.sampler import edge_endpoints
-
-    t = time.perf_counter()
-    sampler = gsplit.NeighborSampler(cfg.fanouts, seed=cfg.seed)
-    weights = None
-    if method in ("gsplit", "node") and presample == "sampled":
-        edge_sampler = gsplit.as_edge_prediction_sampler(
-            sampler, exclude=cfg.exclude, reverse_eids=split.reverse_eids if cfg.exclude == "reverse_id" else None,
-            negative_sampler=negative.Uniform(cfg.neg_ratio))
-        weights = presample_edges(split.graph, split.train_eids, edge_sampler, cfg.batch_size,
-                                  epochs=presample_epochs, seed=cfg.seed, num_parts=ranks)
-    targets = torch.unique(torch.cat(edge_endpoints(split.graph, split.train_eids)))
-    # expected: a batch of B edges has up to B * (2 + k) distinct endpoints, the targets to expect
-    pmap = gsplit.partition(split.graph, ranks, method=method, weights=weights, train_idx=targets, seed=cfg.seed,
-                            sampler=sampler, batch_size=cfg.batch_size * (2 + cfg.neg_ratio))
-    how = f", {presample} pre-sampling" if method in ("gsplit", "node") else ""
-    _say(f"partition map ({method}{how}, {ranks} parts) of the message-passing graph in {time.perf_counter() - t:.1f}s")
-    _print_link_stats(split, cfg, pmap, weights)
-    return pmap.assignment.long()
-
-
-def _print_link_stats(split, cfg, pmap, weights) -> None:
-    """The map's split of a few edge mini-batches: the blocks' cut and balance, the pairs' balance and exchange."""
-    import gsplit
-    from gsplit.cli.common import _print_stats
-    from gsplit.link import negative
-    from gsplit.link.stats import link_split_stats
-
-    edge_sampler = gsplit.as_edge_prediction_sampler(
-        gsplit.NeighborSampler(cfg.fanouts, seed=cfg.seed), exclude=cfg.exclude,
-        reverse_eids=split.reverse_eids if cfg.exclude == "reverse_id" else None,
-        negative_sampler=negative.Uniform(cfg.neg_ratio))
-    stats = link_split_stats(split.graph, pmap.assignment, edge_sampler, split.train_eids,
-                             cfg.batch_size * pmap.num_parts, num_batches=4, seed=cfg.seed, method=pmap.method)
-    _print_stats(stats.blocks.to_dict())
-    _say(f"pairs: scoring imbalance {stats.pair_imbalance:.3f}, {stats.remote_pair_fraction:.3f} of them need a "
-         f"remote row, {stats.exchanged_rows:.0f} rows exchanged per mini-batch (4 mini-batches measured)")
