@@ -112,12 +112,14 @@ class ExcludingSampler(NeighborSampler):
         src1, dst1, eid1 = ops.sample_neighbors(graph, nodes.index_select(0, kept_rows), fanout, self.replace, key)
         src2, dst2, eid2 = ops.sample_neighbors(reduced.graph, local.index_select(0, lost_rows), fanout,
                                                 self.replace, counter_rng.mix64_int(key ^ _EXCLUDED_SALT))
+        src2, dst2, eid2 = (t.to(nodes.device) for t in (src2, dst2, eid2))
         eid2 = reduced.edge_ids.to(eid2.device).index_select(0, eid2)
         rows1, rows2 = kept_rows.index_select(0, dst1), lost_rows.index_select(0, dst2)
         # merge the two parts by destination row (each ascends, no row is in both): an edge's place is its place
         # in its part plus the other part's edges of smaller rows; each destination's edges keep CSC order
-        place = torch.cat([torch.arange(rows1.numel()) + torch.searchsorted(rows2, rows1),
-                           torch.arange(rows2.numel()) + torch.searchsorted(rows1, rows2)]).to(rows1.device)
+        dev = rows1.device
+        place = torch.cat([torch.arange(rows1.numel(), device=dev) + torch.searchsorted(rows2, rows1),
+                           torch.arange(rows2.numel(), device=dev) + torch.searchsorted(rows1, rows2)])
         n = rows1.numel() + rows2.numel()
         merged = []
         for a, b in ((src1, src2), (rows1, rows2), (eid1, eid2)):

@@ -92,7 +92,7 @@ class GlobalUniform:
     def _edge_keys(self, graph: Graph) -> torch.Tensor:
         if self._keys is None or self._keys[0] is not graph:
             keys = graph.edge_dst() * graph.num_nodes + graph.indices  # dst * N + src, one per edge
-            self._keys = (graph, torch.sort(keys).values)
+            self._keys = (graph, torch.sort(keys).values.cpu())  # the draws are made on the host
         return self._keys[1]
 
     def sample(self, graph: Graph, eids: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, key: int) -> Pairs:

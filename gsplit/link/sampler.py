@@ -178,9 +178,10 @@ class EdgePredictionSampler:
                                  f"{graph.num_edges} edges; pass edge ids in [0, {graph.num_edges})")
 
     def plan(self, graph: Graph, eids: torch.Tensor, epoch: int, iteration: int) -> EdgeBatch:
-        """The :class:`EdgeBatch` of the global mini-batch ``eids`` of ``(epoch, iteration)``."""
-        eids = eids.to(torch.int64)
-        src, dst = edge_endpoints(graph, eids)
+        """The :class:`EdgeBatch` of the global mini-batch ``eids`` of ``(epoch, iteration)``, on the host (the
+        loader splits targets and pairs there, without device syncs), also for a graph on a GPU."""
+        eids = eids.to(torch.int64).cpu()
+        src, dst = (t.cpu() for t in edge_endpoints(graph, eids.to(graph.indices.device)))
         neg = None
         if self.negative_sampler is not None:
             key = counter_rng.stream_key(self.sampler.seed, epoch, iteration, NEGATIVE_STREAM)
