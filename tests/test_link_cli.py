@@ -16,8 +16,9 @@ SMALL = ["--fanouts", "4,3", "--hidden", "8", "--batch-size", "64", "--epochs", 
 
 def test_link_training_from_the_command_line(tmp_path, capsys):
     log = tmp_path / "run.jsonl"
+    tb = tmp_path / "tb"
     argv = ["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "2", "--neg-ratio", "2", "--predictor", "mlp",
-            "--log", str(log)]
+            "--log", str(log)] + (["--tensorboard", str(tb)] if _has_tensorboard() else [])
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "validation and" in out and "held out of the message-passing graph" in out
@@ -33,6 +34,21 @@ def test_link_training_from_the_command_line(tmp_path, capsys):
     # the model learns: the second epoch's loss is below the first's
     assert records[2]["loss"] < records[1]["loss"]
     assert summary["val_edges"] > 0 and summary["test_edges"] > summary["val_edges"]
+    if _has_tensorboard():  # the epochs' loss and times, and the final MRR / Hits@K
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        tags = set()
+        for events in tb.glob("events.out.tfevents.*"):
+            acc = EventAccumulator(str(events))
+            acc.Reload()
+            tags |= set(acc.Tags()["scalars"])
+        assert {"loss", "time/epoch", "final_mrr/test", "final_hits@10/val"} <= tags, tags
+
+
+def _has_tensorboard() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -103,6 +103,7 @@ def cmd_train_link(args) -> int:
                   f"Hits@{k} {result[f'final_{name}_hits@{k}']:.4f} (layer-wise embeddings of every vertex)",
                   flush=True)
     if report.tensorboard is not None:
+        report.tensorboard.final(result, step=len(result.get("epochs", [])))
         report.tensorboard.close()
     return 0
 
