@@ -15,6 +15,7 @@ from gsplit.data.graph import Graph  # noqa: E402
 from gsplit.fullgraph import FullGraphLoader, recompute_layers  # noqa: E402
 from gsplit.launcher import (LaunchError, LaunchInterrupted, current_device, launch, report_progress,  # noqa: E402
                              spawn, world_size)
+from gsplit.link import as_edge_prediction_sampler, negative as negative_sampler  # noqa: E402
 from gsplit.minibatch.inference import InferenceResult, layerwise_inference  # noqa: E402
 from gsplit.minibatch.loader import DataLoader  # noqa: E402
 from gsplit.minibatch.parallel import SplitParallel  # noqa: E402
@@ -37,5 +38,6 @@ __all__ = [
     "LaunchInterrupted", "report_progress", "world_size", "spawn",
     "layerwise_inference", "InferenceResult",
     "FullGraphLoader", "recompute_layers", "partition_full_graph", "full_graph_stats",
+    "as_edge_prediction_sampler", "negative_sampler",
     "__version__",
 ]

@@ -17,6 +17,15 @@ def cmd_predict(args) -> int:
     if out.suffix not in (".csv", ".npy", ".npz"):
         raise CliError(f"--out {args.out}: write .csv, .npy or .npz")
     check_writable(out, "--out file", replace=True)
+    from gsplit.run.model_io import load_model
+
+    mf = load_model(args.checkpoint, trust=args.trust_model)
+    if mf.train_config.get("task") == "link":  # embeddings and pair scores
+        from gsplit.cli.predict_link import predict_link
+
+        return predict_link(args, mf)
+    if args.pairs:
+        raise CliError("--pairs scores vertex pairs with a link prediction model; this one classifies vertices")
     mf, ds = _model_and_dataset(args)
     ids = _read_ids(args.ids, ds.num_nodes, ds) if args.ids else torch.arange(ds.num_nodes)
     if ds.node_ids is not None:  # renumbered by its loader: the user's ids in, the user's ids out
@@ -50,6 +59,9 @@ def add_parser(sub) -> None:
     p.add_argument("--ids", metavar="FILE",
                    help="vertices to predict: .npy of ids or a boolean mask, or a text file, one id a line "
                         "(default: every vertex); ids as in the dataset's source: an edge list's own ids")
+    p.add_argument("--pairs", metavar="FILE",
+                   help="link prediction models: score these vertex pairs (.npy of shape [n, 2], or a text file "
+                        "with two ids a line); without it --out gets every vertex's embedding")
     p.add_argument("--out", required=True, metavar="FILE",
                    help=".csv (vertex,prediction), .npy (predicted class per vertex of --ids) or .npz "
                         "(ids, prediction, logits); vertex ids as in the dataset's source (an edge list's own ids)")

@@ -177,6 +177,11 @@ def cmd_prepare(args) -> int:
         raise CliError(f"--metis-edges-per-vertex: {e}") from None
     if not args.full_graph:
         parse_fanouts(args.fanouts)  # a bad --fanouts is said before the dataset is read or kernels are built
+    if args.task == "link":  # the map of a seeded edge split's message-passing graph (gsplit.cli.link_map)
+        from gsplit.cli.link_map import cmd_prepare_link
+
+        _prepare_kernels()
+        return cmd_prepare_link(args, out)
     ds = _prepare_dataset(args, out)
     _prepare_kernels()
     try:
@@ -235,4 +240,7 @@ def add_parser(sub) -> None:
     p.add_argument("--full-graph", action="store_true",
                    help="a map for full-graph training: METIS balancing in-edges and vertices per rank and "
                         "minimising cut edges, no pre-sampling (--method, --fanouts and --batch-size are not used)")
+    from gsplit.cli.link_map import add_link_split_args
+
+    add_link_split_args(p)
     p.set_defaults(func=cmd_prepare)

@@ -12,6 +12,10 @@ def cmd_stats(args) -> int:
 
     if args.json:
         check_writable(args.json, "--json file")
+    if args.task == "link":  # edge mini-batches of a seeded edge split (gsplit.cli.link_map)
+        from gsplit.cli.link_map import cmd_stats_link
+
+        return cmd_stats_link(args)
     ds = _load_dataset(args)
     pmap = gsplit.PartitionMap.load(args.partition)
     if args.full_graph or pmap.method == "full-graph":
@@ -46,4 +50,7 @@ def add_parser(sub) -> None:
     p.add_argument("--full-graph", action="store_true",
                    help="full-graph statistics (cut edges, halo rows per rank, balance); the default for a map "
                         "made with prepare --full-graph")
+    from gsplit.cli.link_map import add_link_split_args
+
+    add_link_split_args(p)
     p.set_defaults(func=cmd_stats)

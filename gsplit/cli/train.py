@@ -123,6 +123,9 @@ class ResumeGuard:
         if not args.resume:
             raise CliError(f"--checkpoint {folder} already holds a checkpoint ({where}); pass --resume to continue "
                            f"it, or another folder for a new run")
+        if latest.run.get("task") == "link":
+            raise CliError(f"the checkpoint in {folder} ({where}) is a link prediction run's; resume it with "
+                           "gsplit train --task link")
         if not latest.run and not args.resume_anyway:
             raise CliError(f"the checkpoint in {folder} ({where}) records no run settings (an older gsplit wrote "
                            f"it), so this run cannot be checked against it; pass --resume-anyway to resume it")
@@ -191,6 +194,10 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda but CUDA is not available here (no GPU or a CPU-only torch); use --device cpu "
                        "or auto")
+    if args.task == "link":  # link prediction: its own module (gsplit.cli.train_link)
+        from gsplit.cli.train_link import cmd_train_link
+
+        return cmd_train_link(args)
     if args.resume_anyway:
         args.resume = True
         if not args.checkpoint:
@@ -534,4 +541,7 @@ def add_parser(sub) -> None:
                    help="stop the job when a rank made no training progress for this many seconds and name it "
                         "(default 600; 0 disables)")
     _add_train_extras(p)
+    from gsplit.cli.train_link import add_link_args
+
+    add_link_args(p)
     p.set_defaults(func=cmd_train)

@@ -71,6 +71,24 @@ class _Shuffle(torch.autograd.Function):
         return grad_h, None, None
 
 
+def shuffle_by(h: torch.Tensor, index: ShuffleIndex, group=None) -> torch.Tensor:
+    """The autograd shuffle of ``h`` by the plan ``index`` on ``group`` (``None``: the group
+    :func:`~gsplit.comm.bind_group` recorded for the plan): :func:`shuffle` for a plan that is not a block's,
+    e.g. the exchange of output rows before link prediction scores pairs (:func:`gsplit.link.pair_rows`).
+
+    Example:
+        >>> index = ShuffleIndex.read_directly(2, rank=0, world_size=1)
+        >>> shuffle_by(torch.ones(2, 3), index).shape
+        torch.Size([2, 3])
+    """
+    if index.identity:  # one rank: nothing moves
+        if h.shape[0] != index.num_local:
+            raise ValueError(f"h has {h.shape[0]} rows but the plan's input has {index.num_local}")
+        return h
+    comm = group_of(index) if group is None else as_communicator(group)
+    return _Shuffle.apply(h, index, comm)
+
+
 def shuffle(h: torch.Tensor, block: Block, group=None) -> torch.Tensor:
     """Turn this rank's rows of the previous layer into the rows of ``block``'s source vertices.
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -42,6 +42,7 @@ from gsplit.sampling.neighbor import NeighborSampler
 log = logging.getLogger(__name__)
 
 __all__ = ["GraphFromDGL", "graph_from_dgl", "from_dgl", "to_dgl_block", "to_dgl_batch", "block_of",
+           "to_dgl_pair_graph", "pair_of",
            "is_dgl_graph", "is_dgl_block", "is_dgl_sampler", "SamplerFromDGL", "sampler_from_dgl", "prefetch_flag", "named_node_data",
            "loader_sampler"]
 
@@ -122,6 +123,15 @@ class GraphFromDGL:
         if self.dgl_edge_ids is None:
             return gsplit_edge_ids
         return self.dgl_edge_ids[gsplit_edge_ids.cpu()].to(gsplit_edge_ids.device)
+
+    def gsplit_edge_ids(self, dgl_edge_ids: torch.Tensor) -> torch.Tensor:
+        """gsplit's ids of DGL's edges ``dgl_edge_ids`` (e.g. a link prediction loader's ``train_eids``): the
+        inverse of :meth:`edge_ids`; the ids must be in range (a loader checks them first)."""
+        if self.dgl_edge_ids is None:
+            return dgl_edge_ids
+        inverse = torch.empty_like(self.dgl_edge_ids)
+        inverse[self.dgl_edge_ids] = torch.arange(self.dgl_edge_ids.numel())
+        return inverse[dgl_edge_ids.cpu()].to(dgl_edge_ids.device)
 
 
 def graph_from_dgl(g) -> GraphFromDGL:
@@ -250,6 +260,43 @@ def to_dgl_block(block: Block, source: Optional[GraphFromDGL] = None):
     return out
 
 
+# The attribute of a DGL pair graph made by to_dgl_pair_graph that holds the gsplit PairGraph it was made from
+_PAIR_ATTR = "_gsplit_pair_graph"
+
+
+def to_dgl_pair_graph(pair, source: Optional[GraphFromDGL] = None):
+    """The DGL graph of a link prediction :class:`~gsplit.link.PairGraph` (DGL's ``pair_graph``): its pairs as
+    edges over ``pair.num_nodes()`` nodes (the rank's pair rows), ``ndata[dgl.NID]`` their global ids, for
+    positives ``edata[dgl.EID]`` the edge ids (DGL's with ``source``). :func:`pair_of` returns ``pair`` for it,
+    which is how :func:`gsplit.link.pair_rows` finds the exchange of the rows.
+
+    Example:
+        >>> import pytest; dgl = pytest.importorskip("dgl")   # (the test suite skips without DGL)
+        >>> from gsplit.link import PairGraph
+        >>> p = PairGraph(torch.tensor([0]), torch.tensor([1]), torch.tensor([4, 9]), torch.tensor([0]), 1)
+        >>> g = to_dgl_pair_graph(p)
+        >>> g.num_nodes(), [t.tolist() for t in g.edges()], pair_of(g) is p
+        (2, [[0], [1]], True)
+    """
+    dgl = _dgl()
+    out = dgl.graph((pair.src, pair.dst), num_nodes=pair.num_nodes(), device=pair.src.device)
+    out.ndata[dgl.NID] = pair.nodes
+    if pair.edge_ids is not None:
+        out.edata[dgl.EID] = pair.edge_ids if source is None else source.edge_ids(pair.edge_ids)
+    setattr(out, _PAIR_ATTR, pair)
+    return out
+
+
+def pair_of(x):
+    """The gsplit pair graph a DGL graph was made from by :func:`to_dgl_pair_graph`, else None.
+
+    Example:
+        >>> pair_of(torch.zeros(2)) is None
+        True
+    """
+    return getattr(x, _PAIR_ATTR, None) if is_dgl_graph(x) else None
+
+
 def to_dgl_batch(batch: MiniBatch, source: Optional[GraphFromDGL] = None) -> MiniBatch:
     """``batch`` with its blocks as DGL blocks (:func:`to_dgl_block`); ``input_nodes``/``output_nodes`` unchanged.
 
@@ -261,7 +308,12 @@ def to_dgl_batch(batch: MiniBatch, source: Optional[GraphFromDGL] = None) -> Min
         >>> [b.is_block for b in blocks], blocks[-1].dstdata[dgl.NID].tolist()
         ([True, True], [0, 2])
     """
-    return MiniBatch(batch.input_nodes, batch.output_nodes, [to_dgl_block(b, source) for b in batch.blocks])
+    blocks = [to_dgl_block(b, source) for b in batch.blocks]
+    if hasattr(batch, "pair_graph"):  # link prediction (gsplit.link.LinkMiniBatch): DGL pair graphs too
+        return replace(batch, pair_graph=to_dgl_pair_graph(batch.pair_graph, source), blocks=blocks,
+                       neg_pair_graph=None if batch.neg_pair_graph is None else
+                       to_dgl_pair_graph(batch.neg_pair_graph, source))
+    return MiniBatch(batch.input_nodes, batch.output_nodes, blocks)
 
 
 def is_dgl_sampler(x) -> bool:

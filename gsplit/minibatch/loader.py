@@ -36,6 +36,9 @@ from gsplit.data.graph import Graph, as_vertex_ids
 from gsplit.interop import dgl as dgl_interop  # imports no dgl: DGL inputs and DGL's keywords
 from gsplit.interop.graphs import graph_input  # DGLGraph / PyG Data in, imports neither library
 from gsplit.interop.pyg import refuse_pyg_loader_keywords, warn_fanout_order  # imports no torch_geometric
+from gsplit.link import loading as link_loading
+from gsplit.link.pairs import LinkMiniBatch
+from gsplit.link.sampler import as_edge_ids, attach_pairs
 from gsplit.partitioning.auto import default_partition
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.minibatch.prefetch import PREFETCH_DEPTH, Producer
@@ -149,7 +152,7 @@ class RankLoader:
         return super().__new__(cls)
 
     def _init_rank(self, graph: Graph, indices, group, use_ddp: bool, batch_size: int, ddp_seed: int,
-                   shuffle: bool, drop_last: bool, replica_group=None) -> None:
+                   shuffle: bool, drop_last: bool, replica_group=None, edges: bool = False) -> None:
         self.comm = Communicator(group)
         if self.comm.world_size > 1 and not use_ddp:
             raise ValueError(f"a process group of {self.comm.world_size} ranks is initialised but use_ddp=False; "
@@ -160,7 +163,9 @@ class RankLoader:
             replica_layout(group, replica_group)
         # the group gradients and logged losses are summed over (a Communicator, as comm is)
         self.replica_comm = None if replica_group is None else Communicator(replica_group)
-        indices = as_vertex_ids(indices, graph.num_nodes, "indices", unique=True)
+        # an edge sampler's loader iterates edge ids (link prediction), any other vertex ids
+        indices = as_edge_ids(indices, graph, "train_eids") if edges else \
+            as_vertex_ids(indices, graph.num_nodes, "indices", unique=True)
         self.schedule = BatchSchedule(indices, batch_size, self.comm.world_size, ddp_seed, shuffle, drop_last,
                                       num_replicas=self.num_replicas)
 
@@ -215,6 +220,8 @@ class RankLoader:
         for batch in self._batches(*self.schedule.next_pass()):
             # the batch's shuffles (group=None) run on this loader's group: the one place they meet
             bind_group(batch.blocks, self.comm)
+            if isinstance(batch, LinkMiniBatch):  # and the exchange of its output rows before scoring
+                bind_group(batch.pair_graphs(), self.comm)
             yield batch
 
     def _batches(self, epoch: int, start: int) -> Iterator[MiniBatch]:
@@ -235,11 +242,15 @@ class DataLoader(RankLoader):
             unless given, and the loader yields real DGL blocks (``dgl.create_block``) with
             ``srcdata``/``dstdata``, ``srcdata[dgl.NID]``/``dstdata[dgl.NID]`` (global vertex ids) and
             ``edata[dgl.EID]``, on which ``dgl.nn`` layers run unchanged.
-        indices: target vertices (e.g. ``train_idx``), or a boolean mask (e.g. ``g.ndata["train_mask"]``).
+        indices: target vertices (e.g. ``train_idx``), or a boolean mask (e.g. ``g.ndata["train_mask"]``);
+            with an edge sampler, training edge ids (``train_eids``: positions in ``graph.indices``).
         sampler: a :class:`gsplit.NeighborSampler`, or DGL's ``NeighborSampler`` /
             ``MultiLayerFullNeighborSampler``, replaced by a gsplit sampler with the same fanouts
             (:func:`gsplit.interop.dgl.sampler_from_dgl`; its ``prefetch_node_feats`` /
-            ``prefetch_labels`` apply when the loader's are not given).
+            ``prefetch_labels`` apply when the loader's are not given). Link prediction: an edge sampler of
+            :func:`gsplit.as_edge_prediction_sampler`; the loader then yields DGL's
+            ``(input_nodes, pair_graph, neg_pair_graph, blocks)`` (:class:`gsplit.link.LinkMiniBatch`), a
+            global mini-batch being ``batch_size * world size`` edges (see :mod:`gsplit.link`).
         partition: a :class:`gsplit.PartitionMap` with ``num_parts == world size`` (or an owner
             tensor); optional at world size 1.
         device: where blocks, features and labels are delivered.
@@ -354,7 +365,9 @@ class DataLoader(RankLoader):
                  prefetch_node_feats: Optional[Sequence[str]] = None, prefetch_labels: Optional[Sequence[str]] = None,
                  replica_group=None, overlap: bool = False, input_features: str = "shuffle", macrobatch: int = 1,
                  macrobatch_memory: Union[int, str, None] = None):
-        source = graph_input(graph)  # a gsplit Graph, a DGLGraph or a PyG Data
+        given, source = graph, graph_input(graph)  # a gsplit Graph, a DGLGraph or a PyG Data
+        self.edge_sampler, sampler = link_loading.unwrap_edge_sampler(sampler, source.kind, replica_group)
+        """Link prediction: the edge sampler (``indices`` are then edge ids), else None."""
         dgl_graph = graph if source.kind == "dgl" else None
         self.dgl_source = source.dgl_source
         """The DGLGraph's conversion when one was given (the loader then yields DGL blocks), else None."""
@@ -374,12 +387,19 @@ class DataLoader(RankLoader):
                 graph = graph.pin_memory()
         sampler, prefetch_node_feats, prefetch_labels = dgl_interop.loader_sampler(sampler, prefetch_node_feats,
                                                                                    prefetch_labels)
-        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last, replica_group)
+        if self.edge_sampler is not None and source.kind != "gsplit":  # DGL's / PyG's edge ids in, gsplit's inside
+            indices, self.edge_sampler = link_loading.from_input_edge_ids(
+                indices, self.edge_sampler, graph, link_loading.native_edge_ids(source, given), given)
+        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last, replica_group,
+                        edges=self.edge_sampler is not None)
         self.sampler = sampler
+        targets = self.schedule.indices
+        if self.edge_sampler is not None:
+            self.edge_sampler, targets = link_loading.bind_node_sampler(self.edge_sampler, sampler, graph, targets)
         # a graph on the GPU, or pinned in host memory, is sampled on the GPU (ops.sampling_device)
         self.sample_device = ops.sampling_device(graph, self.device)
         if partition is None and self.comm.world_size > 1:  # as DGL's call site: no map given, make one
-            partition = default_partition(graph, self.schedule.indices, sampler, batch_size, self.comm)
+            partition = default_partition(graph, targets, sampler, batch_size, self.comm)
         owner = owner_tensor(partition, graph, self.comm.world_size)
         with timed_step(f"moving the owner map to {self.sample_device}", logger=log):
             self.owner = owner.to(self.sample_device)
@@ -422,7 +442,8 @@ class DataLoader(RankLoader):
         reads the table on its own device itself, a copy out of the union would cost what the read does
         (measured on a CPU: 16 batches of the 100k graph, 88 ms read one by one, 120 ms through their union)."""
         tables = ([self.features] if self.features is not None else []) + list(self.extra_node_feats.values())
-        self.macrobatch = self._init_macrobatch(macrobatch, macrobatch_memory, sampler, batch_size,
+        per_target = 1 if self.edge_sampler is None else self.edge_sampler.targets_per_edge()  # edges: endpoints
+        self.macrobatch = self._init_macrobatch(macrobatch, macrobatch_memory, sampler, batch_size * per_target,
                                                 sum(math.prod(t.shape[1:]) * t.element_size() for t in tables),
                                                 shuffled=not self.reads_inputs)
         """Mini-batches sampled and loaded together (``macrobatch``, after the memory bound)."""
@@ -491,14 +512,20 @@ class DataLoader(RankLoader):
         own_group = comm is not self.comm
         before = comm.traffic.snapshot(seconds=True) if own_group else None
         t0 = time.perf_counter()
+        sampler, edge_batches = self.sampler, None
+        if self.edge_sampler is not None:  # a global mini-batch of edges: its targets are its pairs' endpoints
+            group, sampler, edge_batches = link_loading.plan_group(self.edge_sampler, self.graph, group, epoch)
         # seeds: the whole global mini-batch (the union over replicas); this host splits its slice
         mine = [self.schedule.replica_slice(seeds, self.replica_rank) if self.num_replicas > 1 else seeds
                 for _, seeds in group]
         targets = [local_targets(m, self._host_owner, self.rank) for m in mine]  # on the host: no device sync
-        batches = sp_sample_many(self.graph, mine, self.owner, self.sampler, comm, epoch=epoch,
+        batches = sp_sample_many(self.graph, mine, self.owner, sampler, comm, epoch=epoch,
                                  iterations=[it for it, _ in group], num_global_targets=[s.numel() for _, s in group],
                                  targets=[to_device(t, self.sample_device) for t in targets], overlap=self.overlap,
                                  exchange_inputs=not self.reads_inputs)
+        if edge_batches is not None:
+            batches = [attach_pairs(e, b, self._host_owner, self.rank, self.world_size)
+                       for e, b in zip(edge_batches, batches)]
         union = len(batches) > 1 and self.loads_union
         plan = macro_inputs(batches, self.owner, self.rank, self.world_size, self.graph.num_nodes,
                             read_directly=self.reads_inputs) if union else None

@@ -24,6 +24,9 @@ global mini-batch:
    output is scaled by ``local targets / global targets``, so the ranks' gradients add up to the
    gradient of the global mini-batch's mean loss. In full-graph training the targets are the training
    vertices (``blocks[-1].num_loss_rows`` of the rank, labelled; the rest carry ``ignore_index``).
+   Link prediction mini-batches (:mod:`gsplit.link`) score pairs, not output rows: their top block has no
+   ``global_num_dst`` and only DDP's averaging is undone; the loss is then
+   :func:`gsplit.link.split_bce_with_logits`, already a share of the global mean.
 4. **Gradient sum**: parameter gradients are all-reduced in buckets overlapped with backward by a
    ``torch.nn.parallel.DistributedDataParallel`` on a process group of its own (its all-reduces never
    interleave with the shuffles' all-to-alls); DDP's averaging is folded into the scale of step 3.

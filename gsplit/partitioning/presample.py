@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional, Tuple
+from typing import Iterable, List, Optional, Tuple
 
 import torch
 
@@ -110,43 +110,12 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
     if int(epochs) < 1:
         raise ValueError(f"epochs={epochs}; pre-sampling needs at least one epoch")
     batch_size, epochs = int(batch_size), int(epochs)
-    n, dev = graph.num_nodes, graph.device
     per_epoch = -(-train_idx.numel() // batch_size)
     t0 = time.perf_counter()
 
-    levels: Optional[List[_Counter]] = None
-    loads: Optional[List[_Counter]] = None
-    edges = _Counter(graph.num_edges, dev)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=epochs * per_epoch, desc="pre-sampling", unit="batch")
-    num_batches = 0
-    for epoch in range(epochs):
-        for it, seeds in enumerate(global_batches(train_idx, batch_size, seed, epoch)):
-            level_nodes, layer_edges = _batch_use(sampler.sample_blocks(graph, seeds, epoch, it))
-            if levels is None:
-                levels = [_Counter(n, dev) for _ in range(len(level_nodes))]
-                loads = [_Counter(n, dev) for _ in range(len(layer_edges))]
-            elif len(level_nodes) != len(levels):
-                raise ValueError(f"the sampler returned {len(layer_edges)} blocks after {len(levels) - 1} before; "
-                                 "it must return one block per layer every time")
-            for l, nodes in enumerate(level_nodes):
-                levels[l].add(nodes)
-            for l, (dst, eids) in enumerate(layer_edges):
-                loads[l].add(dst)
-                edges.add(eids)
-            num_batches += 1
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
-
-    inv = 1.0 / num_batches
-    level_w = torch.stack([c.flush() for c in levels]).to(torch.float32).mul_(inv).cpu()
-    load_w = torch.stack([c.flush() for c in loads]).to(torch.float32).mul_(inv).cpu()
-    edge_w = edges.flush().to(torch.float32).mul_(inv).cpu()
+    batches = (sampler.sample_blocks(graph, seeds, epoch, it) for epoch in range(epochs)
+               for it, seeds in enumerate(global_batches(train_idx, batch_size, seed, epoch)))
+    level_w, load_w, edge_w, num_batches = count_blocks(graph, batches, epochs * per_epoch if progress else 0)
     elapsed = time.perf_counter() - t0
     log.info("pre-sampled %d mini-batches (%d epochs of %d targets) in %.1fs", num_batches, epochs, batch_size, elapsed)
     fanouts = getattr(sampler, "fanouts", None)
@@ -164,3 +133,53 @@ def presample(graph: Graph, train_idx, sampler, batch_size: int, epochs: int = 1
         metadata={"method": "sampled", "seed": int(seed), "seconds": round(elapsed, 3), "sampler": cfg,
                   "num_train": int(train_idx.numel()), "num_parts": num_parts, "batch_size_per_rank": per_rank},
     )
+
+
+def count_blocks(graph: Graph, batches: Iterable[List], progress_total: int = 0):
+    """Count what sampled pre-sampling counts over ``batches`` (each the blocks of one mini-batch, input layer
+    first): ``(level_vertex_weights, layer_edge_load, edge_weights, num_batches)``, the first three averaged
+    per mini-batch (see :class:`PresampleWeights`). ``progress_total > 0`` shows a progress bar of that length.
+    :func:`presample` counts node mini-batches with it, :func:`gsplit.link.presample.presample_edges` edge ones.
+
+    Example:
+        >>> from gsplit import Graph, NeighborSampler
+        >>> g = Graph.from_edges([0, 1, 2], [1, 2, 0], symmetric=True)
+        >>> levels, loads, edges, n = count_blocks(g, [NeighborSampler([-1]).sample_blocks(g, torch.tensor([0]))])
+        >>> levels.sum(0).tolist(), n
+        ([2.0, 1.0, 1.0], 1)
+    """
+    n, dev = graph.num_nodes, graph.device
+    levels: Optional[List[_Counter]] = None
+    loads: Optional[List[_Counter]] = None
+    edges = _Counter(graph.num_edges, dev)
+    bar = None
+    if progress_total:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=progress_total, desc="pre-sampling", unit="batch")
+    num_batches = 0
+    for blocks in batches:
+        level_nodes, layer_edges = _batch_use(blocks)
+        if levels is None:
+            levels = [_Counter(n, dev) for _ in range(len(level_nodes))]
+            loads = [_Counter(n, dev) for _ in range(len(layer_edges))]
+        elif len(level_nodes) != len(levels):
+            raise ValueError(f"the sampler returned {len(layer_edges)} blocks after {len(levels) - 1} before; "
+                             "it must return one block per layer every time")
+        for l, nodes in enumerate(level_nodes):
+            levels[l].add(nodes)
+        for l, (dst, eids) in enumerate(layer_edges):
+            loads[l].add(dst)
+            edges.add(eids)
+        num_batches += 1
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    if num_batches == 0:
+        raise ValueError("no mini-batch to count; pre-sampling needs at least one")
+    inv = 1.0 / num_batches
+    level_w = torch.stack([c.flush() for c in levels]).to(torch.float32).mul_(inv).cpu()
+    load_w = torch.stack([c.flush() for c in loads]).to(torch.float32).mul_(inv).cpu()
+    edge_w = edges.flush().to(torch.float32).mul_(inv).cpu()
+    return level_w, load_w, edge_w, num_batches

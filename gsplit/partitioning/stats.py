@@ -106,31 +106,49 @@ def split_stats(graph: Graph, pmap: PartitionMap, sampler, train_idx, batch_size
         for it, seeds in enumerate(global_batches(train_idx, batch_size, seed, epoch)):
             if len(cross) == num_batches:
                 break
-            blocks = sampler.sample_blocks(graph, seeds, epoch, it)
-            c_row, e_row, v_row = [], [], []
-            for b in blocks:
-                own_dst = assign[b.dst_nodes]
-                e_dst = own_dst[b.edge_dst]
-                e_src = assign[b.src_nodes[b.edge_src]]
-                c_row.append(float((e_src != e_dst).to(torch.float64).mean()) if e_dst.numel() else 0.0)
-                e_row.append(_imbalance(e_dst, p))
-                v_row.append(_imbalance(own_dst, p))
+            c_row, e_row, v_row, in_imb = block_split(sampler.sample_blocks(graph, seeds, epoch, it), assign, p)
             cross.append(c_row)
             eimb.append(e_row)
             vimb.append(v_row)
-            inimb.append(_imbalance(assign[blocks[0].src_nodes], p))
+            inimb.append(in_imb)
         epoch += 1
+    stats = stats_of_batches(p, pmap.method, batch_size, cross, eimb, vimb, inimb)
+    log.info("split stats (%s, %d parts, %d batches): cross-edge fraction %s, edge imbalance %s", pmap.method, p,
+             num_batches, [round(x, 3) for x in stats.cross_edge_fraction], [round(x, 3) for x in stats.edge_imbalance])
+    return stats
+
+
+def block_split(blocks, assign: torch.Tensor, num_parts: int):
+    """How ``assign`` splits one mini-batch's ``blocks``: per layer the cross-edge fraction, the edge and the
+    destination-vertex imbalance, and the input-vertex imbalance (see :class:`SplitStats`).
+
+    Example:
+        >>> from gsplit import Graph, NeighborSampler
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> block_split(NeighborSampler([-1]).sample_blocks(g, torch.arange(4)), torch.tensor([0, 0, 1, 1]), 2)
+        ([0.5], [1.0], [1.0], 1.0)
+    """
+    c_row, e_row, v_row = [], [], []
+    for b in blocks:
+        own_dst = assign[b.dst_nodes]
+        e_dst = own_dst[b.edge_dst]
+        e_src = assign[b.src_nodes[b.edge_src]]
+        c_row.append(float((e_src != e_dst).to(torch.float64).mean()) if e_dst.numel() else 0.0)
+        e_row.append(_imbalance(e_dst, num_parts))
+        v_row.append(_imbalance(own_dst, num_parts))
+    return c_row, e_row, v_row, _imbalance(assign[blocks[0].src_nodes], num_parts)
+
+
+def stats_of_batches(num_parts: int, method: str, batch_size: int, cross, eimb, vimb, inimb) -> SplitStats:
+    """The :class:`SplitStats` of per-batch rows of :func:`block_split` (averaged over the batches)."""
 
     def avg(rows: List[List[float]]) -> List[float]:
         return [sum(col) / len(col) for col in zip(*rows)]
 
-    stats = SplitStats(num_parts=p, method=pmap.method, num_batches=num_batches, batch_size=batch_size,
-                       cross_edge_fraction=avg(cross), edge_imbalance=avg(eimb), vertex_imbalance=avg(vimb),
-                       input_imbalance=sum(inimb) / len(inimb),
-                       per_batch={"cross_edge_fraction": cross, "edge_imbalance": eimb, "vertex_imbalance": vimb})
-    log.info("split stats (%s, %d parts, %d batches): cross-edge fraction %s, edge imbalance %s", pmap.method, p,
-             num_batches, [round(x, 3) for x in stats.cross_edge_fraction], [round(x, 3) for x in stats.edge_imbalance])
-    return stats
+    return SplitStats(num_parts=num_parts, method=method, num_batches=len(cross), batch_size=batch_size,
+                      cross_edge_fraction=avg(cross), edge_imbalance=avg(eimb), vertex_imbalance=avg(vimb),
+                      input_imbalance=sum(inimb) / len(inimb),
+                      per_batch={"cross_edge_fraction": cross, "edge_imbalance": eimb, "vertex_imbalance": vimb})
 
 
 # ---------------------------------------------------------------------------------------------- full graph

@@ -37,14 +37,23 @@ def epoch_scalars(record: dict) -> Dict[str, float]:
 
 
 def final_scalars(summary: dict) -> Dict[str, float]:
-    """The final layer-wise accuracies of a run's summary (``final_val_acc`` / ``final_test_acc``).
+    """The final layer-wise accuracies of a run's summary (``final_val_acc`` / ``final_test_acc``), and a link
+    prediction run's MRR and Hits@K (``final_val_mrr``, ``final_test_hits@50``, ...).
 
     Example:
         >>> final_scalars({"final_test_acc": 0.9, "wall_s": 3})
         {'final_accuracy/test': 0.9}
+        >>> final_scalars({"final_test_mrr": 0.5, "final_test_hits@50": 0.7})
+        {'final_mrr/test': 0.5, 'final_hits@50/test': 0.7}
     """
-    return {f"final_accuracy/{name}": float(summary[f"final_{name}_acc"]) for name in ("val", "test")
-            if f"final_{name}_acc" in summary}
+    out = {f"final_accuracy/{name}": float(summary[f"final_{name}_acc"]) for name in ("val", "test")
+           if f"final_{name}_acc" in summary}
+    for key, value in summary.items():  # link prediction: final_{val,test}_{mrr,hits@K}
+        parts = key.split("_", 2)
+        if len(parts) == 3 and parts[0] == "final" and parts[1] in ("val", "test") and \
+                (parts[2] == "mrr" or parts[2].startswith("hits@")):
+            out[f"final_{parts[2]}/{parts[1]}"] = float(value)
+    return out
 
 
 def plot_run(log: Union[str, os.PathLike, dict], out: Union[str, os.PathLike]) -> List[str]:

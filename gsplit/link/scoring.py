@@ -1,0 +1,93 @@
+"""Scoring pairs on a split: the rows a rank's pairs need, and the loss over the global mini-batch's pairs.
+
+A rank's model returns one row per vertex it owns (``blocks[-1].dst_nodes``). :func:`pair_rows` turns them
+into its *pair rows* (its own rows, then the other ranks' rows its pairs need: one autograd-aware all-to-all
+whose backward returns the gradients to their owners), so a predictor is written as in DGL::
+
+    h = gsplit.link.pair_rows(model(blocks, x), pair_graph)      # the one added line
+    u, v = pair_graph.edges();  pos = (h[u] * h[v]).sum(1)      # or an MLP on h[u] * h[v]
+    u, v = neg_pair_graph.edges();  neg = (h[u] * h[v]).sum(1)
+    loss = gsplit.link.split_bce_with_logits(pos, neg, pair_graph, neg_pair_graph)
+
+:func:`split_bce_with_logits` is the rank's share of the global mean binary cross-entropy over every
+positive and negative pair of the global mini-batch: summed over ranks (``gsplit.allreduce_gradients``, or
+:class:`gsplit.SplitParallel`, which does not rescale link mini-batches) it is one process's
+``F.binary_cross_entropy_with_logits(cat([pos, neg]), cat([ones, zeros]))``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from gsplit.comm.shuffle import shuffle_by
+from gsplit.interop.dgl import pair_of  # imports no dgl
+from gsplit.link.pairs import PairGraph
+
+
+def _pairs(x) -> PairGraph:
+    """The gsplit pair graph of a pair graph argument: itself, or the one a DGL pair graph was made from."""
+    if isinstance(x, PairGraph):
+        return x
+    pair = pair_of(x)
+    if pair is None:
+        raise TypeError(f"expected a pair graph that gsplit.DataLoader yielded (gsplit.link.PairGraph or its DGL "
+                        f"graph), got {type(x).__name__}")
+    return pair
+
+
+def pair_rows(h: torch.Tensor, pair_graph: PairGraph, group=None) -> torch.Tensor:
+    """This rank's output rows ``h`` (one per ``blocks[-1]`` destination) -> its pair rows (one per
+    ``pair_graph.num_nodes()``), which ``pair_graph.edges()`` and ``neg_pair_graph.edges()`` index. Every
+    rank must call it for every mini-batch (it is a collective on more than one rank), also one with no pair.
+    ``group``: as :func:`gsplit.shuffle`'s (default: the loader's).
+
+    Example:
+        >>> p = PairGraph(torch.tensor([0]), torch.tensor([1]), torch.tensor([4, 9]), torch.tensor([0]), 1)
+        >>> pair_rows(torch.ones(2, 3), p).shape        # one rank: the rows are the pair rows
+        torch.Size([2, 3])
+    """
+    pair_graph = _pairs(pair_graph)
+    index = pair_graph.shuffle_index
+    if index is None:
+        if h.shape[0] != pair_graph.num_nodes():
+            raise ValueError(f"h has {h.shape[0]} rows but the pair graph has {pair_graph.num_nodes()} nodes; pass "
+                             "the model's output for blocks[-1] (one row per destination) unchanged")
+        return h
+    if h.shape[0] != index.num_local:
+        raise ValueError(f"h has {h.shape[0]} rows but this rank has {index.num_local} output rows "
+                         "(blocks[-1].num_dst_nodes()); pass the model's output for blocks[-1] unchanged")
+    return shuffle_by(h, index, group)
+
+
+def split_bce_with_logits(pos_score: torch.Tensor, neg_score: Optional[torch.Tensor], pair_graph: PairGraph,
+                          neg_pair_graph: Optional[PairGraph] = None) -> torch.Tensor:
+    """This rank's share of the global mini-batch's mean binary cross-entropy (positives labelled 1, negatives
+    0): ``sum over this rank's pairs / pairs of the global mini-batch``. For one rank it is the ordinary mean.
+
+    Example:
+        >>> p = PairGraph(torch.tensor([0]), torch.tensor([1]), torch.tensor([4, 9]), torch.tensor([0]), 1)
+        >>> n = PairGraph(torch.tensor([0]), torch.tensor([0]), torch.tensor([4, 9]), torch.tensor([0]), 1)
+        >>> float(split_bce_with_logits(torch.tensor([0.0]), torch.tensor([0.0]), p, n))  # doctest: +ELLIPSIS
+        0.693...
+    """
+    pair_graph = _pairs(pair_graph)
+    neg_pair_graph = None if neg_pair_graph is None else _pairs(neg_pair_graph)
+    pos_score = pos_score.reshape(-1)
+    if pos_score.numel() != pair_graph.num_edges():
+        raise ValueError(f"pos_score has {pos_score.numel()} scores but pair_graph has {pair_graph.num_edges()} "
+                         "pairs; score every pair of pair_graph.edges()")
+    total = pair_graph.global_num_pairs
+    loss = F.binary_cross_entropy_with_logits(pos_score, torch.ones_like(pos_score), reduction="sum")
+    if neg_score is not None:
+        if neg_pair_graph is None:
+            raise ValueError("neg_score is given without neg_pair_graph; pass both (the loader yields both)")
+        neg_score = neg_score.reshape(-1)
+        if neg_score.numel() != neg_pair_graph.num_edges():
+            raise ValueError(f"neg_score has {neg_score.numel()} scores but neg_pair_graph has "
+                             f"{neg_pair_graph.num_edges()} pairs; score every pair of neg_pair_graph.edges()")
+        total += neg_pair_graph.global_num_pairs
+        loss = loss + F.binary_cross_entropy_with_logits(neg_score, torch.zeros_like(neg_score), reduction="sum")
+    return loss / max(int(total), 1)
