@@ -20,39 +20,8 @@ from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_grap
                                check_output_folder, default_num_ranks)
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
                                 check_dataset_options, parse_dataset_options, parse_fanouts)
+from gsplit.cli.report import EpochReport, tensorboard_writer
 from gsplit.runtime.io import append_jsonl, check_writable, trim_run_log
-
-
-def print_epoch(record: dict) -> None:
-    """Per-epoch line printed from rank 0 (picklable, so it can cross into the rank processes).
-
-    Its parts (sample / load / fwd-bwd, the slowest rank's each) are measured within the epoch's time,
-    so none exceeds it; the setup before the first epoch is in neither (the log's ``setup_s``)."""
-    acc = "  ".join(f"{k[:-4]} acc {record[k]:.4f}" for k in ("val_acc", "test_acc") if k in record)
-    print(f"epoch {record['epoch']:>3}  loss {record['loss']:.4f}  time {record['epoch_s']:.2f}s "
-          f"(sample {record['sample_s']:.2f} / load {record['load_s']:.2f} / fwd-bwd {record['train_s']:.2f})  "
-          f"{acc}", flush=True)
-
-
-class EpochReport:
-    """Rank 0's per-epoch callback: print the epoch line and, with a log file, append the record to it.
-
-    Picklable (it crosses into the rank processes). Appending as epochs finish keeps the epochs done
-    when a later one crashes.
-    """
-
-    def __init__(self, log_path: Optional[str] = None, tensorboard=None):
-        self.log_path = log_path
-        """JSON Lines file to append ``{"type": "epoch", ...}`` records to; None: print only."""
-        self.tensorboard = tensorboard
-        """A :class:`gsplit.run.plot.TensorBoardWriter` for the same numbers (``--tensorboard``), or None."""
-
-    def __call__(self, record: dict) -> None:
-        print_epoch(record)
-        if self.log_path:
-            append_jsonl(self.log_path, {"type": "epoch", **record})
-        if self.tensorboard is not None:
-            self.tensorboard.epoch(record)
 
 
 def _map_mismatch(pmap, fanouts: List[int], batch_size: int) -> str:
@@ -308,7 +277,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
         else:  # less what it logs again: every epoch is in the log exactly once, however the run stopped
             trim_run_log(args.log, int(resumed.get("resumed_from", {}).get("epoch", 0)))
         append_jsonl(args.log, {**_run_record(args, ds, ranks, cfg), **resumed})
-    report = EpochReport(args.log, _tensorboard(args))
+    report = EpochReport(args.log, tensorboard_writer(args))
     t = time.perf_counter()
     if torchrun:
         return _train_torchrun(args, cfg, ds, owner, cache_weights, rank, ranks, t, report)
@@ -427,17 +396,6 @@ def _run_record(args, ds, ranks: int, cfg) -> dict:
     return {"type": "run", "dataset": ds.name, "world_size": ranks, "config": asdict(cfg),
             "dataset_spec": json_safe(spec), "seed": cfg.seed, "options": json_safe({k: v for k, v in vars(args).items() if not callable(v)}),
             "versions": versions(), "command": "gsplit " + " ".join(sys.argv[1:])}
-
-
-def _tensorboard(args):
-    """``--tensorboard DIR``'s writer (checked importable before any work), or None."""
-    folder = getattr(args, "tensorboard", None)
-    if not folder:
-        return None
-    from gsplit.run.plot import TensorBoardWriter
-
-    TensorBoardWriter.check_available()
-    return TensorBoardWriter(folder)
 
 
 def _report_final(result: dict, report: "EpochReport") -> None:

@@ -51,7 +51,7 @@ def _check_options(args) -> tuple:
 
 def cmd_train_link(args) -> int:
     import gsplit
-    from gsplit.cli.train import EpochReport, _tensorboard
+    from gsplit.cli.report import EpochReport, tensorboard_writer
     from gsplit.link.train import LinkTrainConfig, train_link_rank
 
     val, test = _check_options(args)
@@ -78,7 +78,7 @@ def cmd_train_link(args) -> int:
     owner = None
     if ranks > 1:
         owner = map_for_training(args, split, cfg, ranks, val, test)
-    report = EpochReport(args.log, _tensorboard(args))
+    report = EpochReport(args.log, tensorboard_writer(args))
     if args.log:
         Path(args.log).write_bytes(b"")  # a new run starts its log afresh
         append_jsonl(args.log, {"type": "run", "task": "link", "dataset": ds.name, "world_size": ranks,
