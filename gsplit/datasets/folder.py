@@ -176,11 +176,9 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
     if int(meta["version"]) > FORMAT_VERSION:
         raise ValueError(f"{p} was written by a newer gsplit (format version {meta['version']} > {FORMAT_VERSION}); "
                          f"upgrade gsplit to read it")
-    for key in ("num_nodes", "num_edges", "feature_dim", "num_classes"):  # JSON numbers: 1e10 is a float
-        if isinstance(meta[key], bool) or not isinstance(meta[key], int) or meta[key] < (0 if key != "num_classes"
-                                                                                         else 1):
-            raise ValueError(f"{p / 'meta.json'}: {key} is {meta[key]!r}, not a "
-                             f"{'positive' if key == 'num_classes' else 'non-negative'} integer; {_FIX}")
+    for key in ("num_nodes", "num_edges", "feature_dim"):  # JSON numbers: 1e10 is a float
+        if isinstance(meta[key], bool) or not isinstance(meta[key], int) or meta[key] < 0:
+            raise ValueError(f"{p / 'meta.json'}: {key} is {meta[key]!r}, not a non-negative integer; {_FIX}")
     checks = meta.get("checks", {})
     n, dim = int(meta["num_nodes"]), int(meta["feature_dim"])
     classes, most = meta["num_classes"], max(n, _MAX_CLASSES)

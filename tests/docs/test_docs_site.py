@@ -61,7 +61,7 @@ def test_the_search_index_finds_the_api_and_the_guides(site):
     index = json.loads((site / "search" / "search_index.json").read_text())
     locations = {doc["location"] for doc in index["docs"]}
     for name in ("api/gsplit/#gsplit.SplitParallel", "api/loaders/#gsplit.DataLoader",
-                 "api/launch/#gsplit.launcher.launch", "api/partitioning/#gsplit.partition",
+                 "api/launcher/#gsplit.launcher.launch", "api/partitioning/#gsplit.partition",
                  "api/datasets/#gsplit.datasets.load_edgelist", "guides/your-data/"):
         assert name in locations, f"{name} is not in the search index ({len(locations)} entries)"
     texts = " ".join(doc["text"] for doc in index["docs"] if doc["location"].startswith("guides/your-data/"))

@@ -156,7 +156,9 @@ def test_a_folder_whose_num_classes_cannot_be_built_is_refused_naming_its_meta_j
     meta = json.loads(meta_path.read_text())
     train = ["train", "--dataset", f"folder:{folder}", "--fanouts", "4,3", "--batch-size", "64", "--hidden", "16",
              "--epochs", "1", "--num-ranks", "1", "--device", "cpu"]
-    for value, says in ((10 ** 10, "parameters"), (1e10, "num_classes is 10000000000.0, not a positive integer")):
+    # the folder's own check bounds num_classes (one output per class) before any model is described
+    for value, says in ((10 ** 10, "num_classes=10000000000 must be an integer from 1 to"),
+                        (1e10, "num_classes=10000000000.0 must be an integer from 1 to")):
         meta_path.write_text(json.dumps(dict(meta, num_classes=value)))
         assert main(train) == 2
         line = _one_line(capsys)
