@@ -242,14 +242,14 @@ def test_layerwise_inference_equals_the_forward():
 def test_split_safe_estimated_and_saved_like_the_others(tmp_path):
     from gsplit.run.model_io import load_model, save_model
 
-    graph, feats, labels, train_idx = fg.make_problem()
+    graph, feats, _, _ = fg.make_problem()
     for name in DEEP:
         model = build_model(name, fg.FEAT_DIM, 8, fg.NUM_CLASSES, num_layers=4, dropout=0.5).double()
         check_split_safe(model)  # LayerNorm, not BatchNorm
         dims = layer_dims(model)
         assert [d[:2] for d in dims] == [(fg.FEAT_DIM, 8), (8, 8), (8, 8), (8, fg.NUM_CLASSES)]
-        spec = dict(name=name, in_feats=fg.FEAT_DIM, hidden=8, num_classes=fg.NUM_CLASSES, num_layers=4, dropout=0.5,
-                    heads=4)
+        spec = {"name": name, "in_feats": fg.FEAT_DIM, "hidden": 8, "num_classes": fg.NUM_CLASSES, "num_layers": 4,
+                "dropout": 0.5, "heads": 4}
         save_model(tmp_path / f"{name}.pt", model, spec)
         loaded = load_model(tmp_path / f"{name}.pt").model.double()
         blocks = [fg.whole_graph_block(graph)] * 4
@@ -265,7 +265,7 @@ def test_memory_estimate_is_close_to_saved_tensors():
         model = new_model(name, 6, fg.FEAT_DIM)
         seen = {}
 
-        def pack(t):
+        def pack(t, seen=seen):
             seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
             return t
 
