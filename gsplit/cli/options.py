@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -27,6 +27,33 @@ def parse_fanouts(text: str) -> List[int]:
     bad = [f for f in fanouts if f < 1 and f != -1]
     if bad:
         raise CliError(f"--fanouts {text!r} holds {bad[0]}; each fanout must be >= 1 (or -1: all neighbours)")
+    return fanouts
+
+
+def layer_fanouts(fanouts: Optional[str], layers: Optional[int], full_graph: bool) -> str:
+    """The ``--fanouts`` of ``gsplit train`` once ``--layers`` is applied: with ``--layers N`` one fanout is used for
+    every layer, ``N`` fanouts as given, and full-graph training needs none (every in-edge); without it the fanouts
+    (default ``15,10,5``) give the number of layers.
+
+    Example:
+        >>> layer_fanouts("5", 4, False), layer_fanouts(None, 3, True), layer_fanouts(None, None, False)
+        ('5,5,5,5', '-1,-1,-1', '15,10,5')
+    """
+    if layers is None:
+        return fanouts if fanouts is not None else "15,10,5"
+    if layers < 1:
+        raise CliError(f"--layers must be positive, got {layers}")
+    if fanouts is None:
+        if full_graph:
+            return ",".join(["-1"] * layers)
+        raise CliError(f"--layers {layers} needs --fanouts for mini-batch training: one fanout for every layer "
+                       f"(e.g. --fanouts 5) or {layers} of them; or train the full graph (--full-graph)")
+    values = parse_fanouts(fanouts)
+    if len(values) == 1:
+        return ",".join([str(values[0])] * layers)
+    if len(values) != layers:
+        raise CliError(f"--layers {layers} but --fanouts {fanouts!r} has {len(values)} values; give one fanout for "
+                       f"all layers (e.g. --fanouts {values[0]}) or {layers} of them")
     return fanouts
 
 

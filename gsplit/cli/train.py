@@ -19,7 +19,7 @@ import torch
 from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_graph_stats, _print_stats, _say,
                                check_output_folder, default_num_ranks)
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
-                                check_dataset_options, parse_dataset_options, parse_fanouts)
+                                check_dataset_options, layer_fanouts, parse_dataset_options, parse_fanouts)
 from gsplit.cli.report import EpochReport, tensorboard_writer
 from gsplit.runtime.io import append_jsonl, check_writable, trim_run_log
 
@@ -193,6 +193,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
         if args.system not in ("split", "full"):
             raise CliError(f"--full-graph trains split-parallel; it cannot be combined with --system {args.system}")
         args.system = "full"
+    args.fanouts = layer_fanouts(args.fanouts, args.layers, args.system == "full")
     fanouts = parse_fanouts(args.fanouts)
     if args.system == "full":
         fanouts = [-1] * len(fanouts)  # every in-edge: --fanouts gives the number of layers only
@@ -425,7 +426,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a GNN with split (or data) parallelism")
     _add_dataset_args(p)
     _add_sampling_args(p)
-    p.add_argument("--model", default="sage", choices=sorted(MODELS))
+    p.set_defaults(fanouts=None)  # 15,10,5 unless --layers says otherwise (layer_fanouts)
+    p.add_argument("--model", default="sage", choices=sorted(MODELS),
+                   help="GNN model; deep-sage and deep-gcn are deep residual models (DeeperGCN res+ blocks with "
+                        "LayerNorm) for tens of layers, e.g. --model deep-sage --layers 28")
+    p.add_argument("--layers", type=int, default=None, metavar="N",
+                   help="layers of the model (default: one per fanout); --fanouts then holds one fanout for every "
+                        "layer (e.g. --fanouts 5) or N of them; full-graph training needs no --fanouts")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.5)

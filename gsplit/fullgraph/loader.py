@@ -92,7 +92,9 @@ class MemoryEstimate:
 def layer_dims(model) -> List[tuple]:
     """``(in_width, out_width, heads, attention)`` of every layer of ``model.layers`` (gsplit's layers,
     ``BlockConv`` and any layer with ``in_feats``/``out_feats`` attributes); ``None`` widths when a layer
-    does not say. ``attention``: the layer keeps per-edge values (GAT's scores).
+    does not say. ``attention``: the layer keeps per-edge values (GAT's scores). A layer that keeps more
+    than its convolution (a deep model's :class:`gsplit.nn.ResPlusLayer`: pre-activation rows of every
+    source, the head's rows) gets a fifth entry, ``(values per source, values per destination)`` it keeps.
 
     Example:
         >>> import gsplit
@@ -104,14 +106,17 @@ def layer_dims(model) -> List[tuple]:
         return []
     dims = []
     for layer in layers:
-        inner = getattr(layer, "conv", layer)  # BlockConv wraps a PyG layer
-        d_in = getattr(inner, "in_feats", getattr(inner, "in_channels", None))
-        d_out = getattr(inner, "out_feats", getattr(inner, "out_channels", None))
+        inner = getattr(layer, "conv", layer)  # BlockConv wraps a PyG layer, ResPlusLayer a gsplit one
+        outer = layer if isinstance(getattr(layer, "in_feats", None), int) else inner  # ResPlusLayer's own widths
+        d_in = getattr(outer, "in_feats", getattr(inner, "in_channels", None))
+        d_out = getattr(outer, "out_feats", getattr(inner, "out_channels", None))
         heads = int(getattr(inner, "num_heads", getattr(inner, "heads", 1)) or 1)
         attention = hasattr(inner, "attn_l") or hasattr(inner, "att_src")
         d_in = d_in if isinstance(d_in, int) else None
         d_out = d_out if isinstance(d_out, int) else None
-        dims.append((d_in, None if d_out is None else d_out * heads, heads, attention))
+        dim = (d_in, None if d_out is None else d_out * (heads if outer is inner else 1), heads, attention)
+        extra = getattr(layer, "saved_values", None)
+        dims.append(dim + (tuple(extra),) if extra is not None else dim)
     return dims
 
 
@@ -158,7 +163,8 @@ def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Seque
         d_in = int(d_in or feat_dim)
         d_out = int(d_out or d_in)
         inputs = rows * d_in * dtype_bytes if i > 0 and shuffled else 0  # layer 0 reads the features
-        inner = (_SAVED_OUT_ROWS * owned * d_out
+        per_src, per_dst = dim[4] if len(dim) > 4 else (0, 0)  # a residual layer's pre-activation and head
+        inner = (_SAVED_OUT_ROWS * owned * d_out + rows * per_src + owned * per_dst
                  + (_SAVED_EDGE_VALUES_PER_HEAD * edges * heads if attention else 0)) * dtype_bytes
         shuffle_buffers = 2 * sent * d_in * dtype_bytes if i > 0 and shuffled else 0
         # one message row per edge where aggregation gathers and scatters (GPU, or CPU without the compiled

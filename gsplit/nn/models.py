@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gsplit.nn.deep import DeepGCN, DeepSAGE
 from gsplit.nn.dropout import dropout_bank, relu_vertex_dropout
 from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
 from gsplit.nn.forward import sp_forward
@@ -135,13 +136,20 @@ class GAT(_Stack):
         return h.mean(1)  # average the output layer's heads
 
 
-MODELS = {"sage": SAGE, "gcn": GCN, "gat": GAT}
-"""The models by name (``gsplit train --model``): what :func:`build_model` builds."""
+MODELS = {"sage": SAGE, "gcn": GCN, "gat": GAT, "deep-sage": DeepSAGE, "deep-gcn": DeepGCN}
+"""The models by name (``gsplit train --model``): what :func:`build_model` builds. ``deep-sage`` and ``deep-gcn`` are
+the deep residual models of :mod:`gsplit.nn.deep` (DeeperGCN ``res+`` blocks, LayerNorm), for tens of layers."""
 
 
 def build_model(name: str, in_feats: int, hidden: int, num_classes: int, num_layers: int,
                 dropout: float = 0.0, heads: int = 4) -> nn.Module:
-    """Build one of :data:`MODELS` by name (``sage``, ``gcn``, ``gat``)."""
+    """Build one of :data:`MODELS` by name (``sage``, ``gcn``, ``gat``, ``deep-sage``, ``deep-gcn``); ``heads`` is
+    GAT's only.
+
+    Example:
+        >>> build_model("deep-sage", in_feats=100, hidden=64, num_classes=7, num_layers=28).num_layers
+        28
+    """
     key = name.lower()
     if key not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")

@@ -48,7 +48,7 @@ class TrainConfig:
     """Everything one training run needs besides the data and the partition map."""
 
     model: str = "sage"
-    """``sage``, ``gat`` or ``gcn``."""
+    """``sage``, ``gat``, ``gcn``, or the deep residual ``deep-sage`` / ``deep-gcn`` (:data:`gsplit.nn.MODELS`)."""
     fanouts: List[int] = field(default_factory=lambda: [15, 10, 5])
     """Neighbours per layer from the input layer up (also fixes the number of layers)."""
     batch_size: int = 1024

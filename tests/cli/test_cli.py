@@ -129,3 +129,34 @@ def test_bad_map_metadata_and_npz_entries_name_the_file(tmp_path, capsys):
     np.savez(bad, adj_data=np.ones(2), adj_indices=np.array([1, 7]), adj_indptr=np.array([0, 1, 2]),
              adj_shape=np.array([2, 2]), labels=np.array([0, 1]))
     _one_line(main(["train", "--dataset", f"npz:{bad}"]), capsys, str(bad), "adj_indices holds 7", "write it again")
+
+
+def test_deep_model_with_layers_trains_full_graph_and_evaluates_from_model_pt(tmp_path, capsys):
+    """gsplit train --model deep-sage --layers N: N layers (no --fanouts for the full graph), model.pt rebuilt by eval."""
+    ck = tmp_path / "ck"
+    rc = main(["train", *TINY, "--model", "deep-sage", "--layers", "6", "--full-graph", "--num-ranks", "1",
+               "--hidden", "16", "--epochs", "2", "--device", "cpu", "--checkpoint", str(ck),
+               "--log", str(tmp_path / "log.json")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "training deep-sage with full" in out
+    log = read_run_log(tmp_path / "log.json")
+    assert log["config"]["model"] == "deep-sage" and log["config"]["fanouts"] == [-1] * 6
+    import torch
+
+    saved = torch.load(ck / "model.pt", weights_only=False)
+    assert saved["model"]["name"] == "deep-sage" and saved["model"]["num_layers"] == 6
+    assert main(["eval", "--checkpoint", str(ck)]) == 0
+    test_line = [line for line in capsys.readouterr().out.splitlines() if line.startswith("test accuracy")][0]
+    assert float(test_line.split()[2]) == pytest.approx(log["final_test_acc"], abs=1e-4)
+
+
+def test_layers_with_one_fanout_repeats_it_and_a_mismatch_is_one_line(tmp_path, capsys):
+    log = tmp_path / "log.json"
+    assert main(["train", *TINY, "--model", "deep-gcn", "--layers", "4", "--fanouts", "3", "--num-ranks", "1",
+                 "--batch-size", "128", "--epochs", "1", "--max-iters", "2", "--hidden", "16", "--device", "cpu",
+                 "--eval-every", "0", "--log", str(log)]) == 0
+    assert read_run_log(log)["config"]["fanouts"] == [3, 3, 3, 3]
+    capsys.readouterr()
+    _one_line(main(["train", "--model", "deep-sage", "--layers", "28", "--fanouts", "5,5"]), capsys,
+              "--layers 28", "has 2 values")
+    _one_line(main(["train", "--model", "deep-sage", "--layers", "28"]), capsys, "--layers 28 needs --fanouts")
