@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gsplit.nn.dropout import relu_vertex_dropout
+from gsplit.nn.dropout import SteppedModel, relu_vertex_dropout
 from gsplit.nn.forward import sp_forward
 from gsplit.nn.layers import GraphConv, SAGEConv, _check_input
 from gsplit.ops.rows import place_rows
@@ -157,12 +157,9 @@ class ResPlusLayer(nn.Module):
         return f"index={self.index}, residual={self.residual}, dropout={self.dropout}"
 
 
-class _DeepStack(nn.Module):
+class _DeepStack(SteppedModel):
     """An input layer, ``res+`` blocks and an output head (see the module docstring); ``make_conv(hidden)`` builds
     each layer's ``hidden -> hidden`` convolution."""
-
-    split_aware = True
-    """Its forward shuffles itself (``sp_forward``): ``gsplit.SplitParallel`` must not add shuffles."""
 
     def __init__(self, make_conv: Callable[[int], nn.Module], in_feats: int, hidden: int, num_classes: int,
                  num_layers: int, dropout: float, seed: int = 0):
@@ -190,17 +187,6 @@ class _DeepStack(nn.Module):
     @step.setter
     def step(self, value: int) -> None:
         self._counter.value = int(value)
-
-    def get_extra_state(self) -> dict:
-        """The dropout step counter travels with ``state_dict()`` (checkpoints resume exactly)."""
-        return {"step": self.step}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.step = int(state["step"])
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
 
     def between(self, i: int, h: torch.Tensor, block: Block,
                 place: Optional[Tuple[int, torch.Tensor]] = None) -> torch.Tensor:

@@ -16,6 +16,7 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from torch import nn
 
 from gsplit import ops
 from gsplit.ops.aggregate import relu_dropout_rows
@@ -114,3 +115,22 @@ def dropout_bank(h: torch.Tensor, p: float, seed: int, step: int, layer: int,
     cells = bank_rows * math.prod(h.shape[1:])
     keep = ops.keep_cells(key, cells, counter_rng.keep_threshold(p), h.device)
     return keep.view((bank_rows,) + tuple(h.shape[1:])).to(dtype or h.dtype)
+
+
+class SteppedModel(nn.Module):
+    """A split-aware model (its forward shuffles itself through ``sp_forward``) whose vertex dropout is keyed by a
+    training-step counter ``step``, which travels with ``state_dict()`` so that a reloaded model draws the masks an
+    uninterrupted run would (checkpoints resume exactly). Subclasses hold ``layers`` and ``step``."""
+
+    split_aware = True
+    """Its forward shuffles itself (``sp_forward``): ``gsplit.SplitParallel`` must not add shuffles."""
+
+    def get_extra_state(self) -> dict:
+        return {"step": self.step}
+
+    def set_extra_state(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)

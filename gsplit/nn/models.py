@@ -13,23 +13,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from gsplit.nn.deep import DeepGCN, DeepSAGE
-from gsplit.nn.dropout import dropout_bank, relu_vertex_dropout
+from gsplit.nn.dropout import SteppedModel, dropout_bank, relu_vertex_dropout
 from gsplit.nn.layers import GATConv, GraphConv, SAGEConv
 from gsplit.nn.forward import sp_forward
 from gsplit.ops.rows import place_rows
 from gsplit.sampling.block import Block
 
 
-class _Stack(nn.Module):
+class _Stack(SteppedModel):
     """Layers plus the activation and dropout applied between them (on the rank's own rows).
 
     Dropout is :func:`~gsplit.nn.dropout.vertex_dropout`: a vertex's mask depends on the vertex, the
     layer and the training step (counted by this module), so split training with dropout still computes
     exactly what single-process training computes.
     """
-
-    split_aware = True
-    """Its forward shuffles itself (``sp_forward``): ``gsplit.SplitParallel`` must not add shuffles."""
 
     def __init__(self, layers: Sequence[nn.Module], dropout: float, seed: int = 0):
         super().__init__()
@@ -40,18 +37,6 @@ class _Stack(nn.Module):
         self.seed = int(seed)
         self.step = 0
         """Training forward passes so far; every rank counts the same, which keys the dropout masks."""
-
-    def get_extra_state(self) -> dict:
-        """The dropout step counter travels with ``state_dict()``: a reloaded model draws the masks an
-        uninterrupted run would (checkpoints resume exactly)."""
-        return {"step": self.step}
-
-    def set_extra_state(self, state: dict) -> None:
-        self.step = int(state["step"])
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.layers)
 
     def between(self, i: int, h: torch.Tensor, block: Block,
                 place: Optional[Tuple[int, torch.Tensor]] = None) -> torch.Tensor:
