@@ -20,6 +20,7 @@ from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_grap
                                check_output_folder, default_num_ranks)
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
                                 check_dataset_options, parse_dataset_options, parse_fanouts)
+from gsplit.cli.full_hosts import check_host_map, check_host_mode, host_mode_config, add_host_mode_args
 from gsplit.runtime.io import append_jsonl, check_writable, trim_run_log
 
 
@@ -224,7 +225,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     parts = args.ranks_per_host or ranks  # one split group per host: the map has a part per rank of a host
     if ranks % parts:
         raise CliError(f"--ranks-per-host {args.ranks_per_host} does not divide the {ranks} ranks; pass a divisor")
-    map_parts = _check_host_mode(args, ranks, parts, torchrun)  # full-graph: parts of the map (ranks or hosts)
+    map_parts = check_host_mode(args, ranks, parts, torchrun)  # full-graph: parts of the map (ranks or hosts)
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, eval_every=args.eval_every, device=args.device,
@@ -233,7 +234,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
                       overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch,
-                      keep_epochs=1, **_host_mode_config(args))  # every record goes to the log as its epoch ends: memory stays flat
+                      keep_epochs=1, **host_mode_config(args))  # every record goes to the log as its epoch ends: memory stays flat
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -250,7 +251,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     if guard is not None:
         guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
     if args.system == "full" and args.host_mode == "preload":
-        _check_host_map(args.partition, ds, map_parts, ranks)
+        check_host_map(args.partition, ds, map_parts, ranks)
     elif args.system == "full" and map_parts > 1:
         _check_given_map(args.partition, ds, map_parts)
     elif partitioned:
@@ -326,55 +327,6 @@ def _model_source(ds):
     if folder:
         return f"{Path(folder) / 'meta.json'}", f"check its num_classes (a damaged or hand-edited file?) {options}"
     return f"dataset {ds.name!r} with these options", "pass a smaller --hidden, --heads or fewer --fanouts"
-
-
-def _check_host_mode(args, ranks: int, parts: int, torchrun: bool) -> int:
-    """The parts of a full-graph map for this job (its ranks, or with ``--host-mode preload`` its hosts), after
-    refusing the host options where they do not apply; 0 when the run is not full-graph training."""
-    preload = args.host_mode == "preload"
-    halo = args.external_hops is not None or args.external_fanout is not None
-    if args.system != "full":
-        if preload or halo:
-            raise CliError("--host-mode preload, --external-hops and --external-fanout are full-graph training across "
-                           "hosts; add --full-graph")
-        return 0
-    if halo and not preload:
-        raise CliError("--external-hops and --external-fanout bound the halo of --host-mode preload; add it")
-    if preload and parts == ranks:
-        how = "torchrun started one host" if torchrun else (
-            "it was not started by torchrun" if not args.ranks_per_host else "--ranks-per-host is every rank")
-        raise CliError(f"--host-mode preload trains several hosts, but this job has one ({ranks} rank(s): {how}); "
-                       f"start it with torchrun --nnodes H, or simulate hosts with --num-ranks N --ranks-per-host G, "
-                       f"or leave --host-mode out on one host")
-    if halo:
-        from gsplit.fullgraph.hosts import check_halo_options
-
-        try:
-            check_halo_options(len(parse_fanouts(args.fanouts)), args.external_hops, args.external_fanout)
-        except ValueError as e:
-            raise CliError(str(e).replace("external_hops=", "--external-hops ").replace(
-                "external_fanout=", "--external-fanout ")) from None
-    return ranks // parts if preload else ranks  # span: one split group over every rank of every host
-
-
-def _host_mode_config(args) -> dict:
-    """TrainConfig's host fields (full-graph training only; their defaults otherwise)."""
-    if getattr(args, "host_mode", "span") != "preload":
-        return {}
-    return {"host_mode": "preload", "external_hops": args.external_hops, "external_fanout": args.external_fanout}
-
-
-def _check_host_map(partition: Optional[str], ds, hosts: int, ranks: int) -> None:
-    """Refuse a ``--partition`` map for ``--host-mode preload`` made for another graph or number of hosts."""
-    import gsplit
-
-    if partition and (Path(partition) / "meta.json").exists():
-        pmap = gsplit.PartitionMap.load(partition)
-        pmap.check_graph(ds.graph)
-        if pmap.num_parts != hosts:
-            raise CliError(f"--partition {partition} holds a map of {pmap.num_parts} parts, but --host-mode preload "
-                           f"needs a host map of one part per host: {hosts} for this job of {hosts} hosts x "
-                           f"{ranks // hosts} ranks; make one with gsplit prepare --full-graph --num-parts {hosts}")
 
 
 def _check_given_map(partition: Optional[str], ds, parts: int) -> None:
@@ -569,17 +521,7 @@ def add_parser(sub) -> None:
                    help="full-graph training, split-parallel: every epoch one step over all vertices and all "
                         "in-edges (the loss over the training vertices); --fanouts gives the number of layers only; "
                         "the map is --partition's or a new full-graph one (gsplit prepare --full-graph)")
-    p.add_argument("--host-mode", choices=("span", "preload"), default="span",
-                   help="--full-graph on several hosts (torchrun, or --ranks-per-host): 'span' (default): one split "
-                        "group of every rank of every host, every layer's shuffle crosses hosts; 'preload': the map "
-                        "has one part per host, each host preloads its vertices' halo and trains it over its own "
-                        "ranks, only the gradient all-reduce crosses hosts (both exact)")
-    p.add_argument("--external-hops", type=int, default=None, metavar="M",
-                   help="--host-mode preload: keep only halo vertices at most M hops outside the host (expansion-aware "
-                        "sampling; default: one hop per layer, exact)")
-    p.add_argument("--external-fanout", type=int, default=None, metavar="K",
-                   help="--host-mode preload: each halo vertex keeps at most K in-edges from other halo vertices "
-                        "(seeded by --seed, the same on every rank; default: all)")
+    add_host_mode_args(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute every layer in backward instead of keeping its intermediates (less memory)")
     # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from gsplit.run.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state, save_checkpoint, set_rng_state
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
-from gsplit.comm.hosts import host_groups
+from gsplit.comm.hosts import group_ranks, host_groups
 from gsplit.fullgraph.hosts import check_halo_options
 from gsplit.run.counters import (EpochCounters, _book_layer_time, _book_train_time, _collective_seconds, _faults_between,
                              _sum_tags, iteration_balance)
@@ -450,6 +450,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     eval_options = {"features": getattr(train_loader, "feature_store", dataset.features),
                     "input_features": cfg.input_features, **group_options}
     comm = train_loader.comm
+    if cfg.ranks_per_host:  # rows the split group sends to other hosts, counted apart (torchrun numbers hosts' ranks
+        comm.set_hosts([r // cfg.ranks_per_host for r in group_ranks(comm)])  # consecutively, as host_groups does)
     # every rank of the job: gradients, the logged loss, accuracy counts and the per-rank counters. Its own
     # Communicator, so that its traffic (the gradient all-reduce) is counted apart from the split group's.
     job_comm = Communicator(hosts[1] if hosts is not None else comm.group)
@@ -470,6 +472,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     for epoch in range(position.epoch, cfg.epochs):
         counters = EpochCounters()
         comm.traffic.reset()
+        comm.cross_host.reset()
         job_comm.traffic.reset()
         train_loader.set_epoch(epoch, position.iteration if epoch == position.epoch else 0)
         # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
@@ -542,6 +545,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         _book_layer_time(counters, clock.finish())
         epoch_s = time.perf_counter() - t_epoch
         traffic = comm.traffic.snapshot()
+        hosts_bytes = {"cross_host_bytes": sum(comm.cross_host.bytes.values())} if cfg.ranks_per_host else {}
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
         loss_watch.flush()
         loss_sum = global_sum(local_loss, job_comm)
@@ -552,7 +556,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             for name, loader in eval_loaders.items():
                 record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)
         per_rank = job_comm.all_gather_object({"rank": rank, "epoch_s": epoch_s,
-                                               "torch_threads": torch.get_num_threads(), **asdict(counters)})
+                                               "torch_threads": torch.get_num_threads(), **asdict(counters),
+                                               **hosts_bytes})
         record["ranks"] = per_rank
         for phase in ("sample_s", "load_s", "wait_s", "train_s", "epoch_s"):
             record[phase] = max(r[phase] for r in per_rank)  # the slowest rank sets the pace
@@ -566,6 +571,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         # within a split group (one host) vs the gradient all-reduce over every rank (across hosts)
         record["split_group_bytes"] = record["traffic_bytes"]
         record["gradient_bytes"] = sum(r["gradient_bytes"] for r in per_rank)
+        if hosts_bytes:  # of the split group's bytes: to ranks on other hosts, and inside hosts
+            record["cross_host_bytes"] = sum(r["cross_host_bytes"] for r in per_rank)
+            record["inside_host_bytes"] = record["split_group_bytes"] - record["cross_host_bytes"]
         record["traffic_rows_by_tag"] = _sum_tags(r["traffic_rows"] for r in per_rank)
         record["traffic_bytes_by_tag"] = _sum_tags(r["traffic_bytes"] for r in per_rank)
         if cfg.log_iterations:

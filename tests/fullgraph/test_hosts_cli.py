@@ -41,19 +41,29 @@ def test_preload_on_two_simulated_hosts_trains_like_one_process(tmp_path):
     assert (pre["world_size"], pre["hosts"], pre["ranks_per_host"]) == (4, 2, 2)
     same_losses(pre, one, "preload, 2 hosts x 2")
     # every layer's shuffle stayed inside a host, and each host computed its halo again (redundant edges)
-    assert sum(one["epochs"][0]["edges"]) < sum(pre["epochs"][0]["edges"])
+    epoch = pre["epochs"][0]
+    assert epoch["cross_host_bytes"] == 0 and epoch["inside_host_bytes"] == epoch["split_group_bytes"] > 0
+    assert sum(one["epochs"][0]["edges"]) < sum(epoch["edges"])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv", [["--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "span"],
                                   ["--num-ranks", "3", "--ranks-per-host", "1", "--host-mode", "span"],
-                                  ["--num-ranks", "3", "--ranks-per-host", "1", "--host-mode", "preload"]])
+                                  ["--num-ranks", "3", "--ranks-per-host", "1", "--host-mode", "preload"]],
+                         ids=["span-2x2", "span-3x1", "preload-3x1"])
 @pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
 def test_every_host_mode_and_model_trains_like_one_process(tmp_path, argv, model):
     one = run(tmp_path, "one", "--num-ranks", "1", "--model", model, "--heads", "2")
     got = run(tmp_path, "hosts", *argv, "--model", model, "--heads", "2")
     same_losses(got, one, f"{model} {' '.join(argv)}")
     assert got["hosts"] == int(argv[1]) // int(argv[3])
+    epoch = got["epochs"][0]
+    assert epoch["cross_host_bytes"] + epoch["inside_host_bytes"] == epoch["split_group_bytes"]
+    if argv[-1] == "span":  # every layer's shuffle crosses hosts; with one rank per host all of it does
+        assert epoch["cross_host_bytes"] > 0
+        assert (epoch["inside_host_bytes"] == 0) == (argv[3] == "1")
+    else:
+        assert epoch["cross_host_bytes"] == 0
 
 
 def _free_port() -> int:
