@@ -150,3 +150,10 @@ def test_expansion_aware_sampling_bounds_the_halo_deterministically():
 def test_bad_halo_options_are_refused(hops, fanout, msg):
     with pytest.raises(ValueError, match=msg):
         check_halo_options(LAYERS, hops, fanout)
+
+
+def test_resuming_with_another_halo_bound_is_refused():
+    from gsplit.run.resume import compare_runs
+
+    check = compare_runs({"config": {"external_hops": None}}, {"config": {"external_hops": 1}})
+    assert check.refused == ["--external-hops None -> 1"]
