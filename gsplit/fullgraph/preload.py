@@ -136,7 +136,9 @@ class PreloadLoader(FullGraphLoader):
         share = host_subgraph(graph, self.owner, self.host, self.num_layers, external_hops=external_hops,
                               external_fanout=external_fanout, seed=seed)
         size = self.comm.world_size
-        if size > 1:  # the host's ranks split its share by a full-graph map of it (any map gives the same result)
+        if size > 1 and share.nodes.numel() < size:  # too few for METIS (a host map with an empty part): round robin
+            ranks = torch.arange(share.nodes.numel()) % size
+        elif size > 1:  # the host's ranks split its share by a full-graph map of it (any map gives the same result)
             ranks = partition_full_graph(share.graph, size, seed=seed).assignment.to(torch.int64)
             digest = hashlib.sha256(ranks.numpy().tobytes()).hexdigest()
             check_same_everywhere([digest], self.comm, f"host {self.host}'s map of its share over its ranks")

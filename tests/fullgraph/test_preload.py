@@ -29,10 +29,12 @@ def host_map(graph, hosts):
     return partition_full_graph(graph, hosts, seed=1)
 
 
-def preload_worker(rank, world_size, ranks_per_host, models=MODELS, overlap=False):
+def preload_worker(rank, world_size, ranks_per_host, models=MODELS, overlap=False, empty_host=False):
     graph, feats, labels, train_idx = make_problem()
     host, world = gsplit.host_groups(ranks_per_host=ranks_per_host)
-    loader = PreloadLoader(graph, LAYERS, host_map=host_map(graph, world_size // ranks_per_host), group=host,
+    hmap = torch.zeros(graph.num_nodes, dtype=torch.int64) if empty_host else \
+        host_map(graph, world_size // ranks_per_host)
+    loader = PreloadLoader(graph, LAYERS, host_map=hmap, group=host,
                            replica_group=world, features=feats, labels=labels, train_idx=train_idx, overlap=overlap)
     results = {"host": loader.host, "inner": loader.share.num_inner, "halo": loader.share.num_halo,
                "rows": loader.blocks[-1].num_loss_rows}
@@ -55,9 +57,9 @@ def preload_worker(rank, world_size, ranks_per_host, models=MODELS, overlap=Fals
     return results
 
 
-def check(per_rank, hosts, ranks_per_host, models=MODELS):
+def check(per_rank, hosts, ranks_per_host, models=MODELS, empty_host=False):
     graph, _, _, train_idx = make_problem()
-    hmap = host_map(graph, hosts).assignment
+    hmap = torch.zeros(graph.num_nodes, dtype=torch.int64) if empty_host else host_map(graph, hosts).assignment
     assert [r["host"] for r in per_rank] == [r // ranks_per_host for r in range(hosts * ranks_per_host)]
     # the loss rows are the training vertices, each counted by its own host only
     assert sum(r["rows"] for r in per_rank) == train_idx.numel()
@@ -83,6 +85,11 @@ def test_two_hosts_of_two_ranks_equal_one_process():
 
 def test_three_hosts_of_one_rank_equal_one_process():
     check(launch(preload_worker, 3, args=(1,)), hosts=3, ranks_per_host=1)
+
+
+def test_a_host_without_vertices_still_runs_every_step():
+    check(launch(preload_worker, 4, args=(2, ("sage",), False, True)), hosts=2, ranks_per_host=2, models=("sage",),
+          empty_host=True)
 
 
 @pytest.mark.slow
