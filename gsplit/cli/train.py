@@ -21,6 +21,7 @@ from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_grap
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
                                 check_dataset_options, layer_fanouts, parse_dataset_options, parse_fanouts)
 from gsplit.cli.report import EpochReport, tensorboard_writer
+from gsplit.cli.full_hosts import check_host_map, check_host_mode, host_mode_config, add_host_mode_args
 from gsplit.runtime.io import append_jsonl, check_writable, trim_run_log
 
 
@@ -201,9 +202,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     parts = args.ranks_per_host or ranks  # one split group per host: the map has a part per rank of a host
     if ranks % parts:
         raise CliError(f"--ranks-per-host {args.ranks_per_host} does not divide the {ranks} ranks; pass a divisor")
-    if args.system == "full" and parts != ranks:
-        raise CliError(f"full-graph training runs in one split group (one host), but {ranks} ranks make "
-                       f"{ranks // parts} hosts of {parts}; leave --ranks-per-host out or run on one host")
+    map_parts = check_host_mode(args, ranks, parts, torchrun)  # full-graph: parts of the map (ranks or hosts)
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, eval_every=args.eval_every, device=args.device,
@@ -212,7 +211,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
                       overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch,
-                      keep_epochs=1)  # every record goes to the log as its epoch ends: memory stays flat
+                      keep_epochs=1, **host_mode_config(args))  # every record goes to the log as its epoch ends: memory stays flat
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -228,13 +227,18 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     check_model_spec(model_spec(cfg, ds), where, fix=fix)
     if guard is not None:
         guard.check_dataset(ds, args.model, args.hidden, args.heads, len(fanouts), args.dropout)
-    if (partitioned or args.system == "full") and parts > 1:
+    if args.system == "full" and args.host_mode == "preload":
+        check_host_map(args.partition, ds, map_parts, ranks)
+    elif args.system == "full" and map_parts > 1:
+        _check_given_map(args.partition, ds, map_parts)
+    elif partitioned:
         _check_given_map(args.partition, ds, parts)  # every check before the build: a mistake is said at once
     _prepare_kernels()  # before partitioning and training: a first-use build is not timed as their work
     owner, cache_weights = None, None
     if args.system == "full":
-        owner = _full_graph_map(args, ds, parts, torchrun)
-        _check_full_graph_memory(args, ds, owner, parts)
+        owner = _full_graph_map(args, ds, map_parts, torchrun)
+        if args.host_mode != "preload":  # preload: each host's loader checks its share (the halo is known there)
+            _check_full_graph_memory(args, ds, owner, map_parts)
     elif partitioned:
         pdir = Path(args.partition) if args.partition else None
         if pdir is not None and (pdir / "meta.json").exists():
@@ -325,7 +329,8 @@ def _full_graph_map(args, ds, parts: int, torchrun: bool):
         pmap.check_world_size(parts)
         print(f"using partition map {pdir} ({pmap.method}, {pmap.num_parts} parts)")
     else:
-        print(f"partitioning into {parts} parts for full-graph training ...", flush=True)
+        what = "hosts (one part per host)" if args.host_mode == "preload" else "parts"
+        print(f"partitioning into {parts} {what} for full-graph training ...", flush=True)
         pmap = gsplit.partition_full_graph(ds.graph, parts, seed=args.seed)
         if pdir is not None and not torchrun:
             pmap.save(pdir)
@@ -377,7 +382,7 @@ def _train_torchrun(args, cfg, ds, owner, cache_weights, rank: int, ranks: int, 
     if owner is not None:  # a map made or read differently on some host would split wrongly, silently
         digest = hashlib.sha256(owner.to(torch.int64).numpy().tobytes()).hexdigest()
         multihost.check_same_everywhere([digest], None, "the partition map")
-    hosts = multihost.host_groups() if cfg.ranks_per_host and SYSTEMS[args.system].partitioned else None
+    hosts = multihost.host_groups() if cfg.ranks_per_host and SYSTEMS[args.system].splits_by_host(cfg) else None
     result = train_rank(rank, ranks, cfg, ds, owner, report if rank == 0 else None, rank == 0, cache_weights,
                         hosts=hosts)
     if rank == 0:
@@ -488,6 +493,7 @@ def add_parser(sub) -> None:
                    help="full-graph training, split-parallel: every epoch one step over all vertices and all "
                         "in-edges (the loss over the training vertices); --fanouts gives the number of layers only; "
                         "the map is --partition's or a new full-graph one (gsplit prepare --full-graph)")
+    add_host_mode_args(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute every layer in backward instead of keeping its intermediates (less memory)")
     # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir

@@ -144,6 +144,9 @@ class Communicator:
         self.nccl_for_cuda = self.distributed and serves_cuda_with_nccl(group)
         """Whether the group sends CUDA tensors over NCCL (else they are staged through host memory)."""
         self.traffic = TrafficCounter()
+        self.cross_host = TrafficCounter()
+        """Of :attr:`traffic`'s rows, those sent to ranks on another host (counted after :meth:`set_hosts`)."""
+        self._far: Optional[List[bool]] = None  # per group rank: on another host than this rank
         self.capacities = CapacityBook()
         # GSPLIT_CPU_TRANSPORT=shm (the same on every rank): CPU all-to-alls through /dev/shm instead of gloo's
         # loopback sockets, set up at the first one; a group spanning hosts keeps gloo
@@ -205,12 +208,33 @@ class Communicator:
             return x
         return self._all_to_all(x, send_counts, recv_counts, tag or "rows")
 
+    def set_hosts(self, hosts: Sequence[int]) -> None:
+        """Also count, in :attr:`cross_host`, the rows sent to ranks on another host: ``hosts[j]`` is the host of
+        rank ``j`` of this group (a split group spanning hosts; inside one host nothing is counted there).
+
+        Example:
+            >>> comm = Communicator()
+            >>> comm.set_hosts([0]); comm.cross_host.snapshot()["bytes"]
+            {}
+        """
+        if len(hosts) != self.world_size:
+            raise ValueError(f"hosts has {len(hosts)} entries but the group has {self.world_size} ranks; pass the "
+                             "host of every rank of the group")
+        self._far = [int(h) != int(hosts[self.rank]) for h in hosts]
+
+    def _count_far(self, tag: str, sent: Sequence[int], row_bytes: int) -> None:
+        if self._far is not None:
+            far = sum(int(n) for n, other in zip(sent, self._far) if other)
+            self.cross_host.add(tag, far, far * row_bytes)
+
     def count_rows(self, tag: str, x: torch.Tensor, send_counts: Sequence[int]) -> None:
         """Count the rows of ``x`` (grouped by destination, ``send_counts[j]`` to rank ``j``) that leave this rank,
         and their bytes, under ``tag``: what every all-to-all of rows books, blocking or not
         (:class:`gsplit.minibatch.overlap.AsyncRows`)."""
         remote = sum(send_counts) - send_counts[self.rank]
-        self.traffic.add(tag, remote, remote * math.prod(x.shape[1:]) * x.element_size())
+        row_bytes = math.prod(x.shape[1:]) * x.element_size()
+        self.traffic.add(tag, remote, remote * row_bytes)
+        self._count_far(tag, send_counts, row_bytes)
 
     def all_to_all_counted(self, x: torch.Tensor, dest: torch.Tensor, tag: str
                            ) -> Tuple[torch.Tensor, List[int], List[int]]:
@@ -272,6 +296,7 @@ class Communicator:
         self.capacities.record(tag, sent, recv)
         remote = sum(sent) - sent[self.rank]
         self.traffic.add(tag, remote, remote * x.element_size())
+        self._count_far(tag, sent, x.element_size())
         parts = [out[recv_base[j] + 2:recv_base[j] + 2 + min(recv[j], recv_cap[j])] for j in range(world)]
         if any_overflow:
             offsets = [sum(sent[:j]) for j in range(world)]

@@ -1,13 +1,16 @@
 """Full-graph training, split-parallel: every vertex's layer rows computed once, by its owner
 (:mod:`gsplit.fullgraph.loader`: :class:`FullGraphLoader`, the memory estimate and its checks), and the
-boundary-first overlapped forward (:mod:`gsplit.fullgraph.overlap`).
-
-One host today; hosts modes (one split group across hosts, per-host preloading) go beside the loader.
+boundary-first overlapped forward (:mod:`gsplit.fullgraph.overlap`). Across hosts: one split group of every
+rank (the same loader over every rank), or shared preloading (:mod:`gsplit.fullgraph.preload`:
+:class:`PreloadLoader`, each host its vertices plus their halo, :mod:`gsplit.fullgraph.hosts`).
 """
 
 from gsplit.fullgraph.loader import (IGNORE_INDEX, FullGraph, FullGraphLoader, FullGraphMemoryError, MemoryEstimate,
                                      available_memory, check_split_safe, estimate_memory, layer_dims,
                                      recompute_layers)
+from gsplit.fullgraph.hosts import HostSubgraph, host_subgraph
+from gsplit.fullgraph.preload import HostFullGraph, PreloadLoader
 
 __all__ = ["FullGraphLoader", "FullGraph", "FullGraphMemoryError", "MemoryEstimate", "IGNORE_INDEX",
-           "available_memory", "check_split_safe", "estimate_memory", "layer_dims", "recompute_layers"]
+           "available_memory", "check_split_safe", "estimate_memory", "layer_dims", "recompute_layers",
+           "PreloadLoader", "HostFullGraph", "HostSubgraph", "host_subgraph"]

@@ -35,7 +35,7 @@ __all__ = ["ResumeCheck", "run_record", "dataset_fingerprint", "map_fingerprint"
 # Options whose change leaves the model unloadable.
 _SHAPE = ("model", "hidden", "heads")
 # Options whose change makes the remaining steps differ from an uninterrupted run's.
-_EXACT = ("lr", "dropout", "seed", "system", "max_iters", "ranks_per_host")
+_EXACT = ("lr", "dropout", "seed", "system", "max_iters", "ranks_per_host", "external_hops", "external_fanout")
 
 
 @dataclass

@@ -14,6 +14,7 @@ import torch
 
 from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.fullgraph.loader import FullGraphLoader, recompute_layers
+from gsplit.fullgraph.preload import PreloadLoader
 from gsplit.minibatch.loader import DataLoader
 from gsplit.nn.loss import split_cross_entropy
 from gsplit.sampling.block import Block
@@ -25,6 +26,11 @@ class System:
     name = ""
     partitioned = False
     """Whether the ranks split each mini-batch by a partition map (and so need one, and form split groups)."""
+
+    def splits_by_host(self, cfg) -> bool:
+        """Whether with several hosts (``cfg.ranks_per_host``) each host is a split group of its own (the ranks
+        then get ``group=`` their host's group and ``replica_group=`` every rank)."""
+        return self.partitioned
 
     def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle: bool, **options):
         """A loader over ``indices`` of ``dataset`` whose graph is ``graph`` (the dataset's, maybe on the GPU);
@@ -94,9 +100,24 @@ class FullGraphSystem(SplitSystem):
 
     name = "full"
 
+    def splits_by_host(self, cfg) -> bool:
+        # "span": one split group of every rank of every host; "preload": each host its own (shared preloading)
+        return getattr(cfg, "host_mode", "span") == "preload"
+
     def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
+        features = options.get("features", dataset.features)
         if options.get("replica_group") is not None:
-            raise ValueError("full-graph training runs in one split group (one host); leave ranks_per_host at 0")
+            if not self.splits_by_host(cfg):
+                raise ValueError("full-graph training over host groups is host_mode='preload'; pass it, or no "
+                                 "host groups for one split group spanning every host")
+            # owner: the host map; each host preloads its vertices' halo and splits it over its ranks
+            return PreloadLoader(graph, len(cfg.fanouts), host_map=owner, group=options["group"],
+                                 replica_group=options["replica_group"], features=features, labels=dataset.labels,
+                                 train_idx=indices, device=device, external_hops=cfg.external_hops,
+                                 external_fanout=cfg.external_fanout, seed=cfg.seed)
+        if self.splits_by_host(cfg):
+            raise ValueError("host_mode='preload' trains several hosts, but this job has one (no host groups); "
+                             "leave host_mode at 'span' on one host")
         # evaluation loaders get the training loader's feature_store: its built blocks, shared
         return FullGraphLoader(graph, len(cfg.fanouts), partition=owner, features=options.get("features",
                                dataset.features), labels=dataset.labels, train_idx=indices, device=device,

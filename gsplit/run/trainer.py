@@ -24,7 +24,8 @@ from tqdm.auto import tqdm
 from gsplit.run.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state, save_checkpoint, set_rng_state
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
-from gsplit.comm.hosts import host_groups
+from gsplit.comm.hosts import group_ranks, host_groups
+from gsplit.fullgraph.hosts import check_halo_options
 from gsplit.run.counters import (EpochCounters, _book_layer_time, _book_train_time, _collective_seconds, _faults_between,
                              _sum_tags, iteration_balance)
 from gsplit.data.feature_store import parse_size
@@ -135,6 +136,18 @@ class TrainConfig:
     (:mod:`gsplit.sampling.macrobatch`): one id exchange per layer and one load of the union of their input rows
     per macrobatch; the same steps as 1 (lowered, with a warning, where its estimated memory does not fit)."""
 
+    host_mode: str = "span"
+    """Full-graph training on several hosts (``ranks_per_host``): ``"span"``: one split group of every rank of every
+    host (every layer's shuffle crosses hosts); ``"preload"``: shared preloading (:class:`gsplit.fullgraph.PreloadLoader`):
+    the map has one part per host, each host trains its vertices plus their halo over its own ranks and only the
+    gradient all-reduce crosses hosts. Both equal one-process full-graph training (``preload`` with the full halo)."""
+    external_hops: Optional[int] = None
+    """``host_mode="preload"``: keep only halo vertices at most this many hops outside the host (expansion-aware
+    sampling, :mod:`gsplit.fullgraph.hosts`); ``None``: the full halo of one hop per layer (exact)."""
+    external_fanout: Optional[int] = None
+    """``host_mode="preload"``: each halo vertex keeps at most this many in-edges from other halo vertices, picked by
+    a hash of the seed and the edge id; ``None``: all of them."""
+
     def __post_init__(self):
         if self.system not in SYSTEMS:
             raise ValueError(f"system={self.system!r}; choose one of {sorted(SYSTEMS)}")
@@ -155,6 +168,15 @@ class TrainConfig:
             raise ValueError(f"checkpoint_every={self.checkpoint_every}; pass iterations between checkpoints, or 0")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume=True needs checkpoint_dir: the folder to resume from")
+        if self.host_mode not in ("span", "preload"):
+            raise ValueError(f"host_mode={self.host_mode!r}; choose 'span' or 'preload'")
+        if self.host_mode == "preload" and (self.system != "full" or not self.ranks_per_host):
+            raise ValueError(f"host_mode='preload' is full-graph training across hosts, but system={self.system!r} "
+                             f"and ranks_per_host={self.ranks_per_host}; pass system='full' and the ranks of one host")
+        if (self.external_hops is not None or self.external_fanout is not None) and self.host_mode != "preload":
+            raise ValueError("external_hops and external_fanout bound the halo of host_mode='preload'; pass that too")
+        if self.host_mode == "preload":
+            check_halo_options(len(self.fanouts), self.external_hops, self.external_fanout)
         if self.uva and self.device == "cpu":
             raise ValueError("uva=True samples a pinned host graph from the GPUs, but device='cpu'; use "
                              "device='cuda' or 'auto' on a GPU host, or uva=False")
@@ -341,8 +363,8 @@ class _LossWatch:
 
 def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optional[Tuple]:
     """``(host_group, world_group)`` when split training spans several hosts, else ``None``."""
-    if not SYSTEMS[cfg.system].partitioned:
-        return None  # data parallelism has no split group: every rank is a replica already
+    if not SYSTEMS[cfg.system].splits_by_host(cfg):
+        return None  # data parallelism, or one full-graph split group spanning every host
     if hosts is not None:
         return hosts
     if cfg.ranks_per_host and cfg.ranks_per_host != world_size:
@@ -428,6 +450,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     eval_options = {"features": getattr(train_loader, "feature_store", dataset.features),
                     "input_features": cfg.input_features, **group_options}
     comm = train_loader.comm
+    if cfg.ranks_per_host:  # rows the split group sends to other hosts, counted apart (torchrun numbers hosts' ranks
+        comm.set_hosts([r // cfg.ranks_per_host for r in group_ranks(comm)])  # consecutively, as host_groups does)
     # every rank of the job: gradients, the logged loss, accuracy counts and the per-rank counters. Its own
     # Communicator, so that its traffic (the gradient all-reduce) is counted apart from the split group's.
     job_comm = Communicator(hosts[1] if hosts is not None else comm.group)
@@ -448,6 +472,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     for epoch in range(position.epoch, cfg.epochs):
         counters = EpochCounters()
         comm.traffic.reset()
+        comm.cross_host.reset()
         job_comm.traffic.reset()
         train_loader.set_epoch(epoch, position.iteration if epoch == position.epoch else 0)
         # this rank's share of the summed loss; one all-reduce per epoch, not one per iteration
@@ -520,6 +545,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         _book_layer_time(counters, clock.finish())
         epoch_s = time.perf_counter() - t_epoch
         traffic = comm.traffic.snapshot()
+        hosts_bytes = {"cross_host_bytes": sum(comm.cross_host.bytes.values())} if cfg.ranks_per_host else {}
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
         loss_watch.flush()
         loss_sum = global_sum(local_loss, job_comm)
@@ -530,7 +556,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             for name, loader in eval_loaders.items():
                 record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)
         per_rank = job_comm.all_gather_object({"rank": rank, "epoch_s": epoch_s,
-                                               "torch_threads": torch.get_num_threads(), **asdict(counters)})
+                                               "torch_threads": torch.get_num_threads(), **asdict(counters),
+                                               **hosts_bytes})
         record["ranks"] = per_rank
         for phase in ("sample_s", "load_s", "wait_s", "train_s", "epoch_s"):
             record[phase] = max(r[phase] for r in per_rank)  # the slowest rank sets the pace
@@ -544,6 +571,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         # within a split group (one host) vs the gradient all-reduce over every rank (across hosts)
         record["split_group_bytes"] = record["traffic_bytes"]
         record["gradient_bytes"] = sum(r["gradient_bytes"] for r in per_rank)
+        if hosts_bytes:  # of the split group's bytes: to ranks on other hosts, and inside hosts
+            record["cross_host_bytes"] = sum(r["cross_host_bytes"] for r in per_rank)
+            record["inside_host_bytes"] = record["split_group_bytes"] - record["cross_host_bytes"]
         record["traffic_rows_by_tag"] = _sum_tags(r["traffic_rows"] for r in per_rank)
         record["traffic_bytes_by_tag"] = _sum_tags(r["traffic_bytes"] for r in per_rank)
         if cfg.log_iterations:
@@ -557,9 +587,11 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             _save_checkpoint(cfg, model, opt, epoch + 1, 0, position.step, run, reports)
     if cfg.checkpoint_dir and rank == 0:  # the trained model, whatever the checkpoint schedule
         _save_model(cfg, model, dataset)
-    final = final_evaluation(cfg, model, dataset, owner, comm, device, graph=graph) \
-        if cfg.final_eval and cfg.eval_every else {}
-    num_hosts = 1 if hosts is None else train_loader.num_replicas
+    # a preload run's map has a part per host, not per rank of the split group: the evaluation's ranges then
+    final = final_evaluation(cfg, model, dataset, None if cfg.host_mode == "preload" else owner, comm, device,
+                             graph=graph) if cfg.final_eval and cfg.eval_every else {}
+    num_hosts = train_loader.num_replicas if hosts is not None else \
+        (world_size // cfg.ranks_per_host if cfg.ranks_per_host else 1)
     return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,
             "ranks_per_host": world_size // num_hosts, "device": str(device), "transport": comm.transport,
             "setup_s": setup_s, "epochs": history, **final}

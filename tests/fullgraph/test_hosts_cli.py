@@ -1,0 +1,125 @@
+"""``gsplit train --full-graph`` across hosts: one split group spanning every host (``--host-mode span``) and
+shared preloading (``--host-mode preload``) train like one process; bad host options get one line.
+
+Hosts are simulated with ``--ranks-per-host`` (consecutive blocks of the ranks gsplit.launch starts) and, in the
+slow test, with two real torchrun invocations on loopback, as tests/launcher/test_multihost.py does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gsplit.cli import main
+from gsplit.runtime.io import read_run_log
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--dataset", "synthetic", "-D", "num_nodes=500", "-D", "avg_degree=4", "-D", "feature_dim=8"]
+COMMON = ["--full-graph", "--fanouts", "5,5", "--epochs", "2", "--hidden", "16", "--device", "cpu", "--dropout", "0"]
+
+
+def run(tmp_path, name, *argv):
+    log = tmp_path / f"{name}.json"
+    assert main(["train", *TINY, *COMMON, *argv, "--log", str(log)]) == 0
+    return read_run_log(log)
+
+
+def same_losses(got, want, what):
+    # float32 training: the sums run in another order over other ranks, so equal up to rounding
+    for e_got, e_want in zip(got["epochs"], want["epochs"]):
+        assert e_got["loss"] == pytest.approx(e_want["loss"], rel=1e-5), what
+    assert got["final_test_acc"] == pytest.approx(want["final_test_acc"], abs=1e-9), what
+
+
+def test_preload_on_two_simulated_hosts_trains_like_one_process(tmp_path):
+    one = run(tmp_path, "one", "--num-ranks", "1")
+    pre = run(tmp_path, "preload", "--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "preload")
+    assert (pre["world_size"], pre["hosts"], pre["ranks_per_host"]) == (4, 2, 2)
+    same_losses(pre, one, "preload, 2 hosts x 2")
+    # every layer's shuffle stayed inside a host, and each host computed its halo again (redundant edges)
+    epoch = pre["epochs"][0]
+    assert epoch["cross_host_bytes"] == 0 and epoch["inside_host_bytes"] == epoch["split_group_bytes"] > 0
+    assert sum(one["epochs"][0]["edges"]) < sum(epoch["edges"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv", [["--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "span"],
+                                  ["--num-ranks", "3", "--ranks-per-host", "1", "--host-mode", "span"],
+                                  ["--num-ranks", "3", "--ranks-per-host", "1", "--host-mode", "preload"]],
+                         ids=["span-2x2", "span-3x1", "preload-3x1"])
+@pytest.mark.parametrize("model", ["sage", "gcn", "gat"])
+def test_every_host_mode_and_model_trains_like_one_process(tmp_path, argv, model):
+    one = run(tmp_path, "one", "--num-ranks", "1", "--model", model, "--heads", "2")
+    got = run(tmp_path, "hosts", *argv, "--model", model, "--heads", "2")
+    same_losses(got, one, f"{model} {' '.join(argv)}")
+    assert got["hosts"] == int(argv[1]) // int(argv[3])
+    epoch = got["epochs"][0]
+    assert epoch["cross_host_bytes"] + epoch["inside_host_bytes"] == epoch["split_group_bytes"]
+    if argv[-1] == "span":  # every layer's shuffle crosses hosts; with one rank per host all of it does
+        assert epoch["cross_host_bytes"] > 0
+        assert (epoch["inside_host_bytes"] == 0) == (argv[3] == "1")
+    else:
+        assert epoch["cross_host_bytes"] == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["span", "preload"])
+def test_torchrun_two_nodes_train_the_full_graph_like_one_process(tmp_path, mode):
+    """Two torchrun invocations (``--nnodes 2``, 2 CPU ranks each) on loopback run ``gsplit train --full-graph``."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    port = str(_free_port())
+    nodes = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "2",
+                               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "gsplit", "train", *TINY,
+                               *COMMON, "--host-mode", mode, "--log-file", str(tmp_path / "torchrun.json")],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)[-3000:]
+    assert "2 hosts x 2" in outputs[0]
+    got = read_run_log(tmp_path / "torchrun.json")
+    assert (got["world_size"], got["hosts"], got["ranks_per_host"]) == (4, 2, 2)
+    same_losses(got, run(tmp_path, "one", "--num-ranks", "1"), f"torchrun, {mode}")
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "preload", "--external-hops", "0"],
+     "--external-hops 0; pass at least 1"),
+    (["--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "preload", "--external-fanout", "0"],
+     "--external-fanout 0; pass at least 1"),
+    (["--num-ranks", "2", "--host-mode", "preload"], "it was not started by torchrun"),
+    (["--num-ranks", "2", "--ranks-per-host", "2", "--host-mode", "preload"], "this job has one"),
+    (["--num-ranks", "4", "--ranks-per-host", "2", "--external-hops", "1"], "add it"),
+])
+def test_bad_host_options_get_one_line(argv, msg, capsys, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["train", *TINY, *COMMON, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gsplit: error:") and msg in err and err.count("\n") == 1, err
+
+
+def test_preload_without_full_graph_is_refused(capsys):
+    assert main(["train", *TINY, "--device", "cpu", "--host-mode", "preload"]) == 2
+    assert "add --full-graph" in capsys.readouterr().err
+
+
+def test_a_host_map_for_another_host_count_is_refused(tmp_path, capsys):
+    assert main(["prepare", *TINY, "--full-graph", "--num-parts", "3", "--out", str(tmp_path / "hosts")]) == 0
+    capsys.readouterr()
+    argv = ["--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "preload", "--partition", str(tmp_path / "hosts")]
+    assert main(["train", *TINY, *COMMON, *argv]) == 2
+    err = capsys.readouterr().err
+    assert "holds a map of 3 parts" in err and "--num-parts 2" in err and err.count("\n") == 1, err
