@@ -154,3 +154,6 @@ def model_input(feat: torch.Tensor, layers: Sequence[Any]) -> torch.Tensor:
     like = next((p for m in layers for p in m.parameters() if p.is_floating_point()), None)
     return input_rows(feat, like if like is not None else feat.new_empty(0, dtype=torch.float32))
 
+
+__all__ = ["FEATURE_DTYPES", "PRECISIONS", "HALF_DTYPES", "feature_dtype", "dtype_name", "autocast_dtype",
+           "cast_features", "check_range", "input_rows", "model_input"]
