@@ -122,3 +122,28 @@ def test_train_converts_the_features_once(tmp_path, capsys):
     assert code == 0
     head = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
     assert head["dataset_spec"]["options"]["feature_dtype"] == "bfloat16"  # eval/predict reload it so
+
+
+def test_split_parallel_and_inference_take_half_features(ds):
+    """A user's DGL-style model under SplitParallel, and layer-wise inference, get the rows upcast exactly."""
+    from gsplit.nn.layers import SAGEConv
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([SAGEConv(ds.feature_dim, 8), SAGEConv(8, ds.num_classes)])
+
+        def forward(self, blocks, x):
+            return self.layers[1](blocks[1], torch.relu(self.layers[0](blocks[0], x)))
+
+    torch.manual_seed(0)
+    net = Net()
+    blocks = gsplit.NeighborSampler([3, 3]).sample_blocks(ds.graph, torch.arange(20))
+    half = ds.features.to(torch.bfloat16)
+    x = half[blocks[0].src_nodes]
+    wrapped = gsplit.SplitParallel(net)
+    assert torch.equal(wrapped(blocks, x), net(blocks, x.float()))
+    model = gsplit.nn.SAGE(ds.feature_dim, 8, ds.num_classes, num_layers=2)
+    got = gsplit.layerwise_inference(model, ds.graph, half, batch_size=500)
+    want = gsplit.layerwise_inference(model, ds.graph, half.float(), batch_size=500)
+    assert torch.equal(got.output, want.output)
