@@ -42,6 +42,9 @@ in order, each stopped when ``--budget`` runs out (what did not run says so in t
    full-batch GraphSAGE on a ``--full-nodes`` graph: ms per epoch and peak device memory (PyG materialises a
    message per edge; an out-of-memory is reported as such).
 
+   ``train_bf16`` (not in the default ``--parts``: name it after ``train``): the same rows with bfloat16
+   features (2-byte rows everywhere: host memory, gathers, the floor's feature term) and bfloat16 autocast.
+
 9. ``shares`` (issue 34, not in the default ``--parts``: name it): every rank's share of real mini-batches of the
    split plans for 1, 2, 4 and 8 ranks (``edge`` METIS maps), built in this one process and timed on the GPU --
    split sampling, the UVA gather, each layer's forward and backward, SAGE and GAT
@@ -65,6 +68,7 @@ This file is the command line and the driver; the parts live in ``experiments/gp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import traceback
@@ -77,6 +81,7 @@ import torch
 
 sys.path.insert(0, str(setup.REPO))  # this checkout's gsplit on a host where it is not installed
 
+from gsplit.data.precision import cast_features  # noqa: E402
 from gsplit.ops import cuda  # noqa: E402
 
 from gpu import QUICK_ROWS, ROWS  # noqa: E402
@@ -142,7 +147,8 @@ def main(argv=None) -> int:
             continue
         t0 = time.monotonic()
         try:
-            if part in ("first_iteration", "kernels", "layers", "train", "shares", "macrobatch") and ds is None:
+            if part in ("first_iteration", "kernels", "layers", "train", "train_bf16", "shares", "macrobatch") \
+                    and ds is None:
                 ds = setup.load_named("synthetic", nodes, 0, feature_dim=128)
                 result["generate_s"] = time.monotonic() - t0
                 print(f"generated {nodes:,} vertices, {ds.graph.num_edges:,} edges in {result['generate_s']:.1f} s",
@@ -172,6 +178,15 @@ def main(argv=None) -> int:
                     raise RuntimeError(f"the train part needs the rates of the bandwidth and kernels parts "
                                        f"({sorted(missing)} missing): run them first")
                 got = train(ds, dev, sync, QUICK_ROWS if quick else ROWS, warmup, iters, profile_iters, rates, budget)
+            elif part == "train_bf16":  # the same rows, bfloat16 features and bfloat16 autocast
+                missing = {"device_Bps", "sample_edges_per_s", "gather_Bps"} - set(rates)
+                if missing:
+                    raise RuntimeError(f"the train_bf16 part needs the rates of the bandwidth and kernels parts "
+                                       f"({sorted(missing)} missing): run them first")
+                half = dataclasses.replace(ds, features=cast_features(ds.features, "bfloat16"))
+                got = train(half, dev, sync, QUICK_ROWS if quick else ROWS, warmup, iters, profile_iters, rates,
+                            budget, precision="bf16")
+                del half
             elif part == "full_graph":
                 got = full_graph(full_nodes, dev, sync, 2 if quick else 3)
             elif part == "shares":
@@ -180,7 +195,7 @@ def main(argv=None) -> int:
                 got = macrobatch(ds, dev, [int(b) for b in args.macrobatches.split(",")], iters, budget)
             else:
                 raise SystemExit(f"unknown part {part!r}; parts are system, gpu_start, pin_probe, first_iteration, bandwidth, "
-                                 "kernels, layers, train, full_graph, macrobatch, shares")
+                                 "kernels, layers, train, train_bf16, full_graph, macrobatch, shares")
         except Exception as exc:  # noqa: BLE001 - one failed part must not hide the others' numbers
             got = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "traceback": traceback.format_exc()[-4000:]}
         got["seconds"] = time.monotonic() - t0

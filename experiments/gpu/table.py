@@ -10,16 +10,17 @@ def print_table(result: dict) -> None:
     parts = result["parts"]
     lines = ["", "gsplit GPU benchmark: " + " | ".join(
         f"{k} {parts.get('system', {}).get(k)}" for k in ("device", "gpu", "driver", "kernel"))]
-    rows = parts.get("train", {}).get("rows", [])
+    rows = [dict(r, system=r["system"] + (" bf16" if part == "train_bf16" else "")) for part in ("train", "train_bf16")
+            for r in parts.get(part, {}).get("rows", [])]
     if rows:
-        lines.append(f"{'system':10s} {'targets':>7s} {'fanouts':>9s} {'ms/it':>8s} {'floor':>7s} {'x floor':>7s} "
+        lines.append(f"{'system':14s} {'targets':>7s} {'fanouts':>9s} {'ms/it':>8s} {'floor':>7s} {'x floor':>7s} "
                      f"{'sample':>7s} {'feature':>7s} {'layers':>7s} {'GPU busy':>8s} {'peak GiB':>8s} status")
         for r in rows:
             f = r.get("floor", {})
 
             def num(v, fmt="8.2f"):
                 return format(v, fmt) if isinstance(v, (int, float)) else format("-", ">" + fmt.split(".")[0])
-            lines.append(f"{r['system']:10s} {r['targets']:7d} {r['fanouts']:>9s} {num(r.get('ms_per_iteration'))} "
+            lines.append(f"{r['system']:14s} {r['targets']:7d} {r['fanouts']:>9s} {num(r.get('ms_per_iteration'))} "
                          f"{num(f.get('total_ms'), '7.2f')} {num(r.get('over_floor'), '7.1f')} "
                          f"{num(f.get('sample_ms'), '7.2f')} {num(f.get('feature_ms'), '7.2f')} "
                          f"{num(f.get('layers_ms'), '7.2f')} {num(r.get('gpu_busy_share'), '8.0%')} "

@@ -69,14 +69,14 @@ def first_iteration(ds, dev: torch.device, folder: Path, fanouts, batch: int, bu
     return out
 
 # ---------------------------------------------------------------------------------------- 7. the issue's rows
-def floor(stats: dict, rates: dict, uva: bool, feat_dim: int, num_classes: int) -> dict:
+def floor(stats: dict, rates: dict, uva: bool, feat_dim: int, num_classes: int, feature_bytes: int = 4) -> dict:
     """The iteration's floor in ms: sampled edges over the sampling kernel's measured rate, feature bytes over
     the measured gather bandwidth, and each layer's bytes over the device's copy bandwidth. A layer's bytes
     (SAGE, mean): its forward reads a source row per edge and writes a destination row (the aggregation),
     then reads two rows and writes one per destination (the dense part); backward moves about twice that."""
     rate = rates["sample_edges_per_s_uva" if uva else "sample_edges_per_s"]
     sample = sum(stats["edges"]) / rate
-    feature = stats["input_rows"] * feat_dim * 4 / rates["gather_Bps"]
+    feature = stats["input_rows"] * feat_dim * feature_bytes / rates["gather_Bps"]
     layer_bytes = 0
     depth = len(stats["edges"])
     for i, (e, d) in enumerate(zip(stats["edges"], stats["dst_vertices"])):
@@ -117,15 +117,18 @@ def _busy(prof, wall_s: float, on_gpu: bool) -> dict:
 
 
 def train_row(ds, dev: torch.device, sync, system: str, uva: bool, batch: int, fanouts, warmup: int, iters: int,
-              profile_iters: int, rates: dict) -> dict:
+              profile_iters: int, rates: dict, precision: str = "fp32") -> dict:
     from torch.profiler import ProfilerActivity, profile
+
+    from gsplit.run.amp import MixedPrecision
 
     from gsplit.nn import build_model
     from gsplit.run.trainer import SYSTEMS as TRAIN_SYSTEMS
     from gsplit.run.trainer import TrainConfig, rank_graph
 
     cfg = TrainConfig(system=system, uva=uva, fanouts=list(fanouts), batch_size=batch, hidden=HIDDEN,
-                      device=str(dev), eval_every=0)
+                      device=str(dev), eval_every=0, precision=precision)
+    amp = MixedPrecision(precision, dev)  # the trainer's step: autocast, fp16's scaler
     if dev.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(dev)
@@ -156,9 +159,11 @@ def train_row(ds, dev: torch.device, sync, system: str, uva: bool, batch: int, f
         blocks = next(stream)
         state["stats"].append(loader.last_stats)
         opt.zero_grad()
-        logits = model(blocks, blocks[0].srcdata["feat"], loader.comm)
-        impl.loss(logits, blocks[-1].dstdata["label"], blocks[-1], 1).backward()
-        opt.step()
+        with amp.autocast():
+            logits = model(blocks, blocks[0].srcdata["feat"], loader.comm)
+            loss = impl.loss(logits, blocks[-1].dstdata["label"], blocks[-1], 1)
+        amp.backward(loss)
+        amp.step(opt)
 
     step()
     sync()
@@ -189,7 +194,8 @@ def train_row(ds, dev: torch.device, sync, system: str, uva: bool, batch: int, f
            "host_sample_ms": mean["sample_ms"], "host_load_ms": mean["load_ms"],
            "sampled_edges": sum(mean["edges"]), "input_rows": mean["input_rows"],
            "feature_store": getattr(getattr(loader, "feature_store", None), "mode", None),
-           "floor": floor(mean, rates, uva, ds.features.shape[1], ds.num_classes),
+           "floor": floor(mean, rates, uva, ds.features.shape[1], ds.num_classes, ds.features.element_size()),
+           "feature_dtype": str(ds.features.dtype).replace("torch.", ""), "precision": precision,
            "profiled_ms_per_iteration": 1e3 * profiled_s / profile_iters}
     row["over_floor"] = ms / row["floor"]["total_ms"]
     busy = _busy(prof, profiled_s, dev.type == "cuda")
@@ -202,17 +208,20 @@ def train_row(ds, dev: torch.device, sync, system: str, uva: bool, batch: int, f
 
 
 def train(ds, dev: torch.device, sync, rows_spec, warmup: int, iters: int, profile_iters: int, rates: dict,
-          budget: Budget) -> dict:
+          budget: Budget, precision: str = "fp32") -> dict:
+    """The rows; ``precision`` ``"bf16"`` (the ``train_bf16`` part): ``ds``'s features already in bfloat16 and the
+    layers under bfloat16 autocast, the floor counting 2-byte feature rows."""
     rows = []
     for batch, fanouts in rows_spec:
         for name, system, uva in SYSTEMS:
             row = _measured_row({"system": name, "targets": batch, "fanouts": ",".join(map(str, fanouts))}, uva,
                                 dev, budget, 20, lambda: train_row(ds, dev, sync, system, uva, batch, fanouts, warmup,
-                                                                   iters, profile_iters, rates))
+                                                                   iters, profile_iters, rates, precision))
             rows.append(row)
             print(f"  {name:9s} {batch:5d} {row['fanouts']:9s} {row.get('ms_per_iteration', float('nan')):8.2f} ms "
                   f"(floor {row.get('floor', {}).get('total_ms', float('nan')):.2f}) {row['status']}", flush=True)
-    return {"hidden": HIDDEN, "warmup": warmup, "iters": iters, "profile_iters": profile_iters, "rows": rows}
+    return {"hidden": HIDDEN, "warmup": warmup, "iters": iters, "profile_iters": profile_iters, "rows": rows,
+            "precision": precision, "feature_dtype": str(ds.features.dtype).replace("torch.", "")}
 
 def macrobatch(ds, dev: torch.device, sizes, iters: int, budget: Budget) -> dict:
     """Issue 33: UVA bytes and time per iteration with B mini-batches per macrobatch (split and dp, one rank)."""

@@ -23,7 +23,7 @@ def _load_dataset(args):
     check_dataset_options(args.dataset, opts)
     print(f"loading dataset {args.dataset} {opts if opts else ''}".rstrip(), flush=True)
     t = time.perf_counter()
-    ds = datasets.load(args.dataset, **opts)
+    ds = datasets.load(args.dataset, feature_dtype=getattr(args, "feature_dtype", None), **opts)
     print(f"  {ds.describe()} ({time.perf_counter() - t:.1f}s)", flush=True)
     return ds
 

@@ -126,6 +126,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=_count, default=1024, help="targets per GPU per iteration")
     p.add_argument("--hidden", type=int, default=256, help="hidden width (GAT: all heads)")
     p.add_argument("--heads", type=int, default=4, help="GAT's heads")
+    p.add_argument("--feature-dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="dtype the input features are stored and moved in (bfloat16/float16: 2 bytes per value)")
     p.add_argument("--partition", default=None, help="a partition folder (gsplit prepare --num-parts GPUS) for --dataset")
     p.add_argument("--iterations", type=int, default=2, help="mini-batches whose work is counted")
     p.add_argument("--sample-nodes", type=int, default=100_000,
@@ -279,7 +281,8 @@ def main(args) -> int:
     graph, train, feat_dim, classes, full_train, gbytes, desc = _graph(args)
     if args.dataset:
         _check_batch(args, int(train.numel()))
-    shape = ModelShape(args.model, feat_dim, args.hidden, classes, len(fanouts), args.heads)
+    shape = ModelShape(args.model, feat_dim, args.hidden, classes, len(fanouts), args.heads,
+                       feature_bytes=2 if args.feature_dtype != "float32" else 4)
     owner = None
     if args.partition:
         from gsplit.partitioning.partition_map import PartitionMap

@@ -118,6 +118,9 @@ def _add_dataset_args(p: argparse.ArgumentParser) -> None:
                         "or ogbn-NAME")
     p.add_argument("-D", dest="dataset_opts", action="append", metavar="KEY=VALUE",
                    help="dataset option, repeatable (e.g. -D num_nodes=100000 -D avg_degree=20)")
+    p.add_argument("--feature-dtype", choices=("float32", "bfloat16", "float16"),
+                   help="store and move the input features in this dtype (bfloat16/float16: half the bytes per "
+                        "row; the model upcasts them at its first layer); default: as the dataset holds them")
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

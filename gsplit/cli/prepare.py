@@ -92,6 +92,7 @@ def _prepare_dataset(args, out: Path):
     t = time.perf_counter()
     # an edge list with its own features or labels files is read whole (the chunked converter makes random ones)
     files = {"features", "labels"} & set(parse_dataset_options(args.dataset_opts))
+    converted = True  # by a chunked converter (float32), unless the last branch writes the loaded dataset
     if args.dataset.startswith("edgelist:") and not files:
         path = args.dataset.partition(":")[2]
         print(f"converting {path} into {folder} in chunks of {args.chunk_edges:,} edges ...", flush=True)
@@ -109,12 +110,16 @@ def _prepare_dataset(args, out: Path):
         rep = convert_ogb(source, folder, name=args.dataset, chunk_edges=args.chunk_edges, **opts)
         print(f"  {rep.num_nodes:,} vertices, {rep.num_edges:,} edges ({time.perf_counter() - t:.1f}s)", flush=True)
     else:
-        ds = _load_dataset(args)
+        converted = False
+        ds = _load_dataset(args)  # in --feature-dtype already
         check_free_space(folder, dataset_bytes(ds), "--dataset-out")
         print(f"writing the dataset to {folder} ...", flush=True)
         datasets.save_folder(ds, folder)
         del ds  # from here on the dataset is the mapped folder: one copy, in the page cache
         print(f"  written ({time.perf_counter() - t:.1f}s)", flush=True)
+    if converted and args.feature_dtype not in (None, "float32"):  # the chunked converters write float32
+        print(f"  rewriting the features as {args.feature_dtype} ...", flush=True)
+        datasets.folder.cast_folder_features(folder, args.feature_dtype)
     ds = datasets.load(f"folder:{folder}")
     print(f"  mapped {folder}: train with --dataset folder:{folder}", flush=True)
     return ds

@@ -211,7 +211,8 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       checkpoint_dir=args.checkpoint or "", checkpoint_every=args.checkpoint_every,
                       resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
                       overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch,
-                      keep_epochs=1, **host_mode_config(args))  # every record goes to the log as its epoch ends: memory stays flat
+                      precision=args.precision, keep_epochs=1,  # every record goes to the log as its epoch ends
+                      **host_mode_config(args))  # (memory stays flat)
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -485,6 +486,10 @@ def add_parser(sub) -> None:
                    help="split and dp: sample B consecutive mini-batches together, exchange their ids and load the "
                         "union of their input rows once, then train on them one by one (the same steps as B = 1; "
                         "lowered with a warning where B does not fit in memory); default 1")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="mixed precision: the layers under torch.autocast in bfloat16 or float16 (fp16 with a "
+                        "gradient scaler; skipped steps alike on every rank), weights and optimiser in float32; "
+                        "default fp32")
     p.add_argument("--uva", action="store_true",
                    help="GPUs: keep the graph in host memory, pinned (in place once per host; a memory-mapped graph "
                         "as a pinned copy per rank), and sample it from the GPUs (UVA) instead of copying it to every "

@@ -23,6 +23,7 @@ from gsplit.datasets.ogb import SUPPORTED as OGB_DATASETS
 from gsplit.datasets.ogb import default_root, load_ogb
 from gsplit.datasets.synthetic import make_synthetic, synthetic_graph
 from gsplit.data.finite import check_finite
+from gsplit.data import precision
 
 NAMES = ("synthetic", "npz:PATH", "edgelist:PATH", "folder:PATH") + OGB_DATASETS
 """The accepted forms of ``load``'s ``name``."""
@@ -68,8 +69,12 @@ def option_defaults(name: str) -> dict:
     return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
-def load(name: str, **kwargs) -> Dataset:
+def load(name: str, feature_dtype=None, **kwargs) -> Dataset:
     """Load or generate a dataset by name; keyword arguments go to the loader.
+
+    ``feature_dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``; default: as loaded) converts the features
+    once, in chunks (:func:`gsplit.data.precision.cast_features`: rounded to nearest; float16 refuses values
+    beyond its range). A folder already in that dtype stays memory-mapped.
 
     Names: ``"synthetic"`` (:func:`make_synthetic`), ``"npz:PATH"`` (:func:`load_npz`),
     ``"edgelist:PATH"`` (:func:`load_edgelist`), ``"ogbn-arxiv"``, ``"ogbn-products"``,
@@ -79,13 +84,19 @@ def load(name: str, **kwargs) -> Dataset:
         >>> ds = load("synthetic", num_nodes=5000, seed=1)
         >>> ds.name, ds.num_nodes
         ('synthetic', 5000)
+        >>> load("synthetic", num_nodes=5000, seed=1, feature_dtype="bfloat16").features.dtype
+        torch.bfloat16
     """
+    dtype = None if feature_dtype is None else precision.feature_dtype(feature_dtype)  # a bad name: before loading
     fn, args = _loader(name)
     unknown = sorted(set(kwargs) - set(option_names(name)))
     if unknown:
         raise TypeError(f"load({name!r}) got unexpected option(s) {unknown}; {fn.__name__} accepts {option_names(name)}")
     ds = fn(*args, **kwargs)
     ds.meta.setdefault("load", {"name": name, "options": dict(kwargs)})  # how to load it again (run log, model.pt)
+    if dtype is not None and ds.features.dtype != dtype:
+        ds.features = precision.cast_features(ds.features, dtype)
+        ds.meta["load"]["options"]["feature_dtype"] = precision.dtype_name(dtype)
     return ds
 
 

@@ -11,6 +11,7 @@ import torch
 
 from gsplit.data.finite import check_finite, known_finite
 from gsplit.data.graph import Graph
+from gsplit.data.precision import FEATURE_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,8 @@ class Dataset:
     graph: Graph
     """The graph, CSC in-edges (see :class:`gsplit.Graph`)."""
     features: torch.Tensor
-    """float32 ``[num_nodes, feature_dim]``: input features, one row per vertex."""
+    """float32, bfloat16 or float16 ``[num_nodes, feature_dim]``: input features, one row per vertex (half precision
+    halves their memory; a model upcasts them at its first layer: :mod:`gsplit.data.precision`)."""
     labels: torch.Tensor
     """int64 ``[num_nodes]``: class of every vertex in ``[0, num_classes)``, or -1 for an unlabelled vertex."""
     train_idx: torch.Tensor
@@ -80,7 +82,7 @@ class Dataset:
         if not isinstance(self.graph, Graph):
             raise TypeError(f"Dataset.graph must be a gsplit.Graph, got {type(self.graph).__name__}")
         n = self.graph.num_nodes
-        _check_tensor(self.features, "features", torch.float32, 2)
+        _check_tensor(self.features, "features", tuple(FEATURE_DTYPES.values()), 2)
         _check_tensor(self.labels, "labels", torch.int64, 1)
         if self.features.shape[0] != n:
             raise ValueError(f"features has {self.features.shape[0]} rows but the graph has {n} vertices; "
@@ -222,11 +224,13 @@ def _renumbered_example() -> "Dataset":
                    name="example", node_ids=torch.tensor([10, 20, 10**12]))
 
 
-def _check_tensor(t, what: str, dtype: torch.dtype, dim: int) -> None:
+def _check_tensor(t, what: str, dtype, dim: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype != dtype:
-        raise TypeError(f"{what} must have dtype {dtype}, got {t.dtype}; convert it with .to({dtype})")
+    allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+    if t.dtype not in allowed:
+        names = " or ".join(str(d) for d in allowed)
+        raise TypeError(f"{what} must have dtype {names}, got {t.dtype}; convert it with .to({allowed[0]})")
     if t.dim() != dim:
         raise ValueError(f"{what} must be {dim}-dimensional, got shape {tuple(t.shape)}")
 

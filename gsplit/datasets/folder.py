@@ -3,7 +3,8 @@
 Layout (``save_folder`` writes it, ``load_folder`` / ``load("folder:PATH")`` reads it)::
 
     PATH/graph/indptr.npy, indices.npy, meta.json   the CSC graph, as :meth:`gsplit.Graph.save` writes it
-    PATH/features.npy                                float32 [N, D]
+    PATH/features.npy                                float32 [N, D], or float16, or bfloat16 stored as its bits
+                                                     (uint16: numpy has no bfloat16); meta.json's feature_dtype
     PATH/labels.npy                                  int64 [N]
     PATH/train_idx.npy, val_idx.npy, test_idx.npy    int64
     PATH/node_ids.npy, communities.npy               int64 [N], only when the dataset has them
@@ -50,6 +51,7 @@ import torch
 from gsplit.datasets.base import Dataset
 from gsplit.data.finite import first_non_finite_row, known_finite, mark_finite
 from gsplit.data.graph import Graph
+from gsplit.data.precision import cast_features, dtype_name, feature_dtype
 from gsplit.runtime.io import load_npy, read_meta, stamp_status, write_array_dir
 
 log = logging.getLogger(__name__)
@@ -119,7 +121,7 @@ def save_folder(dataset: Dataset, path: PathLike) -> Path:
     if meta_path.exists():  # the old metadata must not describe the new arrays if this write dies midway
         meta_path.unlink()
     dataset.graph.save(out / "graph")
-    arrays = {"features.npy": _numpy(dataset.features), "labels.npy": _numpy(dataset.labels)}
+    arrays = {"features.npy": features_array(dataset.features), "labels.npy": _numpy(dataset.labels)}
     arrays.update({f"{k}.npy": _numpy(getattr(dataset, k)) for k in _SPLITS})
     arrays.update({f"{k}.npy": _numpy(getattr(dataset, k)) for k in _OPTIONAL if getattr(dataset, k) is not None})
     write_array_dir(out, arrays, folder_meta(dataset.graph, dataset.features, dataset.name, dataset.num_classes,
@@ -135,7 +137,8 @@ def folder_meta(graph: Graph, features, name: str, num_classes: int, synthetic_f
                 synthetic_labels: bool, optional: list, provenance: Dict[str, Any]) -> Dict[str, Any]:
     """The ``meta.json`` of a prepared folder whose writer checked the graph and the features."""
     return {"format": FORMAT, "version": FORMAT_VERSION, "name": name, "num_nodes": graph.num_nodes,
-            "num_edges": graph.num_edges, "feature_dim": int(features.shape[1]), "num_classes": int(num_classes),
+            "num_edges": graph.num_edges, "feature_dim": int(features.shape[1]),
+            "feature_dtype": dtype_name(features.dtype), "num_classes": int(num_classes),
             "synthetic_features": bool(synthetic_features), "synthetic_labels": bool(synthetic_labels),
             "optional": list(optional), "checks": {"graph_valid": True, "features_finite": True},
             "meta": provenance}
@@ -143,6 +146,46 @@ def folder_meta(graph: Graph, features, name: str, num_classes: int, synthetic_f
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
+
+
+def features_array(features: torch.Tensor) -> np.ndarray:
+    """``features`` as the array ``features.npy`` holds: bfloat16 as its bits (uint16), other dtypes as they are."""
+    if features.dtype == torch.bfloat16:
+        return features.detach().cpu().view(torch.int16).numpy().view(np.uint16)
+    return _numpy(features)
+
+
+def features_tensor(array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The tensor of a ``features.npy`` array (:func:`features_array`'s inverse; no copy, a map stays a map)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def cast_folder_features(path: PathLike, dtype) -> Path:
+    """Rewrite the features of the prepared folder ``path`` in ``dtype`` (``"bfloat16"``, ``"float16"``,
+    ``"float32"``), chunked, and record it (and the new file's stamp) in ``meta.json``; returns the folder.
+
+    Used after the chunked converters, which write float32. Values beyond float16's range are refused (one
+    ``ValueError`` naming the row) before anything is written.
+
+    Example:
+        >>> import tempfile, gsplit
+        >>> d = save_folder(gsplit.datasets.load("synthetic", num_nodes=300, seed=0), tempfile.mkdtemp() + "/ds")
+        >>> load_folder(cast_folder_features(d, "bfloat16")).features.dtype
+        torch.bfloat16
+    """
+    p = Path(path)
+    dtype = feature_dtype(dtype)
+    ds = load_folder(p)
+    if ds.features.dtype == dtype:
+        return p
+    out = cast_features(ds.features, dtype)  # checks the range first; memory: the new table (half the old)
+    meta = read_meta(p, ["format"], "dataset folder", _FIX)
+    del ds
+    write_array_dir(p, {"features.npy": features_array(out)}, {**meta, "feature_dtype": dtype_name(dtype)},
+                    default=str, stamp=True)
+    return p
 
 
 def is_folder(path: PathLike) -> bool:
@@ -196,10 +239,16 @@ def load_folder(path: PathLike, mmap: bool = True, validate: Optional[bool] = No
     def array(name: str, kind: str, ndim: int, length: Optional[int]) -> torch.Tensor:
         return torch.from_numpy(load_npy(p / f"{name}.npy", _FIX, kind=kind, ndim=ndim, length=length, mmap=mmap))
 
-    features = array("features", "f", 2, n)
-    if features.dtype != torch.float32 or features.shape[1] != dim:
-        raise ValueError(f"{p / 'features.npy'} holds {features.dtype} of width {features.shape[1]}; expected "
-                         f"float32 of width {dim}; {_FIX}")
+    try:
+        stored = feature_dtype(meta.get("feature_dtype", "float32"))
+    except ValueError as e:
+        raise ValueError(f"{p / 'meta.json'}: {e}; {_FIX}") from None
+    raw = load_npy(p / "features.npy", _FIX, kind="fu", ndim=2, length=n, mmap=mmap)  # the dtype: below
+    expected = np.dtype(np.uint16 if stored == torch.bfloat16 else str(stored).replace("torch.", ""))
+    if raw.dtype != expected or raw.shape[1] != dim:
+        raise ValueError(f"{p / 'features.npy'} holds {raw.dtype} of width {raw.shape[1]}; meta.json's feature_dtype "
+                         f"{dtype_name(stored)} and feature_dim expect {expected} of width {dim}; {_FIX}")
+    features = features_tensor(raw, stored)
     if validate is False or (validate is None and checks.get("features_finite", False)
                              and features_state != "changed"):
         mark_finite(features)  # the writer scanned it: Dataset and the loaders skip their full pass

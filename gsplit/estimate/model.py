@@ -81,6 +81,8 @@ class ModelShape:
     """Layers (= fanouts)."""
     heads: int = 4
     """GAT's heads in hidden layers."""
+    feature_bytes: int = FLOAT_BYTES
+    """Bytes per stored input feature value: 4 (float32), 2 (bfloat16/float16 features)."""
 
     def __post_init__(self):
         if self.model not in ("sage", "gat", "gcn"):
@@ -293,7 +295,7 @@ def expected_max(n: int) -> float:
     return _EXPECTED_MAX[n] if n < len(_EXPECTED_MAX) else math.sqrt(2.0 * math.log(n))
 
 
-def _shuffle_copies(layer, width: int, device: DeviceProfile):
+def _shuffle_copies(layer, width: int, device: DeviceProfile, value_bytes: int = FLOAT_BYTES):
     """The row copies of one shuffle (forward or backward) of a split layer, as a compute event (none without
     ``copy_bw``): the rows sent to others gathered, the received ones placed, the rank's own rows of its mixed
     frontier gathered and placed (:func:`gsplit.comm.shuffle.shuffle_rows`; backward mirrors it)."""
@@ -301,7 +303,7 @@ def _shuffle_copies(layer, width: int, device: DeviceProfile):
         return
     rows = [layer.send_rows[r] + layer.recv_rows[r] + 2 * max(layer.src[r] - layer.recv_rows[r], 0)
             for r in range(len(layer.src))]
-    yield "compute", "shuffle copies", [n * width * FLOAT_BYTES / device.copy_bw for n in rows]
+    yield "compute", "shuffle copies", [n * width * value_bytes / device.copy_bw for n in rows]
 
 
 def _events(work: IterationWork, shape: ModelShape, device: DeviceProfile, link: LinkProfile):
@@ -320,11 +322,11 @@ def _events(work: IterationWork, shape: ModelShape, device: DeviceProfile, link:
             yield "compute", "host waits", [2 * device.host_wait_s] * p
             nbytes = max(max(layer.recv_rows), max(layer.send_rows)) * ID_BYTES
             yield "collective", "id exchange", link.all_to_all_s(p, nbytes)
-    row_bytes = shape.feat_dim * FLOAT_BYTES
+    row_bytes = shape.feat_dim * shape.feature_bytes
     yield "compute", "load", [rows * row_bytes / link.host_bw + device.load_call_s for rows in work.input_rows]
     bottom = work.layers[0]
     if split and bottom.exchanged and multi:
-        yield from _shuffle_copies(bottom, shape.feat_dim, device)
+        yield from _shuffle_copies(bottom, shape.feat_dim, device, shape.feature_bytes)
         yield "collective", "feature shuffle", link.all_to_all_s(
             p, max(max(bottom.recv_rows), max(bottom.send_rows)) * row_bytes)
     def features(li: int, r: int, backward: bool) -> List[float]:

@@ -110,8 +110,9 @@ def memory_per_gpu(works: Sequence[IterationWork], shape: ModelShape, graph_byte
     best = None
     for work in works:
         for r in range(work.world_size):
-            feats = work.input_rows[r] * shape.feat_dim * FLOAT_BYTES
-            kept, peak = 0, 0
+            feats = work.input_rows[r] * shape.feat_dim * shape.feature_bytes
+            # half-precision features: the first layer's float32 copy of them (model_input), kept for backward
+            kept, peak = (work.input_rows[r] * shape.feat_dim if shape.feature_bytes < FLOAT_BYTES else 0), 0
             for li, layer in enumerate(work.layers):
                 i, o, heads = dims[li]
                 e, d, s = layer.edges[r], layer.dst[r], layer.src[r]

@@ -129,7 +129,8 @@ _SAVED_EDGE_VALUES_PER_HEAD = 3  # attention layers: scores, softmax and message
 
 
 def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Sequence[tuple] = (),
-                    dtype_bytes: int = 4, recompute: bool = False, fused_attention: bool = False) -> MemoryEstimate:
+                    dtype_bytes: int = 4, recompute: bool = False, fused_attention: bool = False,
+                    feature_bytes: Optional[int] = None) -> MemoryEstimate:
     """What rank ``rank`` needs for full-graph training on the map measured by ``stats``.
 
     ``dims`` are the model's ``(in, out, heads, attention)`` per layer (:func:`layer_dims`; empty: blocks
@@ -138,7 +139,9 @@ def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Seque
     are the features (counted once, in ``features``); the input features need no gradient.
     ``fused_attention``: attention layers run the compiled fused kernel (CPU with the extension built),
     which keeps no per-edge message rows for backward; the gather/scatter path (GPU, or CPU without the
-    kernel) keeps one per edge, so the default (``False``) counts them.
+    kernel) keeps one per edge, so the default (``False``) counts them. ``feature_bytes``: bytes per stored
+    feature value (2 for bfloat16/float16 features; default ``dtype_bytes``); narrower features than the
+    model's dtype are upcast at the first layer, whose copy (``dtype_bytes`` per value) is kept for backward.
 
     Example:
         >>> import gsplit
@@ -152,8 +155,10 @@ def estimate_memory(stats: FullGraphStats, rank: int, feat_dim: int, dims: Seque
     edges = int(stats.in_edges[rank])
     sent = int(stats.sent_rows[rank]) + owned
     structure = 8 * (3 * edges + rows + rows + sent) + 8 * (owned + rows)  # edges, src ids, plan, masks/labels
-    features = rows * int(feat_dim) * dtype_bytes
-    kept, peak_layer, grad_rows = 0, 0, 0
+    feature_bytes = dtype_bytes if feature_bytes is None else int(feature_bytes)
+    features = rows * int(feat_dim) * feature_bytes
+    # half-precision features: the first layer's upcast copy of them (model_input), kept for backward
+    kept, peak_layer, grad_rows = (rows * int(feat_dim) * dtype_bytes if feature_bytes < dtype_bytes and dims else 0), 0, 0
     # one rank's shuffles are the identity (ShuffleIndex.identity): a layer's input rows are the previous
     # layer's output rows, counted with it, and no buffer is made
     shuffled = len(stats.vertices) > 1
@@ -553,7 +558,8 @@ class FullGraphLoader:
             recompute = model is not None and all(getattr(l, "_gsplit_recompute", False)
                                                   for l in getattr(model, "layers", []))
         fused = self.device.type == "cpu" and aggregate.extension_available()
-        return estimate_memory(self.stats, self.rank, feat_dim, dims, dtype_bytes, recompute, fused)
+        return estimate_memory(self.stats, self.rank, feat_dim, dims, dtype_bytes, recompute, fused,
+                               feature_bytes=None if feats is None else feats.element_size())
 
     def check_model(self, model: nn.Module) -> MemoryEstimate:
         """Before the first forward: refuse a layer that is not split-safe (:func:`check_split_safe`), a

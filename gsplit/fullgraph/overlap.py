@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from gsplit.comm.communicator import Communicator, as_communicator
+from gsplit.data.precision import model_input
 from gsplit.minibatch.overlap import AsyncRows
 from gsplit.sampling.block import Block
 
@@ -189,7 +190,7 @@ def overlapped_forward(model, plan: OverlapPlan, x: torch.Tensor, group=None) ->
     if getattr(model, "training", False) and isinstance(getattr(model, "step", None), int):
         model.step += 1  # what the model's own forward does first (it keys the vertex-dropout masks)
     comm = as_communicator(group)
-    h = x
+    h = model_input(x, layers)  # half-precision features: upcast once, as sp_forward does
     last = len(layers) - 1
     for i, layer in enumerate(layers):
         if i == last:

@@ -56,6 +56,7 @@ from torch import nn
 
 from gsplit.comm.communicator import Communicator, as_communicator
 from gsplit.data.graph import Graph, as_vertex_ids
+from gsplit.data.precision import model_input
 from gsplit.interop import dgl as dgl_interop  # imports no dgl
 from gsplit.interop.graphs import graph_input  # DGLGraph / PyG Data in, imports neither library
 from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
@@ -384,7 +385,7 @@ def layerwise_inference(model, graph: Graph, features: Optional[torch.Tensor] = 
             probe = NeighborSampler([4] * len(layers)).sample_blocks(
                 graph, torch.arange(min(32, graph.num_nodes), device=graph.device))
             probe = [b.to(device) for b in probe]
-            x = features[probe[0].src_nodes.to(features.device)].to(device)
+            x = model_input(features[probe[0].src_nodes.to(features.device)].to(device), layers)
             between, inferred_output, desc = infer_between(model, layers, [as_layer_block(b) for b in probe], x)
             output = output if output is not None else inferred_output
             _say_inferred(type(model).__name__, desc, comm.rank)
@@ -398,7 +399,7 @@ def layerwise_inference(model, graph: Graph, features: Optional[torch.Tensor] = 
                 frontier, block = _sample_chunk(graph, seeds, owner, comm)
                 block = block.to(device)
                 if i == 0:
-                    h_local = features[frontier.to(features.device)].to(device)
+                    h_local = model_input(features[frontier.to(features.device)].to(device), layers)
                 else:
                     h_local = h_prev[row_of[frontier].to(h_prev.device)].to(device)
                 layer_block = as_layer_block(block)

@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from gsplit.data.precision import model_input
 from gsplit.comm import Communicator
 from gsplit.comm import shuffle as _comm_shuffle
 from gsplit.comm import teardown
@@ -331,6 +332,8 @@ class SplitParallel(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(self, *inputs, **kwargs):
         blocks = _find_blocks(inputs, kwargs)
+        # half-precision features reach the module's layers in its weights' dtype (exactly), as in sp_forward
+        inputs = tuple(model_input(x, [self.module]) if isinstance(x, torch.Tensor) else x for x in inputs)
         self._state = _ForwardState(blocks=blocks, position={id(b): i for i, b in enumerate(blocks)})
         try:
             if self._ddp is not None and torch.is_grad_enabled():

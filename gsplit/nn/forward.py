@@ -8,6 +8,7 @@ import torch
 
 from gsplit.comm.communicator import as_communicator, group_of
 from gsplit.comm.shuffle import shuffle
+from gsplit.data.precision import model_input
 from gsplit.minibatch.overlap import overlapped_sp_forward, splits_sources
 from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
 from gsplit.sampling.block import Block
@@ -43,6 +44,7 @@ def sp_forward(layers: Sequence[torch.nn.Module], feat: torch.Tensor, blocks: Se
                          "sample with one fanout per layer")
     for layer in layers:
         check_block_layer(layer)  # a bare PyG layer: say "wrap it in BlockConv" instead of PyG's dtype error
+    feat = model_input(feat, layers)
     if len(blocks) > 1 and all(b.overlap is not None for b in blocks[:-1]) and splits_sources(layers[:-1]):
         comm = group_of(blocks[1].shuffle_index) if group is None else as_communicator(group)
         return overlapped_sp_forward(layers, feat, blocks, between, comm, clock)

@@ -10,7 +10,7 @@ run (:func:`compare_runs`) and sorts every difference into one of three kinds:
   because split parallelism computes the same mini-batches, loss and gradients on any number of ranks
   and any map (up to float rounding). Options that do not touch the steps (evaluation, device, cache,
   prefetch, checkpoint interval, timeouts) change freely;
-* **changes the run** (learning rate, fanouts, global mini-batch, dropout, seed, system, --max-iters,
+* **changes the run** (learning rate, fanouts, global mini-batch, dropout, seed, system, --max-iters, --precision,
   another dataset or dataset options): refused, unless ``--resume-anyway`` (then a new learning rate is
   applied to the restored optimiser and said);
 * **cannot load** (model kind, hidden size, heads, depth, feature width, classes): refused always.
@@ -130,6 +130,9 @@ def compare_runs(saved: Dict[str, Any], current: Dict[str, Any]) -> ResumeCheck:
     for key in _EXACT:
         if key in old and key in new and old[key] != new[key]:
             out.refused.append(f"{_flag(key)} {old[key]} -> {new[key]}")
+    if new.get("precision", "fp32") != old.get("precision", "fp32"):  # older records: float32 runs
+        out.refused.append(f"--precision {old.get('precision', 'fp32')} -> {new.get('precision', 'fp32')} (other "
+                           f"roundings; fp16's loss scale would start afresh)")
     ws_old, ws_new = saved.get("world_size"), current.get("world_size")
     bs_old, bs_new = old.get("batch_size"), new.get("batch_size")
     if None not in (ws_old, ws_new, bs_old, bs_new) and (ws_old, bs_old) != (ws_new, bs_new):

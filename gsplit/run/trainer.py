@@ -29,6 +29,8 @@ from gsplit.fullgraph.hosts import check_halo_options
 from gsplit.run.counters import (EpochCounters, _book_layer_time, _book_train_time, _collective_seconds, _faults_between,
                              _sum_tags, iteration_balance)
 from gsplit.data.feature_store import parse_size
+from gsplit.data.precision import autocast_dtype
+from gsplit.run.amp import MixedPrecision
 from gsplit.data.graph import Graph
 from gsplit.interop.dgl import SPLIT_FIX  # imports no dgl
 from gsplit.run.model_io import check_model_spec, save_model
@@ -135,6 +137,9 @@ class TrainConfig:
     """Split and dp: sample and load this many consecutive mini-batches together, then train on them one by one
     (:mod:`gsplit.sampling.macrobatch`): one id exchange per layer and one load of the union of their input rows
     per macrobatch; the same steps as 1 (lowered, with a warning, where its estimated memory does not fit)."""
+    precision: str = "fp32"
+    """``fp32``, ``bf16`` or ``fp16``: the dtype the layers' products run in under ``torch.autocast``
+    (:mod:`gsplit.run.amp`; fp16 with a gradient scaler). Master weights and the optimiser stay float32."""
 
     host_mode: str = "span"
     """Full-graph training on several hosts (``ranks_per_host``): ``"span"``: one split group of every rank of every
@@ -162,6 +167,7 @@ class TrainConfig:
         if self.macrobatch < 1 or (self.macrobatch > 1 and self.system == "full"):
             raise ValueError(f"macrobatch={self.macrobatch} with system={self.system!r}; pass 1 or more mini-batches "
                              "per macrobatch (full-graph training has one batch per epoch: leave it at 1)")
+        autocast_dtype(self.precision)  # a bad name fails here, before any rank starts
         if self.keep_epochs < 0:
             raise ValueError(f"keep_epochs={self.keep_epochs}; pass how many epoch records to keep, or 0 for all")
         if self.checkpoint_every < 0:
@@ -288,16 +294,18 @@ def _expected_work(reports: int, interval_s: float = 1.0):
 
 
 def _save_checkpoint(cfg: TrainConfig, model, opt, epoch: int, iteration: int, step: int, run: dict,
-                     reports: int = 0) -> None:
+                     reports: int = 0, amp: Optional[MixedPrecision] = None) -> None:
     """Rank 0 saves what an exact resume needs: every rank holds the same model and optimiser state."""
     # the vertex-dropout step counter is in model.state_dict() (the models' extra state)
     counters = {"epoch": epoch, "iteration": iteration, "step": step}
+    if amp is not None:  # the precision and float16's loss scale: a resume continues with both
+        counters["amp"] = amp.state_dict()
     with _expected_work(reports):
         save_checkpoint(cfg.checkpoint_dir, model.state_dict(), opt.state_dict(), counters, step=step,
                         rng=rng_state(), run=run)
 
 
-def _resume(cfg: TrainConfig, model, opt) -> TrainPosition:
+def _resume(cfg: TrainConfig, model, opt, amp: Optional[MixedPrecision] = None) -> TrainPosition:
     """Load the newest checkpoint into ``model`` and ``opt``; the position to continue from (the start if none)."""
     ck = load_checkpoint(cfg.checkpoint_dir)
     if ck is None:  # a new folder, or the first save was interrupted: TrainConfig.resume's fresh start
@@ -311,6 +319,9 @@ def _resume(cfg: TrainConfig, model, opt) -> TrainPosition:
                 group["lr"] = cfg.lr
     if ck.rng is not None:
         set_rng_state(ck.rng)
+    saved_amp = ck.counters.get("amp", {"precision": "fp32"})  # written before precisions: float32
+    if amp is not None and (saved_amp.get("precision") == amp.precision or not cfg.resume_anyway):
+        amp.load_state_dict(saved_amp)  # another precision: refused in one line (unless resume_anyway)
     log.info("resumed from %s at epoch %d, iteration %d (step %d)", cfg.checkpoint_dir, ck.counters["epoch"],
              ck.counters["iteration"], ck.counters["step"])
     return TrainPosition(int(ck.counters["epoch"]), int(ck.counters["iteration"]), int(ck.counters["step"]))
@@ -466,7 +477,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         prepare_checkpoint_dir(cfg.checkpoint_dir)
     run = run_record(asdict(cfg), world_size, dataset, owner) if cfg.checkpoint_dir and rank == 0 else {}
     reports = 0  # report_progress calls of this rank (what the watchdog shows while rank 0 saves)
-    position = _resume(cfg, model, opt) if cfg.resume else TrainPosition()
+    amp = MixedPrecision(cfg.precision, device)
+    position = _resume(cfg, model, opt, amp) if cfg.resume else TrainPosition()
     resumed_at = (position.epoch, position.iteration)
     loss_watch = _LossWatch(cfg, rank, device)
     for epoch in range(position.epoch, cfg.epochs):
@@ -496,12 +508,13 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 step_collective_s = _collective_seconds(comm, job_comm)
             timer.start()
             opt.zero_grad()
-            logits = model(blocks, blocks[0].srcdata["feat"], comm, clock=clock)
-            loss = system.loss(logits, blocks[-1].dstdata["label"], blocks[-1], world_size)
-            loss.backward()
+            with amp.autocast():
+                logits = model(blocks, blocks[0].srcdata["feat"], comm, clock=clock)
+                loss = system.loss(logits, blocks[-1].dstdata["label"], blocks[-1], world_size)
+            amp.backward(loss)
             clock.mark(None)  # layer 0's backward ends here (its input, the features, has no gradient)
             allreduce_gradients(model, job_comm)
-            opt.step()
+            amp.step(opt)  # fp16: unscaled after the all-reduce, so every rank skips the same steps
             timer.stop(len(counters.per_iteration) if cfg.log_iterations else None)
             clock.close(len(counters.per_iteration) if cfg.log_iterations else None)
             if cfg.log_iterations:
@@ -536,7 +549,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
                 if done:  # it claims the whole epoch: saved once the epoch's record is out (below), so that a
                     save_at_end = True  # stop in between never leaves an epoch done but absent from the log
                 else:
-                    _save_checkpoint(cfg, model, opt, epoch, it + 1, position.step, run, reports)
+                    _save_checkpoint(cfg, model, opt, epoch, it + 1, position.step, run, reports, amp)
             report_progress()  # the launcher's progress watchdog (gsplit.launch) names a rank that stops here
             reports += 1
             if cfg.max_iters and it + 1 >= cfg.max_iters:
@@ -550,11 +563,14 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         loss_watch.flush()
         loss_sum = global_sum(local_loss, job_comm)
         record = {"epoch": epoch, "loss": loss_sum / max(counters.iterations, 1), "epoch_s": epoch_s}
+        if amp.scaler is not None:  # float16: the steps skipped so far (inf/nan gradients) and the loss scale
+            record.update(skipped_steps=amp.settle(), loss_scale=amp.scale)
         if epoch == resumed_at[0] and resumed_at[1] > 0:  # resumed mid-epoch: only the iterations after it
             record.update(partial=True, first_iteration=resumed_at[1], iterations=counters.iterations)
         if cfg.eval_every and (epoch + 1) % cfg.eval_every == 0:
             for name, loader in eval_loaders.items():
-                record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)
+                with amp.autocast():
+                    record[f"{name}_acc"] = evaluate(model, loader, comm, job_comm)
         per_rank = job_comm.all_gather_object({"rank": rank, "epoch_s": epoch_s,
                                                "torch_threads": torch.get_num_threads(), **asdict(counters),
                                                **hosts_bytes})
@@ -584,12 +600,13 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         if rank == 0 and report is not None:
             report(record)
         if save_at_end:  # after the record (see above); evaluation changed neither model nor optimiser
-            _save_checkpoint(cfg, model, opt, epoch + 1, 0, position.step, run, reports)
+            _save_checkpoint(cfg, model, opt, epoch + 1, 0, position.step, run, reports, amp)
     if cfg.checkpoint_dir and rank == 0:  # the trained model, whatever the checkpoint schedule
         _save_model(cfg, model, dataset)
     # a preload run's map has a part per host, not per rank of the split group: the evaluation's ranges then
-    final = final_evaluation(cfg, model, dataset, None if cfg.host_mode == "preload" else owner, comm, device,
-                             graph=graph) if cfg.final_eval and cfg.eval_every else {}
+    with amp.autocast():
+        final = final_evaluation(cfg, model, dataset, None if cfg.host_mode == "preload" else owner, comm, device,
+                                 graph=graph) if cfg.final_eval and cfg.eval_every else {}
     num_hosts = train_loader.num_replicas if hosts is not None else \
         (world_size // cfg.ranks_per_host if cfg.ranks_per_host else 1)
     return {"config": asdict(cfg), "world_size": world_size, "hosts": num_hosts,
