@@ -17,7 +17,7 @@ import torch
 
 from gsplit.data.feature_store import CacheCounts, FeatureStore
 from gsplit.data.graph import Graph
-from gsplit.minibatch.loader import IterationStats, RankLoader
+from gsplit.minibatch.rank_loader import IterationStats, RankLoader
 from gsplit.sampling.block import MiniBatch
 from gsplit.sampling.macrobatch import BatchInputs, union_positions
 from gsplit.sampling.neighbor import NeighborSampler

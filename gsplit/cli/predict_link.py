@@ -23,7 +23,7 @@ def read_pairs(path: str, num_nodes: int) -> torch.Tensor:
     if not p.exists():
         raise CliError(f"--pairs {path} does not exist")
     try:
-        pairs = np.load(p) if p.suffix == ".npy" else np.loadtxt(p, dtype=np.int64, ndmin=2, delimiter=None)
+        pairs = np.load(p, allow_pickle=False) if p.suffix == ".npy" else np.loadtxt(p, dtype=np.int64, ndmin=2, delimiter=None)
     except ValueError as e:
         raise CliError(f"--pairs {path}: not two integer vertex ids a line ({e})") from None
     t = torch.as_tensor(np.asarray(pairs))

@@ -42,7 +42,7 @@ from gsplit.comm.shuffle import shuffle_rows
 from gsplit.data.finite import first_non_finite_row
 from gsplit.fullgraph.overlap import OverlapPlan, boundary_first, build_overlap_plan, overlapped_forward
 from gsplit.data.graph import Graph, as_vertex_ids
-from gsplit.minibatch.loader import IterationStats
+from gsplit.minibatch.rank_loader import IterationStats
 from gsplit.ops import aggregate
 from gsplit.partitioning.partition_map import owner_tensor
 from gsplit.partitioning.stats import FullGraphStats, full_graph_stats

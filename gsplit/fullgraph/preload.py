@@ -26,7 +26,7 @@ from gsplit.data.finite import first_non_finite_row
 from gsplit.data.graph import Graph, as_vertex_ids
 from gsplit.fullgraph.hosts import HostSubgraph, host_subgraph
 from gsplit.fullgraph.loader import FullGraph, FullGraphLoader, _build, _check_fits, estimate_memory
-from gsplit.minibatch.loader import IterationStats
+from gsplit.minibatch.rank_loader import IterationStats
 from gsplit.partitioning.full_graph import partition_full_graph
 from gsplit.partitioning.partition_map import PartitionMap
 from gsplit.partitioning.stats import full_graph_stats

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from gsplit.comm.communicator import Communicator
-from gsplit.minibatch.loader import IterationStats
+from gsplit.minibatch.rank_loader import IterationStats
 from gsplit.runtime.timing import LayerSeconds
 
 
