@@ -93,21 +93,26 @@ def minibatch_worker(rank, world_size, fanouts=tuple(FANOUTS), models=DEEP):
     return out
 
 
-def check_minibatch(per_rank, world_size, fanouts=FANOUTS):
+def check_against(per_rank, world_size, reference, steps: int, what: str = "iteration"):
+    """Every rank's losses, gradients and final parameters against one process's (``reference(name)``)."""
     refs = {}
     for key, rank0 in per_rank[0].items():
         name = key[1]
-        ref = refs.setdefault(name, minibatch_reference(name, fanouts, world_size))
+        ref = refs.setdefault(name, reference(name))
         case = f"{key} at world size {world_size}"
-        assert len(rank0["losses"]) == mb.ITERS, case
-        for it in range(mb.ITERS):
+        assert len(rank0["losses"]) == steps, case
+        for it in range(steps):
             assert abs(rank0["losses"][it] - ref["losses"][it]) <= TOL * abs(ref["losses"][it]), case
             for pname, g_ref in ref["grads"][it].items():
                 for r, res in enumerate(per_rank):
                     err = rel_err(res[key]["grads"][it][pname], g_ref)
-                    assert err < TOL, f"{case}: gradient of {pname} on rank {r} differs at iteration {it} ({err:.1e})"
+                    assert err < TOL, f"{case}: gradient of {pname} on rank {r} differs at {what} {it} ({err:.1e})"
         for pname, p_ref in ref["params"].items():
             assert rel_err(rank0["params"][pname], p_ref) < TOL, f"{case}: parameter {pname} drifted"
+
+
+def check_minibatch(per_rank, world_size, fanouts=FANOUTS):
+    check_against(per_rank, world_size, lambda name: minibatch_reference(name, fanouts, world_size), mb.ITERS)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -170,20 +175,7 @@ def fullgraph_worker(rank, world_size, num_layers=5, cases=FULL_CASES):
 
 
 def check_fullgraph(per_rank, world_size, num_layers=5):
-    refs = {}
-    for key, rank0 in per_rank[0].items():
-        name = key[1]
-        ref = refs.setdefault(name, fullgraph_reference(name, num_layers))
-        case = f"{key} at world size {world_size}"
-        assert len(rank0["losses"]) == fg.STEPS, case
-        for step in range(fg.STEPS):
-            assert abs(rank0["losses"][step] - ref["losses"][step]) <= TOL * abs(ref["losses"][step]), case
-            for pname, g_ref in ref["grads"][step].items():
-                for r, res in enumerate(per_rank):
-                    err = rel_err(res[key]["grads"][step][pname], g_ref)
-                    assert err < TOL, f"{case}: gradient of {pname} on rank {r} differs at step {step} ({err:.1e})"
-        for pname, p_ref in ref["params"].items():
-            assert rel_err(rank0["params"][pname], p_ref) < TOL, f"{case}: parameter {pname} drifted"
+    check_against(per_rank, world_size, lambda name: fullgraph_reference(name, num_layers), fg.STEPS, "step")
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
