@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -21,6 +20,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from tqdm.auto import tqdm
 
+from gsplit.run.divergence import LossWatch
 from gsplit.run.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state, save_checkpoint, set_rng_state
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
@@ -327,51 +327,6 @@ def _resume(cfg: TrainConfig, model, opt, amp: Optional[MixedPrecision] = None) 
     return TrainPosition(int(ck.counters["epoch"]), int(ck.counters["iteration"]), int(ck.counters["step"]))
 
 
-def _check_loss(cfg: TrainConfig, value: float, rank: int, epoch: int, iteration: int, step: int) -> None:
-    """Stop a run whose loss is NaN/inf or exploded, naming the rank and the iteration."""
-    if math.isfinite(value) and not (cfg.max_loss and value > cfg.max_loss):
-        return
-    what = f"is {value}" if not math.isfinite(value) else f"is {value:.3g}, above max_loss {cfg.max_loss:g}"
-    raise FloatingPointError(f"rank {rank}: the loss {what} at epoch {epoch}, iteration {iteration} (step {step}): "
-                             f"training diverged; lower the learning rate (lr {cfg.lr:g}) or check the input "
-                             f"features for huge values; the last checkpoint, if any, predates it")
-
-
-class _LossWatch:
-    """Stops a diverging run (:func:`_check_loss`) without making the host wait for the device.
-
-    On the CPU each loss is checked at once. On a GPU it is copied to pinned host memory behind an event
-    and checked when that event has passed (usually an iteration later), so the loop keeps no sync.
-    """
-
-    def __init__(self, cfg: TrainConfig, rank: int, device: torch.device):
-        self.cfg, self.rank, self.cuda = cfg, rank, device.type == "cuda"
-        self.pending: list = []  # (host copy, event, epoch, iteration, step)
-
-    def push(self, loss: torch.Tensor, epoch: int, iteration: int, step: int) -> None:
-        if not self.cuda:
-            _check_loss(self.cfg, float(loss.detach()), self.rank, epoch, iteration, step)
-            return
-        host = torch.empty((), dtype=loss.dtype, pin_memory=True)
-        host.copy_(loss.detach(), non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self.pending.append((host, event, epoch, iteration, step))
-        while self.pending and self.pending[0][1].query():
-            self._check(self.pending.pop(0))
-
-    def flush(self) -> None:
-        """Check what is still pending (at an epoch's end, where the loop waits for the device anyway)."""
-        for item in self.pending:
-            item[1].synchronize()
-            self._check(item)
-        self.pending.clear()
-
-    def _check(self, item) -> None:
-        host, _, epoch, iteration, step = item
-        _check_loss(self.cfg, float(host), self.rank, epoch, iteration, step)
-
-
 def _hosts(cfg: TrainConfig, world_size: int, hosts: Optional[Tuple]) -> Optional[Tuple]:
     """``(host_group, world_group)`` when split training spans several hosts, else ``None``."""
     if not SYSTEMS[cfg.system].splits_by_host(cfg):
@@ -480,7 +435,7 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     amp = MixedPrecision(cfg.precision, device)
     position = _resume(cfg, model, opt, amp) if cfg.resume else TrainPosition()
     resumed_at = (position.epoch, position.iteration)
-    loss_watch = _LossWatch(cfg, rank, device)
+    loss_watch = LossWatch(cfg, rank, device)
     for epoch in range(position.epoch, cfg.epochs):
         counters = EpochCounters()
         comm.traffic.reset()
