@@ -121,12 +121,15 @@ def _read_ids(path: str, num_nodes: int, dataset=None) -> torch.Tensor:
     return as_vertex_ids(ids, num_nodes, f"--ids {path}")
 
 
-def _model_and_dataset(args):
+def _model_and_dataset(args, mf=None):
+    """The model file (``mf`` when the caller has read it already: it is read and its digest checked once) and
+    the dataset it is scored on."""
     from gsplit import datasets
     from gsplit.run.model_io import describe, load_model
     from gsplit.run.predict import check_model_fits
 
-    mf = load_model(args.checkpoint, trust=args.trust_model)
+    if mf is None:
+        mf = load_model(args.checkpoint, trust=args.trust_model)
     if mf.train_config.get("task") == "link":  # its outputs are embeddings, not class scores
         raise CliError(f"{args.checkpoint} holds a link prediction model (gsplit train --task link), whose outputs "
                        "are vertex embeddings; its validation and test MRR / Hits@K are in its run log")

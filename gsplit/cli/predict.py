@@ -26,7 +26,7 @@ def cmd_predict(args) -> int:
         return predict_link(args, mf)
     if args.pairs:
         raise CliError("--pairs scores vertex pairs with a link prediction model; this one classifies vertices")
-    mf, ds = _model_and_dataset(args)
+    mf, ds = _model_and_dataset(args, mf)
     ids = _read_ids(args.ids, ds.num_nodes, ds) if args.ids else torch.arange(ds.num_nodes)
     if ds.node_ids is not None:  # renumbered by its loader: the user's ids in, the user's ids out
         print(f"vertex ids: those of {ds.meta.get('source', 'the source')} (the dataset renumbered them 0..N-1 and "
