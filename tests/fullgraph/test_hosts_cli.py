@@ -7,17 +7,14 @@ slow test, with two real torchrun invocations on loopback, as tests/launcher/tes
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from test_multihost import torchrun_two_nodes  # tests/launcher/, on the path (conftest)
 
 from gsplit.cli import main
 from gsplit.runtime.io import read_run_log
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = ["--dataset", "synthetic", "-D", "num_nodes=500", "-D", "avg_degree=4", "-D", "feature_dim=8"]
 COMMON = ["--full-graph", "--fanouts", "5,5", "--epochs", "2", "--hidden", "16", "--device", "cpu", "--dropout", "0"]
 
@@ -66,28 +63,12 @@ def test_every_host_mode_and_model_trains_like_one_process(tmp_path, argv, model
         assert epoch["cross_host_bytes"] == 0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["span", "preload"])
 def test_torchrun_two_nodes_train_the_full_graph_like_one_process(tmp_path, mode):
     """Two torchrun invocations (``--nnodes 2``, 2 CPU ranks each) on loopback run ``gsplit train --full-graph``."""
-    torchrun = Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    port = str(_free_port())
-    nodes = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "2",
-                               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "gsplit", "train", *TINY,
-                               *COMMON, "--host-mode", mode, "--log-file", str(tmp_path / "torchrun.json")],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)[-3000:]
+    outputs = torchrun_two_nodes(tmp_path, ["train", *TINY, *COMMON, "--host-mode", mode,
+                                            "--log-file", str(tmp_path / "torchrun.json")])
     assert "2 hosts x 2" in outputs[0]
     got = read_run_log(tmp_path / "torchrun.json")
     assert (got["world_size"], got["hosts"], got["ranks_per_host"]) == (4, 2, 2)

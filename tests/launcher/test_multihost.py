@@ -158,6 +158,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun_two_nodes(cwd: Path, gsplit_args: list) -> list:
+    """``python -m gsplit ARGS`` as two torchrun nodes of 2 CPU ranks on loopback; their outputs, after checking
+    that both exited 0."""
+    torchrun = Path(sys.executable).parent / "torchrun"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    port = str(_free_port())
+    nodes = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "2",
+                               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "gsplit", *gsplit_args],
+                              cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for i in range(2)]
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)[-3000:]
+    return outputs
+
+
 @pytest.mark.slow
 def test_torchrun_two_nodes_train_like_the_simulated_hosts(tmp_path):
     """Two real torchrun invocations (``--nnodes 2``, 2 CPU ranks each) run ``gsplit train``; rank 0's log
@@ -167,16 +182,7 @@ def test_torchrun_two_nodes_train_like_the_simulated_hosts(tmp_path):
               "--partition", str(tmp_path / "parts")]
     assert main(["prepare", *tiny, "--num-parts", "2", "--fanouts", "5,3", "--batch-size", "32",
                  "--method", "random", "--out", str(tmp_path / "parts")]) == 0
-    torchrun = Path(sys.executable).parent / "torchrun"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    port = str(_free_port())
-    nodes = [subprocess.Popen([str(torchrun), "--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "2",
-                               "--master-addr", "127.0.0.1", "--master-port", port, "-m", "gsplit", "train", *tiny,
-                               *common, "--log-file", str(tmp_path / "torchrun.json")],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)[-3000:]
+    outputs = torchrun_two_nodes(tmp_path, ["train", *tiny, *common, "--log-file", str(tmp_path / "torchrun.json")])
     assert "2 hosts x 2" in outputs[0]
     assert main(["train", *tiny, *common, "--num-ranks", "4", "--ranks-per-host", "2",
                  "--log", str(tmp_path / "launch.json")]) == 0
