@@ -18,12 +18,13 @@ import torch
 
 from gsplit.cli.common import _prepare_kernels, default_num_ranks
 from gsplit.cli.link_map import add_link_split_args, edge_split_fractions, load_split, map_for_training
-from gsplit.cli.options import CliError, check_dataset_options, parse_dataset_options, parse_fanouts
+from gsplit.cli.options import (CliError, check_dataset_options, layer_fanouts, parse_dataset_options,
+                                parse_fanouts)
 from gsplit.runtime.io import append_jsonl, check_writable
 
 # options of node classification that link prediction does not take yet, with their defaults
 _NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "checkpoint_every": 0, "cache_size": "0",
-              "uva": False, "ranks_per_host": 0, "recompute": False}
+              "uva": False, "ranks_per_host": 0, "recompute": False, "precision": "fp32"}
 
 
 def add_link_args(p: argparse.ArgumentParser) -> None:
@@ -58,7 +59,8 @@ def cmd_train_link(args) -> int:
     if args.log:
         check_writable(args.log, "--log file")
     check_dataset_options(args.dataset, parse_dataset_options(args.dataset_opts))
-    fanouts = parse_fanouts(args.fanouts)
+    # the same default and --layers rule as node classification (without --fanouts: 15,10,5)
+    fanouts = parse_fanouts(layer_fanouts(args.fanouts, args.layers, False))
     cfg = LinkTrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                           heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, seed=args.seed,
                           neg_ratio=args.neg_ratio, exclude=None if args.exclude == "none" else args.exclude,

@@ -55,6 +55,7 @@ def _has_tensorboard() -> bool:
     (["--neg-ratio", "0"], "--neg-ratio 0: pass at least 1"),
     (["--checkpoint-every", "5"], "--checkpoint-every is not supported with --task link yet"),
     (["--system", "dp"], "--system is not supported with --task link yet"),
+    (["--precision", "bf16"], "--precision is not supported with --task link yet"),
     (["--edge-split", "0.6,0.5"], "leave none for training"),
     (["--edge-split", "half"], "pass two fractions VAL,TEST"),
 ])
@@ -62,6 +63,22 @@ def test_link_refuses_in_one_line(extra, message, capsys):
     assert main(["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gsplit: error:") and message in err[0], err
+
+
+@pytest.mark.parametrize("fanouts, layers", [([], "3"), (["--layers", "2"], "2"), (["--fanouts", "3", "--layers", "2"], "2")])
+def test_link_takes_the_node_tasks_fanout_defaults(fanouts, layers, tmp_path, capsys):
+    """Without --fanouts link training uses 15,10,5 as node classification does; --layers N repeats one fanout
+    (a link run without --fanouts once failed with AttributeError on the H200)."""
+    small = [a for a in SMALL if a not in ("--fanouts", "4,3")]
+    log = tmp_path / "log.jsonl"
+    argv = ["train", "--task", "link", *DATA, *small, *fanouts, "--num-ranks", "1", "--epochs", "1",
+            "--max-iters", "1", "--log", str(log)]
+    if fanouts == ["--layers", "2"]:  # mini-batch --layers needs a fanout to repeat: one line, as for node tasks
+        assert main(argv) == 2 and "--layers 2 needs --fanouts" in capsys.readouterr().err
+        return
+    assert main(argv) == 0, capsys.readouterr().err
+    config = json.loads(log.read_text().splitlines()[0])["config"]
+    assert len(config["fanouts"]) == int(layers), config["fanouts"]
 
 
 def test_link_refuses_graphs_it_cannot_split(tmp_path, capsys):
