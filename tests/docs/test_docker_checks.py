@@ -254,3 +254,14 @@ def test_gpu_bench_quick_runs_every_part_on_the_cpu(tmp_path):
     assert set(macro) == {(s, b) for s in ("split", "dp") for b in (1, 16)}
     assert all(r["ms_per_iteration"] > 0 and r["input_rows_per_iteration"] > 0 for r in macro.values())
     assert "ms/it" in done.stdout and "first iteration" in done.stdout  # the table
+
+@pytest.mark.slow
+def test_gpu_forked_ranks_runs_on_the_cpu(tmp_path):
+    """The forked-GPU-ranks check of a GPU run, on CPU ranks: spawned and forked ranks give the same losses."""
+    out = tmp_path / "forked.json"
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_forked_ranks.py"), "--device", "cpu",
+                           "--steps", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"spawn", "forkserver"}
+    assert all(r["same_losses_as_spawn"] and len(r["ranks"][0]["losses"]) == 2 for r in rows.values()), rows
