@@ -279,17 +279,17 @@ def sp_sample_many(graph: Graph, seeds: Sequence[torch.Tensor], owner: torch.Ten
                                  tag=f"layer{layer}", num_nodes=graph.num_nodes, interior_first=overlap and layer > 0)
 
     targets = [to_device(t.to(torch.int64), device) for t in targets]
-    batches = None
-    if len(seeds) == 1 and not overlap and deferred.sizes_on_device(device, comm) and \
+    batches, planned = None, False
+    if len(seeds) == 1 and deferred.sizes_on_device(device, comm) and \
             deferred.deferred_applies(sampler, graph, comm, exchange_inputs):
         # on a GPU: the sizes stay on the device and are read once (None: a slot overflowed, redo exactly)
         batch = deferred.sample_deferred(graph, targets[0], owner, sampler, comm, epoch, iterations[0],
-                                         exchange_inputs)
-        batches = None if batch is None else [batch]
+                                         exchange_inputs, overlap)
+        batches, planned = (None, False) if batch is None else ([batch], True)
     if batches is None:
         batches = sampler.sample_many(graph, targets, epoch, iterations, exchange)
     for k, batch in enumerate(batches):
-        if overlap:
+        if overlap and not planned:
             plan_overlap(batch.blocks, comm.rank)
         # the loss is averaged over the global mini-batch, so the top block knows its global size
         batch.blocks[-1].global_num_dst = seeds[k].numel() if num_global_targets is None else \
