@@ -57,7 +57,6 @@ def deferred_applies(sampler: NeighborSampler, graph: Graph, comm: Communicator,
 
     Example:
         >>> from gsplit.data.graph import Graph
-from gsplit.minibatch.overlap import plan_overlap
         >>> deferred_applies(NeighborSampler([2]), Graph.from_edges([0], [1]), Communicator(), True)
         False
     """
