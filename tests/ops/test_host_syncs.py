@@ -277,7 +277,7 @@ def _count_one_rank(monkeypatch, model_name, lib_path, overlap=False):
     from gsplit.ops import cuda
     for name in ("_function", "_torch_stream", "_ptr", "_MAX_BLOCKS"):
         monkeypatch.setattr(cuda, name, getattr(cuda, name))
-    for name in ("sample_neighbors", "relabel"):
+    for name in ("sample_neighbors", "sample_neighbors_padded", "relabel"):
         monkeypatch.setattr(ops, name, getattr(ops, name))
     return test_host_syncs.count_iteration(0, 1, model_name, lib_path, overlap=overlap)
 
