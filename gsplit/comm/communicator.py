@@ -95,15 +95,18 @@ class CapacityBook:
     HEADROOM = 1.25
 
     @classmethod
-    def capacity(cls, history: List[int]) -> int:
-        """The slot size after ``history``: the largest recent count and a quarter more (0 before any)."""
-        return math.ceil(cls.HEADROOM * max(history)) if history else 0
+    def capacity(cls, history: List[int], headroom: float = HEADROOM, slack: int = 0) -> int:
+        """The slot size after ``history``: the largest recent count and a quarter more (0 before any); a caller
+        whose overflow costs more asks for more ``headroom`` and an absolute ``slack`` (small counts vary most)."""
+        return math.ceil(headroom * max(history)) + slack if history else 0
 
-    def capacities(self, tag: str, world_size: int) -> Tuple[List[int], List[int]]:
+    def capacities(self, tag: str, world_size: int, headroom: float = HEADROOM, slack: int = 0
+                   ) -> Tuple[List[int], List[int]]:
         """``(send, recv)`` slot capacities per peer for the next exchange under ``tag``."""
         sent = self.sent.get(tag) or [[] for _ in range(world_size)]
         received = self.received.get(tag) or [[] for _ in range(world_size)]
-        return [self.capacity(h) for h in sent], [self.capacity(h) for h in received]
+        return ([self.capacity(h, headroom, slack) for h in sent],
+                [self.capacity(h, headroom, slack) for h in received])
 
     def record(self, tag: str, sent: Sequence[int], received: Sequence[int]) -> None:
         for book, counts in ((self.sent, sent), (self.received, received)):
@@ -111,6 +114,37 @@ class CapacityBook:
             for history, n in zip(histories, counts):
                 history.append(int(n))
                 del history[:-self.HISTORY]
+
+
+@dataclass
+class SlotExchange:
+    """What :meth:`Communicator.all_to_all_slots` received, still on the device (nothing read back)."""
+
+    received: torch.Tensor
+    """int64 slots, one per source rank in rank order (``recv_cap[i]`` entries for rank ``i``): the first
+    ``min(recv_counts[i], recv_cap[i])`` of rank ``i``'s are the ids it sent here, the rest unspecified."""
+    recv_counts: torch.Tensor
+    """``[world_size]`` ids each rank meant to send here (more than its slot holds when it overflowed)."""
+    sent_counts: torch.Tensor
+    """``[world_size]`` ids this rank meant to send each rank."""
+    overflow: torch.Tensor
+    """``[world_size]`` 1 where that rank's ids outgrew one of its slots (any of them): the same flags on every rank."""
+    send_cap: List[int]
+    """Slot capacity per destination rank (host)."""
+    recv_cap: List[int]
+    """Slot capacity per source rank (host)."""
+    tag: str
+    """The traffic and capacity tag."""
+
+    def valid(self) -> torch.Tensor:
+        """bool per entry of :attr:`received`: whether it is an id sent here."""
+        dev = self.received.device
+        return torch.cat([torch.arange(cap, device=dev) < self.recv_counts[i] for i, cap in enumerate(self.recv_cap)])
+
+    def slot(self, rank: int, n: int) -> slice:
+        """The first ``n`` entries of ``rank``'s slot in :attr:`received` (a host slice)."""
+        start = sum(self.recv_cap[:rank])
+        return slice(start, start + n)
 
 
 class Communicator:
@@ -260,35 +294,9 @@ class Communicator:
         if x.dim() != 1 or x.dtype.is_floating_point:
             raise ValueError(f"all_to_all_counted sends 1-D integer rows (ids) with their counts in one buffer, "
                              f"got a {x.dtype} tensor of shape {tuple(x.shape)}; use all_to_all_rows for other rows")
-        world, device = self.world_size, x.device
+        world = self.world_size
         send_cap, recv_cap = self.capacities.capacities(tag, world)
-        send_split = [2 + c for c in send_cap]
-        recv_split = [2 + c for c in recv_cap]
-        send_base = [sum(send_split[:j]) for j in range(world)]
-        recv_base = [sum(recv_split[:j]) for j in range(world)]
-        total = sum(send_split)
-        dest = dest.to(torch.int64)
-        counts = torch.zeros(world, dtype=torch.int64, device=device).index_add_(
-            0, dest, torch.ones_like(dest))
-        starts = torch.cumsum(counts, 0) - counts
-        # the slot layout as device tensors, without a sync (a pinned asynchronous copy on a GPU)
-        layout = torch.tensor([send_base, send_cap], dtype=torch.int64)
-        if device.type == "cuda":
-            layout = layout.pin_memory()
-        base_t, cap_t = layout.to(device, non_blocking=True).unbind(0)
-        # per-row lookups of the (world-sized) layout by index_select: advanced indexing (starts[dest]) is the
-        # same gather 6x slower on the CPU (62k rows: 0.5 vs 0.08 ms on one core), 3 of them per exchange
-        within = torch.arange(n, device=device) - starts.index_select(0, dest)
-        fits = within < cap_t.index_select(0, dest)
-        # rows that do not fit go past the end (one place each, so no two writes collide) and are dropped
-        pos = torch.where(fits, base_t.index_select(0, dest) + 2 + within, total + torch.arange(n, device=device))
-        buf = x.new_zeros(total + n, dtype=torch.int64)
-        buf.index_copy_(0, pos, x.to(torch.int64))
-        overflow = (counts > cap_t).any().to(torch.int64)
-        buf.index_copy_(0, base_t, counts)
-        buf.index_copy_(0, base_t + 1, overflow.expand(world))
-        buf = buf[:total]
-        out = self._all_to_all(buf, send_split, recv_split, tag)
+        out, counts, recv_base = self._send_slots(x, dest, send_cap, recv_cap, tag)
         headers = torch.stack([out[recv_base[j]:recv_base[j] + 2] for j in range(world)], 1)  # [count; overflow]
         with waiting_for_peers():  # under NCCL the host blocks here, until every peer has sent its slots
             host = torch.cat([counts.unsqueeze(0), headers]).tolist()  # the one wait
@@ -308,6 +316,76 @@ class Communicator:
             more_parts = torch.split(more, extra_recv)
             parts = [torch.cat([p, m]) for p, m in zip(parts, more_parts)]
         return torch.cat(parts).to(x.dtype), sent, recv
+
+    def _send_slots(self, x: torch.Tensor, dest: torch.Tensor, send_cap: List[int], recv_cap: List[int], tag: str
+                    ) -> Tuple[torch.Tensor, torch.Tensor, List[int]]:
+        """The slot all-to-all of :meth:`all_to_all_counted` without a read: ``(received buffer, counts sent per
+        rank (device), where each sender's slot starts)``. ``dest[i] == world_size`` sends row ``i`` nowhere."""
+        world, device, n = self.world_size, x.device, x.numel()
+        send_split = [2 + c for c in send_cap]
+        recv_split = [2 + c for c in recv_cap]
+        send_base = [sum(send_split[:j]) for j in range(world)]
+        recv_base = [sum(recv_split[:j]) for j in range(world)]
+        total = sum(send_split)
+        dest = dest.to(torch.int64)
+        counts = torch.zeros(world + 1, dtype=torch.int64, device=device).index_add_(
+            0, dest, torch.ones_like(dest))
+        starts = torch.cumsum(counts, 0) - counts
+        counts = counts[:world]
+        # the slot layout as device tensors, without a sync (a pinned asynchronous copy on a GPU); the extra
+        # entry (capacity 0) is where rows sent nowhere would go
+        layout = torch.tensor([send_base + [total], send_cap + [0]], dtype=torch.int64)
+        if device.type == "cuda":
+            layout = layout.pin_memory()
+        base_t, cap_t = layout.to(device, non_blocking=True).unbind(0)
+        # per-row lookups of the (world-sized) layout by index_select: advanced indexing (starts[dest]) is the
+        # same gather 6x slower on the CPU (62k rows: 0.5 vs 0.08 ms on one core), 3 of them per exchange
+        within = torch.arange(n, device=device) - starts.index_select(0, dest)
+        fits = within < cap_t.index_select(0, dest)
+        # rows that do not fit go past the end (one place each, so no two writes collide) and are dropped
+        pos = torch.where(fits, base_t.index_select(0, dest) + 2 + within, total + torch.arange(n, device=device))
+        buf = x.new_zeros(total + n, dtype=torch.int64)
+        buf.index_copy_(0, pos, x.to(torch.int64))
+        overflow = (counts > cap_t[:world]).any().to(torch.int64)
+        buf.index_copy_(0, base_t[:world], counts)
+        buf.index_copy_(0, base_t[:world] + 1, overflow.expand(world))
+        return self._all_to_all(buf[:total], send_split, recv_split, tag), counts, recv_base
+
+    def all_to_all_slots(self, x: torch.Tensor, dest: torch.Tensor, tag: str, headroom: float = 1.5,
+                         slack: int = 64) -> "SlotExchange":
+        """:meth:`all_to_all_counted` with nothing read back: the ids and their counts travel in the slots of the
+        capacities learnt under ``tag`` (``headroom`` times the largest recent count plus ``slack``: more than
+        :meth:`all_to_all_counted` keeps, as an overflow here costs a redo), and what came back stays on the
+        device (:class:`SlotExchange`), to be read with the other sizes of the iteration at once. Rows past a
+        slot's capacity are dropped, and every rank can tell (:attr:`SlotExchange.overflow` holds every
+        sender's flag): the caller redoes the work with :meth:`all_to_all_counted` then. After reading the
+        counts, :meth:`settle_slots` books them. ``dest[i] == world_size`` (padding) sends row ``i`` nowhere.
+        Needs a world size above 1.
+
+        Example:
+            >>> comm = Communicator()                                                         # doctest: +SKIP
+            >>> ex = comm.all_to_all_slots(ids_by_owner, owners_sorted, "ids/layer0")          # doctest: +SKIP
+        """
+        world = self.world_size
+        if world == 1:
+            raise ValueError("all_to_all_slots exchanges between ranks; with one rank every id is its own")
+        send_cap, recv_cap = self.capacities.capacities(tag, world, headroom, slack)
+        out, counts, recv_base = self._send_slots(x, dest, send_cap, recv_cap, tag)
+        headers = torch.stack([out[recv_base[j]:recv_base[j] + 2] for j in range(world)])  # [sender][count, overflow]
+        received = torch.cat([out[recv_base[j] + 2:recv_base[j] + 2 + recv_cap[j]] for j in range(world)])
+        return SlotExchange(received=received, recv_counts=headers[:, 0], sent_counts=counts,
+                            overflow=headers[:, 1], send_cap=send_cap, recv_cap=recv_cap, tag=tag)
+
+    def settle_slots(self, exchange: "SlotExchange", sent: Sequence[int], received: Sequence[int],
+                     row_bytes: int = 8) -> None:
+        """Book an :meth:`all_to_all_slots` whose counts were read (``sent``, ``received``): the capacities learn
+        them and the traffic counters count the ids that left this rank."""
+        if self.world_size == 1:
+            return
+        self.capacities.record(exchange.tag, sent, received)
+        remote = sum(sent) - sent[self.rank]
+        self.traffic.add(exchange.tag, remote, remote * row_bytes)
+        self._count_far(exchange.tag, sent, row_bytes)
 
     def _all_to_all(self, x: torch.Tensor, send_counts: List[int], recv_counts: List[int],
                     tag: str) -> torch.Tensor:

@@ -124,12 +124,15 @@ class AsyncRows:
 
 
 # ---------------------------------------------------------------------------------------------- the plan
-def plan_overlap(blocks: List[Block], rank: int) -> None:
+def plan_overlap(blocks: List[Block], rank: int, interior_edges: Optional[List[int]] = None) -> None:
     """Give every block but the last its :class:`~gsplit.sampling.block.OverlapSplit` (``block.overlap``).
 
     ``blocks`` come from :func:`gsplit.split.sp_sample` with ``overlap=True`` (their local frontiers are
     ordered interior first: ``blocks[i + 1].shuffle_index.num_interior`` is set). Runs where the batch is
-    made (the loader's prefetch thread): its sizes are read here once, as python ints.
+    made (the loader's prefetch thread): its sizes are read here once, as python ints. ``interior_edges[i]``: the
+    in-edges of block ``i``'s interior destinations, when the sampler read them already with its other sizes
+    (:mod:`gsplit.split.deferred`, which makes the plans itself): then nothing is read here, and the check that
+    every interior row is kept, which only a plan made elsewhere can fail, is not made.
 
     Example:
         >>> batch = sp_sample(g, seeds, owner, sampler, comm, overlap=True)   # calls it   # doctest: +SKIP
@@ -153,7 +156,9 @@ def plan_overlap(blocks: List[Block], rank: int) -> None:
                              f"interior rows, each read on this rank; the plan is not sp_sample's")
         place = _kept_places(keep_idx, n_own)
         e_int = 0
-        if n_int:  # edges are grouped by destination: the interior destinations' edges come first. One host
+        if interior_edges is not None:
+            e_int = interior_edges[i]
+        elif n_int:  # edges are grouped by destination: the interior destinations' edges come first. One host
             # read, with the check that every interior row is kept (so interior_pos is right)
             e_int, missing = torch.stack([torch.searchsorted(block.edge_dst, torch.tensor([n_int], device=dev))[0],
                                           (place[:n_int] < 0).any().to(torch.int64)]).tolist()

@@ -23,7 +23,7 @@ from gsplit.ops import counter_rng
 if TYPE_CHECKING:  # annotations only: the graph imports these kernels to pin itself
     from gsplit.data.graph import Graph
 
-__all__ = ["prepare_kernels", "sample_neighbors", "relabel", "keep_cells", "unique_ids", "unique_inverse",
+__all__ = ["prepare_kernels", "sample_neighbors", "sample_neighbors_padded", "relabel", "relabel_padded", "keep_cells", "unique_ids", "unique_inverse",
            "sampling_device", "copy_u_sum", "copy_u_mean", "gat_aggregate", "edge_softmax", "aggregate", "cuda",
            "sample_cpu", "sample_cuda", "torch_ops"]
 
@@ -77,6 +77,31 @@ def sample_neighbors(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bo
     if nodes.device == graph.device:
         return out
     return tuple(t.to(nodes.device) for t in out)  # type: ignore[return-value]
+
+
+def sample_neighbors_padded(graph: Graph, nodes: torch.Tensor, num_valid: torch.Tensor, fanout: int, replace: bool,
+                            key: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`sample_neighbors` of ``nodes[:num_valid]`` (``num_valid`` a 0-d tensor on their device) with no host
+    read: ``(src, dst_index, edge_ids, count, bad)``, buffers of ``nodes.numel() * fanout`` entries whose first
+    ``count`` are the edges :func:`sample_neighbors` returns, and ``bad`` (0-d) set when a valid node is no vertex.
+    ``fanout`` > 0 (the bound). The CUDA kernels where :func:`sample_neighbors` would run them, else torch ops
+    (:func:`gsplit.ops.torch_ops.sample_neighbors_padded`); the graph on ``nodes``' device or readable from it.
+
+    Example:
+        >>> from gsplit.ops import counter_rng
+        >>> from gsplit.data.graph import Graph
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+        >>> out = sample_neighbors_padded(g, torch.tensor([0, 2, 0]), torch.tensor(2), 1, False,
+        ...                               counter_rng.stream_key(0, 0, 0, 0))
+        >>> int(out[3]), out[1][:2].tolist()
+        (2, [0, 1])
+    """
+    if nodes.is_cuda and cuda.cupy_available() and sample_cuda.graph_readable(graph, nodes.device):
+        return sample_cuda.sample_neighbors_padded(graph, nodes, num_valid, fanout, bool(replace), int(key))
+    return torch_ops.sample_neighbors_padded(graph, nodes, num_valid, fanout, bool(replace), int(key))
+
+
+relabel_padded = torch_ops.relabel_padded
 
 
 def _sample_where_graph_is(graph: Graph, nodes: torch.Tensor, fanout: int, replace: bool, key: int):

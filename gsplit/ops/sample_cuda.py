@@ -106,3 +106,40 @@ def sampling_device(graph: Graph, device: torch.device) -> torch.device:
     if graph.device.type == "cpu" and graph.indptr.is_pinned() and cuda.cupy_available():
         return device
     return graph.device
+
+
+def sample_neighbors_padded(graph: Graph, nodes: torch.Tensor, num_valid: torch.Tensor, fanout: int, replace: bool,
+                            key: int):
+    """The CUDA kernels' :func:`gsplit.ops.torch_ops.sample_neighbors_padded`: the picks of ``nodes[:num_valid]``
+    in buffers of ``nodes.numel() * fanout`` entries with their ``count`` and a ``bad`` flag, no host read
+    (the kernels' own output size stays on the device). Padding rows read vertex 0 and are emptied before the
+    fill kernel, which writes nothing for an empty row.
+
+    Example:
+        >>> src, dst, eids, count, bad = sample_neighbors_padded(g.to("cuda"), nodes, torch.tensor(2, device="cuda"),
+        ...                                                      5, False, key)            # doctest: +SKIP
+    """
+    fanout, device = int(fanout), nodes.device
+    if fanout <= 0:
+        raise ValueError(f"fanout = {fanout}; the padded sampler needs a positive fanout (its output bound is n * fanout)")
+    nodes = nodes.to(torch.int64)
+    n = nodes.numel()
+    rows = torch.arange(n, device=device) < num_valid
+    safe = torch.where(rows, nodes, 0).contiguous()
+    start, deg, counts = (torch.empty(n, dtype=torch.int64, device=device) for _ in range(3))
+    bad = torch.zeros(1, dtype=torch.int64, device=device)
+    src, dst_index, edge_ids = (torch.empty(n * fanout, dtype=torch.int64, device=device) for _ in range(3))
+    if n == 0:
+        return src, dst_index, edge_ids, bad[0], bad[0]
+    with cuda._torch_stream(device):
+        cuda._launch("sample.cu", "gsplit_sample_count", n, (
+            cuda._ptr(graph.indptr), np.int64(graph.num_nodes), cuda._ptr(safe), np.int64(n),
+            np.int64(fanout), np.int32(replace), cuda._ptr(start), cuda._ptr(deg), cuda._ptr(counts),
+            cuda._ptr(bad)))
+    ends = torch.cumsum(torch.where(rows, counts, 0), 0)
+    with cuda._torch_stream(device):
+        cuda._launch("sample.cu", "gsplit_sample_fill", n, (
+            cuda._ptr(graph.indices), cuda._ptr(safe), cuda._ptr(start), cuda._ptr(deg), cuda._ptr(ends),
+            np.int64(n), np.int64(fanout), np.int32(replace), np.uint64(key),
+            cuda._ptr(src), cuda._ptr(dst_index), cuda._ptr(edge_ids)))
+    return src, dst_index, edge_ids, ends[-1], bad[0]

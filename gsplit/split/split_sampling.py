@@ -24,6 +24,7 @@ from gsplit.ops.torch_ops import to_device
 from gsplit.minibatch.overlap import plan_overlap
 from gsplit.sampling.block import MiniBatch, ShuffleIndex
 from gsplit.sampling.neighbor import NeighborSampler
+from gsplit.split import deferred
 
 
 def exchange_ids(ids: torch.Tensor, owner: torch.Tensor, comm: Communicator, tag: str,
@@ -277,10 +278,18 @@ def sp_sample_many(graph: Graph, seeds: Sequence[torch.Tensor], owner: torch.Ten
         return exchange_ids_many(mixed_frontiers, [owner.index_select(0, m) for m in mixed_frontiers], comm,
                                  tag=f"layer{layer}", num_nodes=graph.num_nodes, interior_first=overlap and layer > 0)
 
-    batches = sampler.sample_many(graph, [to_device(t.to(torch.int64), device) for t in targets], epoch, iterations,
-                                  exchange)
+    targets = [to_device(t.to(torch.int64), device) for t in targets]
+    batches, planned = None, False
+    if len(seeds) == 1 and deferred.sizes_on_device(device, comm) and \
+            deferred.deferred_applies(sampler, graph, comm, exchange_inputs):
+        # on a GPU: the sizes stay on the device and are read once (None: a slot overflowed, redo exactly)
+        batch = deferred.sample_deferred(graph, targets[0], owner, sampler, comm, epoch, iterations[0],
+                                         exchange_inputs, overlap)
+        batches, planned = (None, False) if batch is None else ([batch], True)
+    if batches is None:
+        batches = sampler.sample_many(graph, targets, epoch, iterations, exchange)
     for k, batch in enumerate(batches):
-        if overlap:
+        if overlap and not planned:
             plan_overlap(batch.blocks, comm.rank)
         # the loss is averaged over the global mini-batch, so the top block knows its global size
         batch.blocks[-1].global_num_dst = seeds[k].numel() if num_global_targets is None else \
