@@ -15,7 +15,8 @@ from gsplit.nn import dropout
 from gsplit.nn.dropout import dropout_bank, vertex_dropout
 from gsplit.nn.layers import SAGEConv
 from gsplit.ops import aggregate as agg
-from gsplit.sampling import Block, counter_rng
+from gsplit.ops import counter_rng
+from gsplit.sampling import Block
 
 
 def _require_extension():

@@ -20,7 +20,8 @@ from gsplit import ops
 from gsplit.ops import cuda as gpu
 from gsplit.ops import sample_cuda
 from gsplit.data.graph import Graph
-from gsplit.sampling import NeighborSampler, counter_rng
+from gsplit.ops import counter_rng
+from gsplit.sampling import NeighborSampler
 from gsplit.ops.torch_ops import relabel
 
 from kernel_emulation import KERNEL_DIR, build_emulation_lib, make_shim, patch_gpu_launches

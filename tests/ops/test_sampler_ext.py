@@ -17,7 +17,8 @@ import torch
 from gsplit import ops
 from gsplit.data.graph import Graph
 from gsplit.ops import sample_cpu, torch_ops
-from gsplit.sampling import NeighborSampler, counter_rng
+from gsplit.ops import counter_rng
+from gsplit.sampling import NeighborSampler
 
 # Fanouts around every branch of the C++ code: 1, small ones (insertion sort), the bitmap's word
 # boundaries, and 250; -1 takes every in-edge.
