@@ -137,3 +137,24 @@ def test_gsplit_estimate_hosts_prints_every_mode_and_a_choice(capsys, tmp_path):
     assert "choose: " in out and "counts scaled by 5" in out and "2 hosts x 2 h100 over nvlink4" in out
     saved = json.loads((tmp_path / "h.json").read_text())
     assert saved["choice"] in ("span", "preload", "either") and saved["scale"] == pytest.approx(5.0)
+
+
+@pytest.mark.slow
+def test_the_predicted_bytes_and_edges_are_host_modes_measured_ones():
+    """experiments/results/host_modes.json (2 hosts x 2 CPU ranks, synthetic 50k, SAGE 3 layers, hidden 64):
+    every mode's counted bytes across and inside hosts and edges per layer, predicted to the byte."""
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "experiments/results/host_modes.json").read_text())
+    settings = doc["settings"]
+    ds = gsplit.datasets.load("synthetic", num_nodes=settings["nodes"], seed=settings["seed"])
+    works = measure_host_modes(ds.graph, 2, 2, settings["layers"], settings["external_hops"],
+                               settings["external_fanout"], seed=settings["seed"])
+    shape = ModelShape(settings["model"], ds.feature_dim, settings["hidden"], ds.num_classes, settings["layers"])
+    names = {"span": "span (one split group)", "preload": "preload, exact halo",
+             "preload-eas": f"preload, m={settings['external_hops']} k={settings['external_fanout']}"}
+    for mode, work in works.items():
+        p = predict_host_mode(work, shape, H100, NVLINK, get_inter_link("ib-hdr"))
+        measured = next(r for r in doc["results"] if r["dataset"] == "synthetic-50k" and r["mode"] == names[mode])
+        assert (p.cross_host_bytes, p.inside_host_bytes, p.edges_per_layer) == (
+            measured["cross_host_bytes"], measured["inside_host_bytes"], measured["edges_per_layer"]), mode
