@@ -24,8 +24,8 @@ def add_host_arguments(p) -> None:
                    help="predict full-graph training on this many hosts of --gpus GPUs each, both host modes "
                         "(span and preload), instead of split vs dp mini-batch training on one host")
     p.add_argument("--inter-link", choices=sorted(INTER_LINKS), default=None,
-                   help="with --hosts: the network between hosts (one port: ib-edr 100, ib-hdr 200, ib-ndr 400 "
-                        "Gb/s InfiniBand; eth-25g, eth-100g Ethernet)")
+                   help="with --hosts: the network between hosts (one port: ib-qdr 32, ib-edr 100, ib-hdr 200, "
+                        "ib-ndr 400 Gb/s InfiniBand; eth-25g, eth-100g Ethernet)")
     p.add_argument("--nics-per-host", type=int, default=1,
                    help="with --hosts: network ports per host (a DGX H100 has 8, one per GPU; default 1)")
     p.add_argument("--layers", type=int, default=None,

@@ -31,11 +31,11 @@ Sources (public figures; "measured" means this project's own runs):
 Links between hosts (:data:`INTER_LINKS`, ``gsplit estimate --hosts H --inter-link NAME``): one network port
 of a host, its data rate times an efficiency (bytes of an NCCL collective per second of line rate):
 
-[ibta]     InfiniBand Trade Association, InfiniBand roadmap (infinibandta.org): 4x EDR 100 Gb/s, 4x HDR 200 Gb/s,
-           4x NDR 400 Gb/s data rate per port (64b/66b encoding already taken out). Adapters: NVIDIA ConnectX-5
-           (EDR 100 Gb/s), ConnectX-6 (HDR 200 Gb/s) and ConnectX-7 (NDR 400 Gb/s) product pages; a DGX H100
-           has 8 ConnectX-7 ports for its compute fabric, one per GPU (NVIDIA DGX H100 user guide), so
-           ``--nics-per-host 8`` there.
+[ibta]     InfiniBand Trade Association, InfiniBand roadmap (infinibandta.org): data rate per 4x port: QDR 32 Gb/s
+           (40 Gb/s signalling, 8b/10b; the link of GraNNDis's cluster, Song et al., PACT '24, Table 2), EDR
+           100, HDR 200, NDR 400 Gb/s (64b/66b already taken out). Adapters: Mellanox ConnectX-3 (QDR/FDR),
+           NVIDIA ConnectX-5 (EDR), ConnectX-6 (HDR) and ConnectX-7 (NDR) product pages; a DGX H100 has 8
+           ConnectX-7 ports for its compute fabric, one per GPU (NVIDIA DGX H100 user guide): ``--nics-per-host 8``.
 [ieee-802.3] IEEE 802.3by (25 Gb/s Ethernet) and 802.3ba/802.3bj (100 Gb/s Ethernet): 25 and 100 Gb/s per port.
 [nccl-tests-29] github.com/NVIDIA/nccl-tests/issues/29: NCCL's maintainer: "12.2 GB/s (for a 100Gbps card) is as
            good as you can get" (all-reduce busbw between two hosts over one EDR adapter: 0.98 of 12.5 GB/s).
@@ -201,7 +201,8 @@ def _eth(gbit: float, standard: str) -> InterLink:
 
 
 INTER_LINKS: Dict[str, InterLink] = {link.name: link for link in (
-    _ib(100, "EDR", "ConnectX-5"), _ib(200, "HDR", "ConnectX-6"), _ib(400, "NDR", "ConnectX-7"),
+    _ib(32, "QDR", "ConnectX-3"), _ib(100, "EDR", "ConnectX-5"), _ib(200, "HDR", "ConnectX-6"),
+    _ib(400, "NDR", "ConnectX-7"),
     _eth(25, "802.3by"), _eth(100, "802.3ba/802.3bj"))}
 """The links between hosts ``gsplit estimate --hosts H --inter-link`` knows (one port; ``--nics-per-host`` ports)."""
 

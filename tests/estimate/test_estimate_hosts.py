@@ -79,7 +79,7 @@ def test_terms_add_up_and_the_bytes_follow_the_rows():
 def test_every_inter_link_names_its_source():
     for name, link in INTER_LINKS.items():
         assert link.source and 0 < link.efficiency <= 1 and link.latency_s > 0, name
-    assert {l.gbit_s for l in INTER_LINKS.values()} == {25, 100, 200, 400}
+    assert {l.gbit_s for l in INTER_LINKS.values()} == {25, 32, 100, 200, 400}
 
 
 TINY = ["--dataset", "synthetic", "-D", "num_nodes=500", "-D", "avg_degree=4", "-D", "feature_dim=8"]
