@@ -101,6 +101,26 @@ def test_the_predicted_bytes_are_what_a_run_counts(tmp_path, mode):
     assert p.edges_per_layer * 3 == sum(epoch["edges"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["span", "preload"])
+def test_the_predicted_bytes_are_what_two_torchrun_nodes_count(tmp_path, mode):
+    """Two real torchrun invocations on loopback (``--nnodes 2``, 2 CPU ranks each): the bytes across and inside
+    hosts of the run log's epoch are the model's."""
+    from test_multihost import torchrun_two_nodes  # tests/launcher/, on the path (conftest)
+
+    torchrun_two_nodes(tmp_path, ["train", *TINY, "--full-graph", "--fanouts", "5,5,5", "--epochs", "1", "--hidden",
+                                  "16", "--device", "cpu", "--host-mode", mode, "--log-file",
+                                  str(tmp_path / "torchrun.json")])
+    got = read_run_log(tmp_path / "torchrun.json")
+    assert (got["world_size"], got["hosts"]) == (4, 2)
+    epoch = got["epochs"][0]
+    ds = gsplit.datasets.load("synthetic", num_nodes=500, avg_degree=4, feature_dim=8)
+    p = predict_host_mode(measure_host_modes(ds.graph, 2, 2, 3)[mode], ModelShape("sage", 8, 16, ds.num_classes, 3),
+                          H100, NVLINK, get_inter_link("ib-hdr"))
+    assert (p.cross_host_bytes, p.inside_host_bytes) == (epoch["cross_host_bytes"], epoch["inside_host_bytes"])
+    assert (p.cross_host_bytes > 0) == (mode == "span")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--hosts", "1", "--inter-link", "ib-hdr"], "--hosts must be at least 2, got 1"),
     (["--hosts", "2"], "--hosts 2 needs --inter-link"),
