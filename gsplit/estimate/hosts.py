@@ -238,7 +238,8 @@ def _memory(work: HostModeWork, shape: ModelShape) -> int:
         group = ranks if work.mode != "span" else range(work.world_size)
         stats = FullGraphStats(num_parts=len(group), num_nodes=work.num_nodes, num_edges=work.num_edges, cut_edges=0,
                                vertices=[work.vertices[r] for r in group], in_edges=[work.in_edges[r] for r in group],
-                               halo_rows=[work.recv_rows[r] for r in group], sent_rows=[work.sent_rows[r] for r in group])
+                               halo_rows=[work.recv_rows[r] for r in group],
+                               sent_rows=[work.sent_rows[r] for r in group])
         for r in ranks:
             mem = estimate_memory(stats, list(group).index(r), shape.feat_dim, _dims(shape),
                                   feature_bytes=shape.feature_bytes)
@@ -255,7 +256,8 @@ def predict_host_mode(work: HostModeWork, shape: ModelShape, device: DeviceProfi
         >>> from gsplit.estimate.links import get_inter_link, get_link
         >>> from gsplit.estimate.profiles import get_device
         >>> w = HostModeWork("span", 2, 1, vertices=[50, 50], in_edges=[500, 500], recv_rows=[10, 10],
-        ...                  recv_cross=[10, 10], sent_rows=[10, 10], sent_cross=[10, 10], num_nodes=100, num_edges=1000)
+        ...                  recv_cross=[10, 10], sent_rows=[10, 10], sent_cross=[10, 10], num_nodes=100,
+        ...                  num_edges=1000)
         >>> p = predict_host_mode(w, ModelShape("sage", 16, 16, 4, 2), get_device("h100"), get_link("nvlink4"),
         ...                       get_inter_link("ib-hdr"))
         >>> abs(sum(p.terms.values()) - p.epoch_s) < 1e-12, p.cross_host_bytes    # 20 rows x 16 x 4 B, fwd + bwd
