@@ -91,7 +91,7 @@ def main_hosts(args, graph, feat_dim: int, classes: int, full_nodes, desc: str, 
           f"{'GiB/GPU':>8}  largest terms")
     for mode, p in est.predictions.items():
         terms = ", ".join(f"{k} {v:.0%}" for k, v in p.dominant(3))
-        print(f"{mode:>12} {p.epoch_s:>9.4g} {p.cross_host_bytes / 2**30:>11.2f} {p.inside_host_bytes / 2**30:>11.2f} "
+        print(f"{mode:>12} {p.epoch_s:>9.4g} {p.cross_host_bytes / 2**30:>11.3g} {p.inside_host_bytes / 2**30:>11.3g} "
               f"{p.edges_per_layer:>12.3g} {p.halo_vertices:>10.3g} {p.memory_per_gpu / 2**30:>8.2f}  {terms}")
     span, pre = est.predictions["span"].epoch_s, est.predictions["preload"].epoch_s
     print(f"choose: {est.choice()} (span / preload = {span / pre:.2f}; 'either' within 5 %; both exact)")
