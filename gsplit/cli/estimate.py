@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from gsplit.cli.estimate_hosts import add_host_arguments, check_hosts, main_hosts
 from gsplit.estimate.links import LINKS, default_device_for, get_link
 from gsplit.estimate.model import ModelShape
 from gsplit.estimate.profiles import DEVICES, get_device
@@ -134,6 +135,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest synthetic stand-in for --shape / --nodes (work is counted on it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the estimate here")
+    add_host_arguments(p)
 
 
 def _check(args) -> None:
@@ -273,6 +275,13 @@ def main(args) -> int:
     t0 = time.perf_counter()
     fanouts = _fanouts(args.fanouts)
     _check(args)
+    check_hosts(args, args.layers or len(fanouts))
+    if args.hosts:  # full-graph training across hosts: no mini-batches, the graph at its full size
+        graph, _, feat_dim, classes, _, _, desc = _graph(args)
+        full = None if args.dataset else (SHAPES[args.shape].num_nodes if args.shape else args.nodes or 1_000_000)
+        if full and graph.num_nodes < full:  # the stand-in's counts are scaled up (gsplit/estimate/hosts.py)
+            desc = desc.split(" (smaller")[0] + f" (its counts scaled by {full / graph.num_nodes:.3g})"
+        return main_hosts(args, graph, feat_dim, classes, full, desc, args.layers or len(fanouts))
     device = get_device(args.device_profile or default_device_for(args.link))
     link = get_link(args.link)
     if args.dataset is None:

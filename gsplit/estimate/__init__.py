@@ -2,7 +2,8 @@
 
 ``count_work`` counts every rank's exact work in one process, ``predict`` turns it into seconds on a device
 profile (:mod:`gsplit.estimate.profiles`) and a link (:mod:`gsplit.estimate.links`), ``gsplit estimate`` does
-both for users (:mod:`gsplit.cli.estimate`, ``gsplit estimate``). The model and its assumptions: :mod:`gsplit.estimate.model`.
+both for users (:mod:`gsplit.cli.estimate`, ``gsplit estimate``). The model and its assumptions: :mod:`gsplit.estimate.model`;
+full-graph training across hosts (``gsplit estimate --hosts``): :mod:`gsplit.estimate.hosts`.
 """
 
 from gsplit.estimate.links import LINKS, Collective, LinkProfile, get_link

@@ -28,6 +28,25 @@ Sources (public figures; "measured" means this project's own runs):
 [gsplit-h100] measured: experiments/results/gpu_h100/3_gpu_bench.json (2026-11-26, H100 80GB HBM3 on a PCIe 5
            host): pinned host-to-device copy 54.5 GB/s; gsplit's UVA feature gather 41.5 GB/s (76 % of it).
 
+Links between hosts (:data:`INTER_LINKS`, ``gsplit estimate --hosts H --inter-link NAME``): one network port
+of a host, its data rate times an efficiency (bytes of an NCCL collective per second of line rate):
+
+[ibta]     InfiniBand Trade Association, InfiniBand roadmap (infinibandta.org): data rate per 4x port: QDR 32 Gb/s
+           (40 Gb/s signalling, 8b/10b; the link of GraNNDis's cluster, Song et al., PACT '24, Table 2), EDR
+           100, HDR 200, NDR 400 Gb/s (64b/66b already taken out). Adapters: Mellanox ConnectX-3 (QDR/FDR),
+           NVIDIA ConnectX-5 (EDR), ConnectX-6 (HDR) and ConnectX-7 (NDR) product pages; a DGX H100 has 8
+           ConnectX-7 ports for its compute fabric, one per GPU (NVIDIA DGX H100 user guide): ``--nics-per-host 8``.
+[ieee-802.3] IEEE 802.3by (25 Gb/s Ethernet) and 802.3ba/802.3bj (100 Gb/s Ethernet): 25 and 100 Gb/s per port.
+[nccl-tests-29] github.com/NVIDIA/nccl-tests/issues/29: NCCL's maintainer: "12.2 GB/s (for a 100Gbps card) is as
+           good as you can get" (all-reduce busbw between two hosts over one EDR adapter: 0.98 of 12.5 GB/s).
+[nccl-tests-150] github.com/NVIDIA/nccl-tests/issues/150: all_reduce_perf between two A100 hosts over HDR
+           InfiniBand, one GPU each: 19-20 us for 8 B to 128 B (the small-message latency across hosts).
+
+Assumed: InfiniBand at 0.9 of its data rate (RDMA, [nccl-tests-29] shows 0.98 at best), Ethernet at 0.8 (RoCE or
+NCCL's socket transport; TCP, congestion control), latency 20 us over InfiniBand [nccl-tests-150] and 40 us over
+Ethernet (assumed); the ports of a host shared by its GPUs' traffic across hosts, at full rate each (a
+non-blocking switch).
+
 What is not sourced is an assumption, said where it is used: the efficiency of all-to-all on V100 and PCIe
 hosts (0.8 of the per-GPU link figure), the PCIe all-reduce bus bandwidth, and the small-message latency of
 NVLink 2 and PCIe hosts (NCCL's protocol latency, as on NVLink 4, plus a few microseconds).
@@ -148,6 +167,58 @@ LINKS: Dict[str, LinkProfile] = {
 """The GPU hosts ``gsplit estimate --link`` knows. CPU hosts are calibrated (:func:`gsplit.estimate.calibrate.transport_profile`)."""
 
 
+@dataclass(frozen=True)
+class InterLink:
+    """A network port between hosts: ``gbit_s`` of data rate at ``efficiency``, ``latency_s`` per collective."""
+
+    name: str
+    """Key in :data:`INTER_LINKS`."""
+    gbit_s: float
+    """Data rate of one port, Gb/s (the generation's name: EDR 100, HDR 200, NDR 400)."""
+    efficiency: float
+    """Share of the data rate a collective's bytes get (assumed: see the module docstring)."""
+    latency_s: float
+    """Seconds per collective across hosts, whatever the size."""
+    source: str = ""
+    """Where the numbers come from."""
+
+    @property
+    def bytes_per_s(self) -> float:
+        """Effective bytes per second of one port."""
+        return self.gbit_s * 1e9 / 8 * self.efficiency
+
+
+def _ib(gbit: float, generation: str, adapter: str) -> InterLink:
+    return InterLink(name=f"ib-{generation.lower()}", gbit_s=gbit, efficiency=0.9, latency_s=20e-6,
+                     source=f"InfiniBand 4x {generation} {gbit:g} Gb/s [ibta] ({adapter}); 0.9 of it (assumed; "
+                            f"[nccl-tests-29] 0.98 at best); 20 us [nccl-tests-150]")
+
+
+def _eth(gbit: float, standard: str) -> InterLink:
+    return InterLink(name=f"eth-{gbit:g}g", gbit_s=gbit, efficiency=0.8, latency_s=40e-6,
+                     source=f"{gbit:g} Gb/s Ethernet, IEEE {standard} [ieee-802.3]; 0.8 of it and 40 us (assumed: "
+                            "RoCE or NCCL's sockets)")
+
+
+INTER_LINKS: Dict[str, InterLink] = {link.name: link for link in (
+    _ib(32, "QDR", "ConnectX-3"), _ib(100, "EDR", "ConnectX-5"), _ib(200, "HDR", "ConnectX-6"),
+    _ib(400, "NDR", "ConnectX-7"),
+    _eth(25, "802.3by"), _eth(100, "802.3ba/802.3bj"))}
+"""The links between hosts ``gsplit estimate --hosts H --inter-link`` knows (one port; ``--nics-per-host`` ports)."""
+
+
+def get_inter_link(name: str) -> InterLink:
+    """The link between hosts named ``name`` (a key of :data:`INTER_LINKS`).
+
+    Example:
+        >>> get_inter_link("ib-hdr").bytes_per_s / 1e9                  # 200 Gb/s = 25 GB/s, at 0.9
+        22.5
+    """
+    if name not in INTER_LINKS:
+        raise ValueError(f"unknown link between hosts {name!r}; choose one of {', '.join(sorted(INTER_LINKS))}")
+    return INTER_LINKS[name]
+
+
 def get_link(name: str) -> LinkProfile:
     """The link named ``name`` (a key of :data:`LINKS`).
 
@@ -165,7 +236,8 @@ def default_device_for(link: str) -> str:
     return "v100" if link == "nvlink2" else "h100"
 
 
-__all__ = ["Collective", "LinkProfile", "LINKS", "get_link", "default_device_for"]
+__all__ = ["Collective", "LinkProfile", "LINKS", "get_link", "default_device_for", "InterLink", "INTER_LINKS",
+           "get_inter_link"]
 
 
 def link_or_none(name: Optional[str]) -> Optional[LinkProfile]:
