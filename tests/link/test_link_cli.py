@@ -207,7 +207,8 @@ def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
                  "--device", "cpu", "--num-ranks", "1", "--eval-every", "0", "--checkpoint", node_ck]) == 0
     capsys.readouterr()
     cases = [
-        (["eval", "--checkpoint", link_ck], "holds a link prediction model"),
+        (["eval", "--checkpoint", link_ck, "--split", "train"], "a link model is scored on its held-out edges"),
+        (["eval", "--checkpoint", link_ck, "--ids", "x.npy"], "--ids scores vertices of a node classification model"),
         (["predict", "--checkpoint", link_ck, "--out", str(tmp_path / "p.npy"), "--ids", "x.npy"],
          "--ids is for node classification models"),
         (["predict", "--checkpoint", node_ck, "--out", str(tmp_path / "p.npy"), "--pairs", "x.txt"],
@@ -223,6 +224,25 @@ def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (argv, err)
+
+
+def test_link_eval_reports_the_runs_final_metrics(tmp_path, capsys):
+    """gsplit eval of a link run's checkpoint scores the held-out edges as the end of the run did: the same MRR
+    and Hits@K (its negatives, its predictor), on one rank and split over two."""
+    ck, log = str(tmp_path / "ck"), tmp_path / "run.jsonl"
+    assert main(["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", "--predictor", "mlp",
+                 "--checkpoint", ck, "--log", str(log)]) == 0
+    summary = json.loads(log.read_text().splitlines()[-1])
+    capsys.readouterr()
+    for ranks in ("1", "2"):
+        assert main(["eval", "--checkpoint", ck, "--num-ranks", ranks, "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        for name in ("val", "test"):
+            line = f"{name} MRR {summary[f'final_{name}_mrr']:.4f}  Hits@10 {summary[f'final_{name}_hits@10']:.4f}"
+            assert line in out, (ranks, line, out)
+    assert main(["eval", "--checkpoint", ck, "--num-ranks", "1", "--device", "cpu", "--split", "test"]) == 0
+    out = capsys.readouterr().out
+    assert "test MRR" in out and "val MRR" not in out
 
 
 def test_link_split_stats_count_the_pairs_as_the_loader_splits_them():
