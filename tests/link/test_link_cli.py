@@ -53,7 +53,7 @@ def _has_tensorboard() -> bool:
 
 @pytest.mark.parametrize("extra, message", [
     (["--neg-ratio", "0"], "--neg-ratio 0: pass at least 1"),
-    (["--checkpoint-every", "5"], "--checkpoint-every is not supported with --task link yet"),
+    (["--full-graph"], "--full-graph is not supported with --task link yet"),
     (["--system", "dp"], "--system is not supported with --task link yet"),
     (["--precision", "bf16"], "--precision is not supported with --task link yet"),
     (["--edge-split", "0.6,0.5"], "leave none for training"),
@@ -197,6 +197,53 @@ def test_link_checkpoint_resume_is_exact(tmp_path):
     assert a.train_config["task"] == "link" and (tmp_path / "b" / "predictor.pt").exists()
     for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
         assert torch.equal(x, y) if torch.is_tensor(x) else x == y, name   # weights; dropout's step counter
+
+
+def test_link_checkpoint_every_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
+    """checkpoint_every=2: a run killed right after its checkpoint inside epoch 0 and resumed ends as an
+    uninterrupted run does (the next epoch's loss, the metrics, the weights); the resumed epoch's record says
+    it is partial."""
+    import dataclasses
+
+    import torch
+
+    import gsplit
+    import gsplit.link.train as link_train
+    from gsplit.link.edge_split import split_edges
+    from gsplit.link.train import LinkTrainConfig, train_link_rank
+    from gsplit.run.model_io import load_model
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=2, feature_dim=6)
+    split = split_edges(ds.graph, 0.05, 0.1, seed=0)
+    cfg = LinkTrainConfig(fanouts=[4, 3], hidden=8, epochs=2, batch_size=64, predictor="mlp", eval_negatives=20,
+                          hits_k=10, max_iters=3, dropout=0.2, checkpoint_every=2)
+    straight = train_link_rank(0, 1, dataclasses.replace(cfg, checkpoint_dir=str(tmp_path / "a")), split,
+                               ds.features, ds.graph, None)
+    save = link_train.save_checkpoint
+
+    class Killed(Exception):
+        pass
+
+    def save_then_die(directory, model, optimizer, counters, **kwargs):
+        save(directory, model, optimizer, counters, **kwargs)
+        if counters["iteration"]:  # inside an epoch (at step 2: epoch 0, iteration 2)
+            raise Killed
+
+    monkeypatch.setattr(link_train, "save_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        train_link_rank(0, 1, dataclasses.replace(cfg, checkpoint_dir=str(tmp_path / "b")), split, ds.features,
+                        ds.graph, None)
+    monkeypatch.setattr(link_train, "save_checkpoint", save)
+    resumed = train_link_rank(0, 1, dataclasses.replace(cfg, checkpoint_dir=str(tmp_path / "b"), resume=True),
+                              split, ds.features, ds.graph, None)
+    first, second = resumed["epochs"]
+    assert first["partial"] and first["first_iteration"] == 2 and first["iterations"] == 1, first
+    assert "partial" not in second and second["loss"] == straight["epochs"][1]["loss"]
+    assert resumed["final_test_mrr"] == straight["final_test_mrr"]
+    assert resumed["final_val_hits@10"] == straight["final_val_hits@10"]
+    a, b = load_model(tmp_path / "a"), load_model(tmp_path / "b")
+    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(x, y) if torch.is_tensor(x) else x == y, name
 
 
 def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
