@@ -158,8 +158,9 @@ class SplitParallel(nn.Module):
     default ``reduction="mean"``). On a link prediction mini-batch the output is the rank's pair rows
     (which ``pair_graph.edges()`` index) and the loss the mean over the pairs it scores, as in DGL
     (or :func:`gsplit.link.split_bce_with_logits`); a predictor's own parameters then need
-    ``split_bce_with_logits`` and their gradients summed beside the wrapper. On blocks that are not split (single process, data-parallel
-    loaders) there is no shuffle and no scale: it is exactly DDP (at world size 1: the module).
+    ``split_bce_with_logits`` and their gradients summed beside the wrapper. On blocks that are not
+    split (single process, data-parallel loaders) there is no shuffle and no scale: it is exactly DDP
+    (at world size 1: the module).
 
     Example (one process, no process group: the wrapper changes nothing):
         >>> import gsplit, torch.nn.functional as F

@@ -131,7 +131,8 @@ def test_callable_negatives_seed_and_restore_the_generator(device):
     generator) and leaves the caller's generator state as it was."""
     graph = gsplit.Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
     weights = torch.arange(1.0, 5.0, device=device)
-    neg = negative.as_negative_sampler(lambda g, e: (e.repeat(3) % 4, weights.multinomial(3 * len(e), replacement=True)))
+    neg = negative.as_negative_sampler(
+        lambda g, e: (e.repeat(3) % 4, weights.multinomial(3 * len(e), replacement=True)))
     eids = torch.tensor([0, 1])
     gen = torch.cuda if device == "cuda" else torch
     if device == "cuda":
