@@ -132,7 +132,7 @@ def _model_and_dataset(args, mf=None):
         mf = load_model(args.checkpoint, trust=args.trust_model)
     if mf.train_config.get("task") == "link":  # its outputs are embeddings, not class scores
         raise CliError(f"{args.checkpoint} holds a link prediction model (gsplit train --task link), whose outputs "
-                       "are vertex embeddings; its validation and test MRR / Hits@K are in its run log")
+                       "are vertex embeddings; gsplit eval scores its held-out edges (MRR / Hits@K)")
     print(f"model {args.checkpoint}: {describe(mf)}", flush=True)
     if args.dataset is not None:
         ds = _load_dataset(args)

@@ -1,4 +1,5 @@
-"""``gsplit eval``: accuracy of a trained model by split-parallel layer-wise inference."""
+"""``gsplit eval``: accuracy of a trained model by split-parallel layer-wise inference (a link prediction model:
+MRR and Hits@K of its held-out edges, :func:`gsplit.cli.predict_link.eval_link`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from gsplit.cli.options import CliError
 
 
 def cmd_eval(args) -> int:
-    mf, ds = _model_and_dataset(args)
+    from gsplit.run.model_io import load_model
+
+    mf = load_model(args.checkpoint, trust=args.trust_model)
+    if mf.train_config.get("task") == "link":  # MRR / Hits@K of the run's held-out edges
+        from gsplit.cli.predict_link import eval_link
+
+        return eval_link(args, mf)
+    mf, ds = _model_and_dataset(args, mf)
     all_sets = {"train": ds.train_idx, "val": ds.val_idx, "test": ds.test_idx,
                 "all": torch.arange(ds.num_nodes)}
     names = [s.strip() for s in args.split.split(",") if s.strip()]
@@ -36,7 +44,8 @@ def add_parser(sub) -> None:
                                     "inference")
     _add_model_args(p)
     p.add_argument("--split", default="val,test",
-                   help="comma-separated vertex sets to score: train, val, test, all")
+                   help="comma-separated vertex sets to score: train, val, test, all (a link prediction model: "
+                        "its held-out edges, val and/or test, by MRR and Hits@K)")
     p.add_argument("--ids", metavar="FILE",
                    help="also score these vertices: .npy of ids or a boolean mask, or a text file, one id "
                         "a line; ids as in the dataset's source (an edge list's own ids)")

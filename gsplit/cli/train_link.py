@@ -23,7 +23,7 @@ from gsplit.cli.options import (CliError, check_dataset_options, layer_fanouts, 
 from gsplit.runtime.io import append_jsonl, check_writable
 
 # options of node classification that link prediction does not take yet, with their defaults
-_NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "checkpoint_every": 0, "cache_size": "0",
+_NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "cache_size": "0",
               "uva": False, "ranks_per_host": 0, "recompute": False, "precision": "fp32"}
 
 
@@ -44,7 +44,7 @@ def _check_options(args) -> tuple:
         if getattr(args, name, default) != default:
             flag = "--" + name.replace("_", "-")
             raise CliError(f"{flag} is not supported with --task link yet; leave it out (link prediction trains "
-                           "split-parallel on one host, with a checkpoint at the end of every epoch)")
+                           "split-parallel on one host)")
     if args.launcher == "torchrun":
         raise CliError("--task link runs on the ranks gsplit starts; torchrun is not supported for it yet")
     return edge_split_fractions(args)
@@ -68,7 +68,7 @@ def cmd_train_link(args) -> int:
                           max_iters=args.max_iters, device="cpu" if args.device == "auto" and not
                           torch.cuda.is_available() else args.device, prefetch=args.prefetch,
                           macrobatch=args.macrobatch, checkpoint_dir=args.checkpoint or "", resume=args.resume,
-                          edge_split=[val, test])
+                          checkpoint_every=args.checkpoint_every, edge_split=[val, test])
     if args.resume and not args.checkpoint:
         raise CliError("--resume needs --checkpoint DIR: the folder to resume from")
     if args.checkpoint:

@@ -122,8 +122,9 @@ class CallableNegatives:
     """A user's negative sampler with DGL's protocol, ``fn(g, eids) -> (src, dst)`` (e.g. the degree^0.75
     sampler of DGL's multi-GPU link prediction example).
 
-    Every rank calls ``fn`` on the whole global mini-batch with torch's default CPU generator seeded from
-    ``key`` inside ``torch.random.fork_rng`` (the caller's generator state is left as it was), so the pairs
+    Every rank calls ``fn`` on the whole global mini-batch with torch's default CPU generator (and, once CUDA is
+    in use, the current GPU's) seeded from ``key`` inside ``torch.random.fork_rng`` (the caller's generator
+    state is left as it was), so the pairs
     are the same on every rank, and the same as one process's, when ``fn`` draws only from that generator
     (``torch.randint``, ``torch.multinomial`` without ``generator=``). ``g`` is the graph given to the loader
     (a :class:`gsplit.Graph`); ``eids`` are gsplit edge ids.
@@ -153,8 +154,14 @@ class CallableNegatives:
 
     def sample(self, graph: Graph, eids: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, key: int) -> Pairs:
         g = graph if self.graph_for_fn is None else self.graph_for_fn
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(key & ((1 << 63) - 1))
+        seed = key & ((1 << 63) - 1)
+        # a graph on the rank's GPU (DGL's example with --mode puregpu) draws from that GPU's generator: it is
+        # seeded alike (only it: torch.manual_seed would reach every GPU) and restored too
+        cuda = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=cuda):
+            torch.default_generator.manual_seed(seed)
+            if cuda:
+                torch.cuda.manual_seed(seed)
             out = self.fn(g, eids if self.eids_for_fn is None else self.eids_for_fn(eids))
         name = getattr(self.fn, "__name__", type(self.fn).__name__)
         if not (isinstance(out, (tuple, list)) and len(out) == 2):

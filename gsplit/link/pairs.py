@@ -48,6 +48,9 @@ class PairGraph:
     rows are the output rows (one rank)."""
     num_output_rows: int = 0
     """This rank's output rows (the first ``num_output_rows`` pair rows)."""
+    split_loss: bool = False
+    """Set by :func:`gsplit.link.split_bce_with_logits`: the loss over these pairs is already this rank's share
+    of the global mean, which :class:`gsplit.SplitParallel` then does not rescale."""
 
     def edges(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(u, v)`` local indices into the pair rows, as DGL's ``pair_graph.edges()``."""
@@ -123,9 +126,11 @@ class LinkMiniBatch:
         neg = None
         if self.neg_pair_graph is not None:
             neg = replace(self.neg_pair_graph.to(device, non_blocking), shuffle_index=pos.shuffle_index)
+        blocks = [b.to(device, non_blocking) for b in self.blocks]
+        if blocks:
+            blocks[-1].pairs = (pos, neg)
         return LinkMiniBatch(self.input_nodes.to(device, non_blocking=non_blocking),
-                             self.output_nodes.to(device, non_blocking=non_blocking), pos, neg,
-                             [b.to(device, non_blocking) for b in self.blocks])
+                             self.output_nodes.to(device, non_blocking=non_blocking), pos, neg, blocks)
 
     def tensors(self) -> Iterator[torch.Tensor]:
         yield self.input_nodes

@@ -223,10 +223,12 @@ class EdgePredictionSampler:
 def attach_pairs(batch: EdgeBatch, minibatch, owner: torch.Tensor, rank: int, world_size: int) -> LinkMiniBatch:
     """This rank's :class:`LinkMiniBatch` from its split of ``batch``'s targets (``minibatch``: a
     :class:`~gsplit.MiniBatch`). The top block's ``global_num_dst`` is cleared: the loss is over pairs, not over
-    output rows (see :func:`gsplit.link.split_bce_with_logits`)."""
+    output rows (see :func:`gsplit.link.split_bce_with_logits`); it holds the pair graphs instead
+    (:attr:`gsplit.Block.pairs`)."""
     pos, neg = split_pairs(batch.pos, batch.neg, batch.eids, owner, minibatch.output_nodes.to(owner.device),
                            rank, world_size)
     minibatch.blocks[-1].global_num_dst = None
+    minibatch.blocks[-1].pairs = (pos, neg)  # SplitParallel's output: these pair rows
     return LinkMiniBatch(minibatch.input_nodes, minibatch.output_nodes, pos, neg, minibatch.blocks)
 
 

@@ -50,6 +50,8 @@ def pair_rows(h: torch.Tensor, pair_graph: PairGraph, group=None) -> torch.Tenso
         torch.Size([2, 3])
     """
     pair_graph = _pairs(pair_graph)
+    if any(pair_graph is p for p in getattr(h, "gsplit_pairs", ())):
+        return h  # SplitParallel's output: the pair rows already
     index = pair_graph.shuffle_index
     if index is None:
         if h.shape[0] != pair_graph.num_nodes():
@@ -75,6 +77,9 @@ def split_bce_with_logits(pos_score: torch.Tensor, neg_score: Optional[torch.Ten
     """
     pair_graph = _pairs(pair_graph)
     neg_pair_graph = None if neg_pair_graph is None else _pairs(neg_pair_graph)
+    for p in (pair_graph, neg_pair_graph):  # a share already: SplitParallel must not rescale it
+        if p is not None:
+            p.split_loss = True
     pos_score = pos_score.reshape(-1)
     if pos_score.numel() != pair_graph.num_edges():
         raise ValueError(f"pos_score has {pos_score.numel()} scores but pair_graph has {pair_graph.num_edges()} "
@@ -91,3 +96,39 @@ def split_bce_with_logits(pos_score: torch.Tensor, neg_score: Optional[torch.Ten
         total += neg_pair_graph.global_num_pairs
         loss = loss + F.binary_cross_entropy_with_logits(neg_score, torch.zeros_like(neg_score), reduction="sum")
     return loss / max(int(total), 1)
+
+
+def wrapper_pair_rows(out: torch.Tensor, pairs: tuple, group=None, replicas: int = 1):
+    """:class:`gsplit.SplitParallel`'s output on a link mini-batch: ``(pair rows, pairs this rank scores)``.
+
+    ``out`` (one row per ``blocks[-1]`` destination) becomes the pair rows of ``pairs`` (the top block's
+    ``(pair_graph, neg_pair_graph)``), so DGL's ``pair_graph.ndata["h"] = model(blocks, x)`` works unchanged.
+    The gradient of the pair rows is scaled for a loss that is the *mean over this rank's pairs* (DGL's
+    ``F.binary_cross_entropy_with_logits(cat([pos, neg]), labels)``): by ``replicas * pairs here / pairs of
+    the global mini-batch``, so the ranks' summed gradients are one process's on the whole mini-batch. When
+    :func:`split_bce_with_logits` scored the batch (already a share) the factor is ``replicas`` alone (undoing
+    DDP's averaging). The factor is read in the backward, after the loss was made. The result is marked, so
+    :func:`pair_rows` returns it unchanged.
+
+    Example:
+        >>> p = PairGraph(torch.tensor([0]), torch.tensor([1]), torch.tensor([4, 9]), torch.tensor([0]), 1)
+        >>> h, n = wrapper_pair_rows(torch.ones(2, 3, requires_grad=True), (p, None))
+        >>> pair_rows(h, p) is h, n
+        (True, 1)
+    """
+    pos, neg = pairs
+    graphs = tuple(p for p in (pos, neg) if p is not None)
+    local = sum(p.num_edges() for p in graphs)
+    total = sum(int(p.global_num_pairs) for p in graphs)
+    h = pair_rows(out, pos, group)
+    if h is out:  # one rank: the pair rows are the output rows; mark a view, not the caller's tensor
+        h = out.view_as(out)
+    if h.requires_grad:
+        def scale(grad):  # on the pair rows: only this rank's loss reaches them (the others' come back after)
+            share = any(p.split_loss for p in graphs)
+            factor = replicas if share else (replicas * local / total if total else 0.0)
+            return grad if factor == 1 else grad * factor
+
+        h.register_hook(scale)
+    h.gsplit_pairs = graphs
+    return h, local

@@ -73,6 +73,8 @@ class LinkTrainConfig:
     the end, ``model.pt`` (the GNN, marked ``task: link``) and ``predictor.pt``; ``""``: none."""
     resume: bool = False
     """Continue from the newest checkpoint in ``checkpoint_dir`` (a fresh start when there is none)."""
+    checkpoint_every: int = 0
+    """Also a checkpoint every this many iterations (steps), inside epochs; ``0``: at the end of epochs only."""
     edge_split: List[float] = field(default_factory=lambda: [0.05, 0.1])
     """The validation and test fractions the edges were split with (with ``seed``: the message-passing graph
     ``gsplit predict`` rebuilds from ``model.pt``)."""
@@ -87,6 +89,9 @@ class LinkTrainConfig:
         if self.batch_size < 1 or self.epochs < 0 or self.hidden < 1:
             raise ValueError(f"batch_size, epochs and hidden must be positive, got {self.batch_size}, "
                              f"{self.epochs}, {self.hidden}")
+        if isinstance(self.checkpoint_every, bool) or int(self.checkpoint_every) != self.checkpoint_every \
+                or self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every}; pass iterations between checkpoints, or 0")
         if self.eval_negatives < 1 or self.shared_negatives < 1 or self.hits_k < 1:
             raise ValueError("eval_negatives, shared_negatives and hits_k must be at least 1")
 
@@ -140,12 +145,13 @@ def evaluate_link(model, predictor, split: EdgeSplit, features: torch.Tensor, ne
     return record
 
 
-def _resume(cfg: LinkTrainConfig, params: nn.Module, opt) -> Tuple[int, int]:
-    """Load the newest checkpoint (a link prediction run's) into ``params`` and ``opt``; ``(epoch, step)``."""
+def _resume(cfg: LinkTrainConfig, params: nn.Module, opt) -> Tuple[int, int, int]:
+    """Load the newest checkpoint (a link prediction run's) into ``params`` and ``opt``; ``(epoch, iteration,
+    step)``: the first iteration not done (0 after an epoch's end)."""
     ck = load_checkpoint(cfg.checkpoint_dir)
     if ck is None:
         log.warning("resume: no complete checkpoint in %s yet; starting from the beginning", cfg.checkpoint_dir)
-        return 0, 0
+        return 0, 0, 0
     if ck.run.get("task") != "link":
         raise ValueError(f"the checkpoint in {cfg.checkpoint_dir} is a node classification run's; resume it with "
                          "gsplit train (no --task link), or pass another folder")
@@ -153,7 +159,7 @@ def _resume(cfg: LinkTrainConfig, params: nn.Module, opt) -> Tuple[int, int]:
     opt.load_state_dict(ck.optimizer)
     if ck.rng is not None:
         set_rng_state(ck.rng)
-    return int(ck.counters["epoch"]), int(ck.counters["step"])
+    return int(ck.counters["epoch"]), int(ck.counters.get("iteration", 0)), int(ck.counters["step"])
 
 
 def _save_link_model(cfg: LinkTrainConfig, model, predictor, in_feats: int) -> None:
@@ -200,16 +206,18 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
                         features=features, prefetch=cfg.prefetch, macrobatch=cfg.macrobatch)
     comm = loader.comm
     history = []
-    start_epoch, step = 0, 0
+    start_epoch, start_it, step = 0, 0, 0
     if cfg.resume:
-        start_epoch, step = _resume(cfg, params, opt)
+        start_epoch, start_it, step = _resume(cfg, params, opt)
     if cfg.checkpoint_dir and rank == 0:
         prepare_checkpoint_dir(cfg.checkpoint_dir)
+    run = {"task": "link", "config": asdict(cfg), "world_size": world_size}
     for epoch in range(start_epoch, cfg.epochs):
-        loader.set_epoch(epoch)
+        first = start_it if epoch == start_epoch else 0  # a resumed epoch continues where its checkpoint was
+        loader.set_epoch(epoch, first)
         t_epoch, local_loss, iters = time.perf_counter(), torch.zeros((), dtype=torch.float64), 0
         sample_s = load_s = train_s = 0.0
-        for it, (_, pos, neg, blocks) in enumerate(loader):
+        for it, (_, pos, neg, blocks) in enumerate(loader, start=first):
             stats = loader.last_stats
             sample_s, load_s = sample_s + stats.sample_s, load_s + stats.load_s
             t0 = time.perf_counter()
@@ -224,21 +232,28 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
             local_loss += loss.detach().double().cpu()
             iters += 1
             step += 1
+            done = it + 1 == len(loader) or bool(cfg.max_iters and it + 1 >= cfg.max_iters)
+            if cfg.checkpoint_dir and rank == 0 and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
+                    and not done:  # the epoch's end saves below, once its record is out
+                save_checkpoint(cfg.checkpoint_dir, params.state_dict(), opt.state_dict(),
+                                {"epoch": epoch, "iteration": it + 1, "step": step}, rng=rng_state(), step=step,
+                                run=run)
             report_progress()
-            if cfg.max_iters and it + 1 >= cfg.max_iters:
+            if done:
                 break
         per_rank = comm.all_gather_object([sample_s, load_s, train_s, time.perf_counter() - t_epoch])
         record = {"epoch": epoch, "loss": global_sum(local_loss, comm) / max(iters, 1),
                   "epoch_s": max(r[3] for r in per_rank), "iterations": iters,  # the slowest rank's, as each part
                   "sample_s": max(r[0] for r in per_rank), "load_s": max(r[1] for r in per_rank),
                   "train_s": max(r[2] for r in per_rank)}
+        if first:  # the loss and times cover the iterations run after the resume only
+            record.update(partial=True, first_iteration=first)
         history.append(record)
         if rank == 0 and report is not None:
             report(record)
         if cfg.checkpoint_dir and rank == 0:  # every rank holds the same parameters: rank 0 saves them
             save_checkpoint(cfg.checkpoint_dir, params.state_dict(), opt.state_dict(),
-                            {"epoch": epoch + 1, "iteration": 0, "step": step}, rng=rng_state(), step=step,
-                            run={"task": "link", "config": asdict(cfg), "world_size": world_size})
+                            {"epoch": epoch + 1, "iteration": 0, "step": step}, rng=rng_state(), step=step, run=run)
     if cfg.checkpoint_dir and rank == 0:
         _save_link_model(cfg, model, predictor, features.shape[1])
     final = evaluate_link(model, predictor, split, features, evaluation_negatives(split, cfg, full_graph),

@@ -24,9 +24,11 @@ global mini-batch:
    output is scaled by ``local targets / global targets``, so the ranks' gradients add up to the
    gradient of the global mini-batch's mean loss. In full-graph training the targets are the training
    vertices (``blocks[-1].num_loss_rows`` of the rank, labelled; the rest carry ``ignore_index``).
-   Link prediction mini-batches (:mod:`gsplit.link`) score pairs, not output rows: their top block has no
-   ``global_num_dst`` and only DDP's averaging is undone; the loss is then
-   :func:`gsplit.link.split_bce_with_logits`, already a share of the global mean.
+   Link prediction mini-batches (:mod:`gsplit.link`) score pairs, not output rows: the wrapper returns the
+   rank's *pair rows* (its output rows and the other ranks' rows its pairs need, one exchange), so DGL's
+   ``pair_graph.ndata["h"] = model(blocks, x)`` scores them unchanged, and scales for a mean over the rank's
+   pairs (pairs here / pairs of the global mini-batch); a loss made by
+   :func:`gsplit.link.split_bce_with_logits`, already a share of the global mean, is left unscaled.
 4. **Gradient sum**: parameter gradients are all-reduced in buckets overlapped with backward by a
    ``torch.nn.parallel.DistributedDataParallel`` on a process group of its own (its all-reduces never
    interleave with the shuffles' all-to-alls); DDP's averaging is folded into the scale of step 3.
@@ -54,6 +56,7 @@ from gsplit.comm import shuffle as _comm_shuffle
 from gsplit.comm import teardown
 from gsplit.interop import dgl as _dgl_interop  # imports no dgl
 from gsplit.interop.pyg import check_block_layer  # imports no torch_geometric
+from gsplit.link.scoring import wrapper_pair_rows
 from gsplit.sampling.block import Block
 
 log = logging.getLogger(__name__)
@@ -152,8 +155,12 @@ class SplitParallel(nn.Module):
     ``loss.backward()`` is safe; log :meth:`global_loss` instead of the local value.
 
     The loss must be the mean over the wrapper's output rows (``F.cross_entropy(out, y)``, the
-    default ``reduction="mean"``). On blocks that are not split (single process, data-parallel
-    loaders) there is no shuffle and no scale: it is exactly DDP (at world size 1: the module).
+    default ``reduction="mean"``). On a link prediction mini-batch the output is the rank's pair rows
+    (which ``pair_graph.edges()`` index) and the loss the mean over the pairs it scores, as in DGL
+    (or :func:`gsplit.link.split_bce_with_logits`); a predictor's own parameters then need
+    ``split_bce_with_logits`` and their gradients summed beside the wrapper. On blocks that are not
+    split (single process, data-parallel loaders) there is no shuffle and no scale: it is exactly DDP
+    (at world size 1: the module).
 
     Example (one process, no process group: the wrapper changes nothing):
         >>> import gsplit, torch.nn.functional as F
@@ -358,6 +365,9 @@ class SplitParallel(nn.Module):
                                  f"SplitParallel scales the gradient of one output row per target, so return "
                                  f"the logits of blocks[-1]'s destinations")
             self._last_rows = None
+            return out
+        if top.pairs is not None:  # link prediction: the pair rows, scaled for the mean over the rank's pairs
+            out, self._last_rows = wrapper_pair_rows(out, top.pairs, self.group, self.replica_comm.world_size)
             return out
         # rows the rank's mean loss averages over: all of them, or (full-graph training) its labelled ones
         rows = rows if top.num_loss_rows is None else top.num_loss_rows

@@ -155,6 +155,9 @@ class Block:
     """The destinations are ``src_nodes[dst_start : dst_start + num_dst]``. 0 (a prefix) for every block a
     sampler makes; only the parts of an overlapped layer (:class:`OverlapSplit`) start later, and only
     gsplit's layers (:mod:`gsplit.nn.layers`) read them."""
+    pairs: Optional[tuple] = None
+    """Link prediction (:mod:`gsplit.link`), on the top block: the mini-batch's ``(pair_graph,
+    neg_pair_graph)``, whose pair rows :class:`gsplit.SplitParallel` returns in place of the output rows."""
 
     @property
     def dst_nodes(self) -> torch.Tensor:

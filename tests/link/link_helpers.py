@@ -48,10 +48,11 @@ class Case:
     negatives: str          # "uniform", "global" or "callable"
     macrobatch: int = 1
     parallel: bool = False  # SplitParallel instead of allreduce_gradients
+    dgl_loss: bool = False  # (with parallel) DGL's loop: the wrapper's pair rows, the mean BCE over the rank's pairs
 
     def name(self) -> str:
         return f"{self.model}/{self.predictor}/{self.exclude}/{self.negatives}/mb{self.macrobatch}" + \
-            ("/SplitParallel" if self.parallel else "")
+            ("/SplitParallel" if self.parallel else "") + ("/DGL's mean loss" if self.dgl_loss else "")
 
 
 CASES = [
@@ -62,6 +63,8 @@ CASES = [
     Case("gcn", "mlp", "self", "uniform", macrobatch=2),
     Case("sage", "dot", "reverse_id", "uniform", parallel=True),
     Case("gat", "mlp", "self", "global", parallel=True),   # the predictor's gradients summed beside the wrapper
+    Case("sage", "dot", "reverse_id", "callable", parallel=True, dgl_loss=True),
+    Case("gcn", "dot", "self", "uniform", macrobatch=2, parallel=True, dgl_loss=True),
 ]
 
 
@@ -110,14 +113,21 @@ def train_split(case: Case, graph, feats, train_eids, reverse_eids, owner, world
     out = {"pos": [], "neg": [], "edges": [], "losses": [], "grads": [], "scorers_ok": True}
     for input_nodes, pos, neg, blocks in loader:
         opt.zero_grad()
-        h = pair_rows(net(blocks, blocks[0].srcdata["feat"]), pos)
-        loss = split_bce_with_logits(score(predictor, h, *pos.edges()), score(predictor, h, *neg.edges()), pos, neg)
+        if case.dgl_loss:  # as DGL's multi-GPU example: no pair_rows, F's mean over this rank's pairs
+            h = net(blocks, blocks[0].srcdata["feat"])
+            scores = torch.cat([score(predictor, h, *pos.edges()), score(predictor, h, *neg.edges())])
+            labels = torch.cat([torch.ones(pos.num_edges()), torch.zeros(neg.num_edges())]).to(scores)
+            loss = F.binary_cross_entropy_with_logits(scores, labels)
+        else:
+            h = pair_rows(net(blocks, blocks[0].srcdata["feat"]), pos)
+            loss = split_bce_with_logits(score(predictor, h, *pos.edges()), score(predictor, h, *neg.edges()),
+                                         pos, neg)
         loss.backward()
         if not case.parallel:
             allreduce_gradients(params, loader.comm)
         elif predictor is not None:  # SplitParallel summed the model's; the guide's recipe for the predictor
             allreduce_gradients(predictor, loader.comm)
-        out["losses"].append(global_sum(loss, loader.comm))
+        out["losses"].append(net.global_loss(loss) if case.dgl_loss else global_sum(loss, loader.comm))
         out["grads"].append({n: p.grad.clone() for n, p in params.named_parameters()})
         for key, pairs in (("pos", pos), ("neg", neg)):
             u, v = pairs.global_edges()

@@ -53,7 +53,7 @@ def _has_tensorboard() -> bool:
 
 @pytest.mark.parametrize("extra, message", [
     (["--neg-ratio", "0"], "--neg-ratio 0: pass at least 1"),
-    (["--checkpoint-every", "5"], "--checkpoint-every is not supported with --task link yet"),
+    (["--full-graph"], "--full-graph is not supported with --task link yet"),
     (["--system", "dp"], "--system is not supported with --task link yet"),
     (["--precision", "bf16"], "--precision is not supported with --task link yet"),
     (["--edge-split", "0.6,0.5"], "leave none for training"),
@@ -199,6 +199,53 @@ def test_link_checkpoint_resume_is_exact(tmp_path):
         assert torch.equal(x, y) if torch.is_tensor(x) else x == y, name   # weights; dropout's step counter
 
 
+def test_link_checkpoint_every_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
+    """checkpoint_every=2: a run killed right after its checkpoint inside epoch 0 and resumed ends as an
+    uninterrupted run does (the next epoch's loss, the metrics, the weights); the resumed epoch's record says
+    it is partial."""
+    import dataclasses
+
+    import torch
+
+    import gsplit
+    import gsplit.link.train as link_train
+    from gsplit.link.edge_split import split_edges
+    from gsplit.link.train import LinkTrainConfig, train_link_rank
+    from gsplit.run.model_io import load_model
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=2, feature_dim=6)
+    split = split_edges(ds.graph, 0.05, 0.1, seed=0)
+    cfg = LinkTrainConfig(fanouts=[4, 3], hidden=8, epochs=2, batch_size=64, predictor="mlp", eval_negatives=20,
+                          hits_k=10, max_iters=3, dropout=0.2, checkpoint_every=2)
+    straight = train_link_rank(0, 1, dataclasses.replace(cfg, checkpoint_dir=str(tmp_path / "a")), split,
+                               ds.features, ds.graph, None)
+    save = link_train.save_checkpoint
+
+    class Killed(Exception):
+        pass
+
+    def save_then_die(directory, model, optimizer, counters, **kwargs):
+        save(directory, model, optimizer, counters, **kwargs)
+        if counters["iteration"]:  # inside an epoch (at step 2: epoch 0, iteration 2)
+            raise Killed
+
+    monkeypatch.setattr(link_train, "save_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        train_link_rank(0, 1, dataclasses.replace(cfg, checkpoint_dir=str(tmp_path / "b")), split, ds.features,
+                        ds.graph, None)
+    monkeypatch.setattr(link_train, "save_checkpoint", save)
+    resumed = train_link_rank(0, 1, dataclasses.replace(cfg, checkpoint_dir=str(tmp_path / "b"), resume=True),
+                              split, ds.features, ds.graph, None)
+    first, second = resumed["epochs"]
+    assert first["partial"] and first["first_iteration"] == 2 and first["iterations"] == 1, first
+    assert "partial" not in second and second["loss"] == straight["epochs"][1]["loss"]
+    assert resumed["final_test_mrr"] == straight["final_test_mrr"]
+    assert resumed["final_val_hits@10"] == straight["final_val_hits@10"]
+    a, b = load_model(tmp_path / "a"), load_model(tmp_path / "b")
+    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(x, y) if torch.is_tensor(x) else x == y, name
+
+
 def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
     link_ck, node_ck = str(tmp_path / "link"), str(tmp_path / "node")
     assert main(["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", "--epochs", "1",
@@ -207,7 +254,8 @@ def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
                  "--device", "cpu", "--num-ranks", "1", "--eval-every", "0", "--checkpoint", node_ck]) == 0
     capsys.readouterr()
     cases = [
-        (["eval", "--checkpoint", link_ck], "holds a link prediction model"),
+        (["eval", "--checkpoint", link_ck, "--split", "train"], "a link model is scored on its held-out edges"),
+        (["eval", "--checkpoint", link_ck, "--ids", "x.npy"], "--ids scores vertices of a node classification model"),
         (["predict", "--checkpoint", link_ck, "--out", str(tmp_path / "p.npy"), "--ids", "x.npy"],
          "--ids is for node classification models"),
         (["predict", "--checkpoint", node_ck, "--out", str(tmp_path / "p.npy"), "--pairs", "x.txt"],
@@ -223,6 +271,25 @@ def test_link_and_node_checkpoints_are_not_mixed_up(tmp_path, capsys):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0], (argv, err)
+
+
+def test_link_eval_reports_the_runs_final_metrics(tmp_path, capsys):
+    """gsplit eval of a link run's checkpoint scores the held-out edges as the end of the run did: the same MRR
+    and Hits@K (its negatives, its predictor), on one rank and split over two."""
+    ck, log = str(tmp_path / "ck"), tmp_path / "run.jsonl"
+    assert main(["train", "--task", "link", *DATA, *SMALL, "--num-ranks", "1", "--predictor", "mlp",
+                 "--checkpoint", ck, "--log", str(log)]) == 0
+    summary = json.loads(log.read_text().splitlines()[-1])
+    capsys.readouterr()
+    for ranks in ("1", "2"):
+        assert main(["eval", "--checkpoint", ck, "--num-ranks", ranks, "--device", "cpu"]) == 0
+        out = capsys.readouterr().out
+        for name in ("val", "test"):
+            line = f"{name} MRR {summary[f'final_{name}_mrr']:.4f}  Hits@10 {summary[f'final_{name}_hits@10']:.4f}"
+            assert line in out, (ranks, line, out)
+    assert main(["eval", "--checkpoint", ck, "--num-ranks", "1", "--device", "cpu", "--split", "test"]) == 0
+    out = capsys.readouterr().out
+    assert "test MRR" in out and "val MRR" not in out
 
 
 def test_link_split_stats_count_the_pairs_as_the_loader_splits_them():

@@ -103,7 +103,20 @@ def test_dgl_graph_in_dgl_pair_graphs_out():
             assert torch.equal(b.srcdata[dgl.NID][b.edges()[0]], s) and torch.equal(b.dstdata[dgl.NID][b.edges()[1]], d)
 
 
-def train(rank, world_size, batch):
+def dgl_example_loss(block_outputs, pos_graph, neg_graph):
+    """DGL's multi-GPU example's CrossEntropyLoss: the mean over this rank's pairs, no gsplit call."""
+    scores = []
+    for pairs in (pos_graph, neg_graph):
+        with pairs.local_scope():
+            pairs.ndata["h"] = block_outputs
+            pairs.apply_edges(fn.u_dot_v("h", "h", "score"))
+            scores.append(pairs.edata["score"])
+    score = torch.cat(scores)
+    label = torch.cat([torch.ones_like(scores[0]), torch.zeros_like(scores[1])])
+    return F.binary_cross_entropy_with_logits(score, label)
+
+
+def train(rank, world_size, batch, dgl_loss=False):
     g, reverse, train_eids = make_graph()
     owner = torch.arange(NUM_NODES) % world_size
     loader = gsplit.DataLoader(g, train_eids, edge_sampler(g, reverse), partition=owner, use_ddp=world_size > 1,
@@ -113,6 +126,12 @@ def train(rank, world_size, batch):
     losses, grads = [], []
     for input_nodes, pos, neg, blocks in loader:
         model.zero_grad()
+        if dgl_loss:  # the wrapper's output straight into DGL's pair graphs
+            loss = dgl_example_loss(model(blocks, blocks[0].srcdata["feat"]), pos, neg)
+            loss.backward()
+            losses.append(model.global_loss(loss))
+            grads.append({n: p.grad.clone() for n, p in model.module.named_parameters()})
+            continue
         h = pair_rows(model(blocks, blocks[0].srcdata["feat"]), pos)
         scores = []
         for pairs in (pos, neg):                 # DGL's way of scoring pairs
@@ -129,6 +148,19 @@ def train(rank, world_size, batch):
 def test_two_ranks_train_as_one_process():
     one = train(0, 1, 2 * BATCH)
     two = gsplit.launch(train, 2, args=(BATCH,))
+    assert len(one[0]) == len(two[0][0]) == 4
+    for it, loss in enumerate(one[0]):
+        assert abs(two[0][0][it] - loss) <= 1e-10 * abs(loss)
+        for name, g_ref in one[1][it].items():
+            for r in range(2):
+                assert rel_err(two[r][1][it][name], g_ref) < 1e-10, (it, name, r)
+
+
+def test_dgl_example_loss_under_split_parallel_is_exact():
+    """DGL's example loop as it is (``pos_graph.ndata["h"] = model(blocks, x)``, the mean BCE over the rank's
+    pairs): SplitParallel's pair rows and its scale make two ranks' gradients one process's."""
+    one = train(0, 1, 2 * BATCH, True)
+    two = gsplit.launch(train, 2, args=(BATCH, True))
     assert len(one[0]) == len(two[0][0]) == 4
     for it, loss in enumerate(one[0]):
         assert abs(two[0][0][it] - loss) <= 1e-10 * abs(loss)

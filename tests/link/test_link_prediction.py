@@ -124,6 +124,28 @@ def test_global_uniform_avoids_edges_and_self_loops():
     assert len(set(zip(u.tolist(), v.tolist()))) == 40
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU here: the GPU generator's case runs where one is"))])
+def test_callable_negatives_seed_and_restore_the_generator(device):
+    """A DGL-protocol sampler draws the same pairs for the same counters (on a GPU graph from that GPU's
+    generator) and leaves the caller's generator state as it was."""
+    graph = gsplit.Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 0], symmetric=True)
+    weights = torch.arange(1.0, 5.0, device=device)
+    neg = negative.as_negative_sampler(
+        lambda g, e: (e.repeat(3) % 4, weights.multinomial(3 * len(e), replacement=True)))
+    eids = torch.tensor([0, 1])
+    gen = torch.cuda if device == "cuda" else torch
+    if device == "cuda":
+        torch.zeros(1, device=device)  # CUDA in use, as in a rank that trains on its GPU
+    before = gen.get_rng_state()
+    a = neg.sample(graph, eids, eids, eids, key=11)
+    after = gen.get_rng_state()
+    b = neg.sample(graph, eids, eids, eids, key=11)
+    assert torch.equal(before, after)
+    assert torch.equal(a[1], b[1]) and a[1].device.type == device
+    assert not all(torch.equal(neg.sample(graph, eids, eids, eids, key=k)[1], a[1]) for k in range(12, 16))
+
+
 def test_metrics_match_ogb_definitions():
     from gsplit.link import hits_at_k, mrr
     pos = torch.tensor([3.0, 1.0, 2.0])
