@@ -30,7 +30,8 @@ from gsplit.comm.communicator import as_communicator, bind_group
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.data.graph import Graph
 from gsplit.fullgraph.hosts import host_subgraph
-from gsplit.fullgraph.loader import FullGraphMemoryError, MemoryEstimate, check_split_safe, estimate_memory
+from gsplit.fullgraph.loader import (FullGraphMemoryError, MemoryEstimate, check_split_safe, estimate_memory,
+                                     layer_dims)
 from gsplit.minibatch.rank_loader import IterationStats
 from gsplit.partitioning.full_graph import partition_full_graph
 from gsplit.partitioning.stats import full_graph_stats
@@ -41,7 +42,7 @@ from gsplit.split.split_sampling import sp_sample
 log = logging.getLogger(__name__)
 
 __all__ = ["CoBatchLoader", "CoBatchChoice", "CoBatchSource", "choose_co_batches", "co_batch_targets",
-           "check_co_batches", "co_batch_estimate", "same_step"]
+           "check_co_batches", "co_batch_estimate", "same_step", "full_graph_loader", "layer_dims"]
 
 
 def same_step(model, co_batch: int) -> None:
@@ -80,6 +81,15 @@ def check_co_batches(num_co_batches, num_targets: int) -> int:
     return n
 
 
+def chunk_order(graph: Graph, num_co_batches: int, seed: int = 0) -> torch.Tensor:
+    """A METIS part per vertex of ``graph`` whose order keeps a chunk's targets close (at most one part per 32
+    vertices: parts of a few vertices buy no locality and cost METIS time)."""
+    parts = max(1, min(int(num_co_batches), graph.num_nodes // 32))
+    if parts == 1:
+        return torch.zeros(graph.num_nodes, dtype=torch.int64)
+    return partition_full_graph(graph, parts, seed=seed).assignment.to(torch.int64)
+
+
 def co_batch_targets(graph: Graph, targets: torch.Tensor, num_co_batches: int, seed: int = 0,
                      order: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
     """``targets`` cut into ``num_co_batches`` chunks of near-equal size, each sorted; neighbours go together
@@ -95,7 +105,7 @@ def co_batch_targets(graph: Graph, targets: torch.Tensor, num_co_batches: int, s
     if n == 1 or targets.numel() == 0:
         return [targets]
     if order is None:
-        order = partition_full_graph(graph, min(n, graph.num_nodes), seed=seed).assignment.to(torch.int64)
+        order = chunk_order(graph, n, seed)
     key = order[targets] * graph.num_nodes + targets  # by part, then by id
     ordered = targets[torch.argsort(key)]
     return [c.sort().values for c in torch.tensor_split(ordered, n)]
@@ -186,6 +196,24 @@ class CoBatchSource:
     """Global id of each edge of ``graph`` (with ``nodes``)."""
     order: Optional[torch.Tensor] = None
     """The METIS part of each vertex that orders targets into chunks (made once, shared)."""
+    labels: Optional[torch.Tensor] = None
+    """A class per vertex of ``graph`` (evaluation loaders take them from here)."""
+    inner: Optional[torch.Tensor] = None
+    """Boolean per vertex of ``graph``: the vertices this host trains and evaluates (``None``: all)."""
+    num_global_targets: Optional[int] = None
+    """The training vertices of the whole graph (the loss denominator)."""
+
+    def local_targets(self, idx) -> torch.Tensor:
+        """The vertices of ``graph`` among the global ids ``idx`` that this host computes (its inner ones)."""
+        idx = torch.as_tensor(idx, dtype=torch.int64).cpu()
+        if self.nodes is None:
+            return idx.unique()
+        n = int(self.nodes.max()) + 1 if self.nodes.numel() else 0
+        local = torch.full((max(n, int(idx.max()) + 1 if idx.numel() else 0),), -1, dtype=torch.int64)
+        local[self.nodes] = torch.arange(self.nodes.numel())
+        ids = local[idx]
+        ids = ids[ids >= 0]
+        return (ids[self.inner[ids]] if self.inner is not None else ids).unique()
 
 
 class CoBatchLoader:
@@ -244,11 +272,12 @@ class CoBatchLoader:
         if isinstance(features, CoBatchSource):
             source = features
         else:
-            source = CoBatchSource(graph, self.owner, features, int(num_co_batches), nodes, edge_ids)
+            source = CoBatchSource(graph, self.owner, features, int(num_co_batches), nodes, edge_ids,
+                                   labels=None if labels is None else torch.as_tensor(labels),
+                                   num_global_targets=num_global_targets)
         n = check_co_batches(num_co_batches, targets.numel())
         if n > 1 and source.order is None:
-            source.order = partition_full_graph(graph, min(source.num_co_batches, graph.num_nodes),
-                                                seed=seed).assignment.to(torch.int64)
+            source.order = chunk_order(graph, source.num_co_batches, seed)
         self.source = source
         # a host without targets still runs the epoch's step (its ranks join the gradient all-reduce): one empty batch
         self.chunks = co_batch_targets(graph, targets, n, seed, order=source.order) if targets.numel() else [targets]
@@ -326,3 +355,103 @@ class CoBatchLoader:
         if layers is not None and len(layers) != self.num_layers:
             raise ValueError(f"the model has {len(layers)} layers but the loader was built for {self.num_layers}; "
                              f"pass num_layers={len(layers)}")
+
+
+# ---------------------------------------------------------------------------------------------- choose and build
+def _agreed_limit(limit: Optional[int], comm) -> Optional[int]:
+    """The smallest budget of the host's ranks (each reads its own free memory), so that all choose alike."""
+    limits = comm.all_gather_object(limit) if comm.world_size > 1 else [limit]
+    return None if any(x is None for x in limits) else min(limits)
+
+
+def full_graph_loader(graph: Graph, num_layers: int, *, features, labels, train_idx, dims: Sequence[tuple] = (),
+                      co_batches: Optional[int] = None, partition=None, host_map=None, group=None,
+                      replica_group=None, device: Union[str, torch.device, None] = None,
+                      memory_limit: Union[str, int, None] = "auto", recompute: bool = False, dtype_bytes: int = 4,
+                      external_hops: Optional[int] = None, external_fanout: Optional[int] = None, seed: int = 0):
+    """The training loader of full-graph training on one host (``partition``) or on a preloading host (``host_map``,
+    ``replica_group``): the whole share at once (:class:`gsplit.FullGraphLoader` / :class:`PreloadLoader`) where it
+    fits ``memory_limit`` per rank by the estimate of a model of layers ``dims`` (:func:`layer_dims`), else a
+    :class:`CoBatchLoader` in the co-batches :func:`choose_co_batches` picks; ``co_batches`` forces the count
+    (1: the share at once). The loader's ``co_batch_choice`` says what was chosen and why (logged at INFO).
+
+    Example:
+        >>> import gsplit
+        >>> ds = gsplit.datasets.load("synthetic", num_nodes=300, seed=0)
+        >>> model = gsplit.nn.SAGE(ds.feature_dim, 16, ds.num_classes, num_layers=2)
+        >>> loader = full_graph_loader(ds.graph, 2, features=ds.features, labels=ds.labels, train_idx=ds.train_idx,
+        ...                            dims=layer_dims(model), memory_limit=560_000)  # bytes per rank
+        >>> type(loader).__name__, loader.co_batch_choice.num_co_batches > 1
+        ('CoBatchLoader', True)
+    """
+    from gsplit.comm.hosts import replica_layout
+    from gsplit.data.graph import as_vertex_ids
+    from gsplit.fullgraph.loader import FullGraphLoader, available_memory
+    from gsplit.fullgraph.preload import PreloadLoader, host_map_tensor, host_share
+    from gsplit.ops import aggregate
+    from gsplit.partitioning.partition_map import owner_tensor
+
+    comm = as_communicator(group)
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    n = graph.num_nodes
+    if train_idx is None:
+        train = torch.as_tensor(labels).cpu() >= 0 if labels is not None else torch.ones(n, dtype=torch.bool)
+    else:
+        train = torch.zeros(n, dtype=torch.bool)
+        train[as_vertex_ids(train_idx, n, "train_idx", unique=True)] = True
+    preload = host_map is not None
+    if preload:
+        num_hosts, host = replica_layout(group, replica_group)
+        hmap = host_map_tensor(host_map, graph, num_hosts)
+        share, owner = host_share(graph, hmap, host, num_layers, comm, external_hops=external_hops,
+                                  external_fanout=external_fanout, seed=seed)
+        sub, nodes, inner = share.graph, share.nodes, share.inner
+        targets = (train[nodes] & inner).nonzero().flatten()
+        what = f"host {host}'s share ({nodes.numel()} vertices)"
+    else:
+        owner = owner_tensor(partition, graph, comm.world_size).to("cpu", torch.int64)
+        sub, nodes, inner, share = graph, None, None, None
+        targets = train.nonzero().flatten()
+        what = f"the graph ({n} vertices)"
+    feat_dim = 0 if features is None else int(features.shape[1])
+    options = dict(dtype_bytes=dtype_bytes, recompute=recompute,
+                   fused_attention=device.type == "cpu" and aggregate.extension_available(),
+                   feature_bytes=None if features is None else features.element_size())
+    if memory_limit == "auto":
+        limit = available_memory(device, comm.world_size if device.type == "cpu" else 1)
+    elif isinstance(memory_limit, str):
+        from gsplit.data.feature_store import parse_size
+        limit = parse_size(memory_limit, "memory_limit")
+    else:
+        limit = None if memory_limit is None else int(memory_limit)
+    limit = _agreed_limit(limit, comm)
+    stats = full_graph_stats(sub, owner, comm.world_size)
+    whole = max((estimate_memory(stats, r, feat_dim, dims, **options) for r in range(comm.world_size)),
+                key=lambda e: e.total)
+    choice = choose_co_batches(sub, targets, owner, comm.world_size, num_layers, feat_dim, dims, limit, whole,
+                               forced=co_batches, seed=seed, **options)
+    budget = "no budget known" if limit is None else f"budget {limit / 2**30:.3f} GiB per rank"
+    if choice.num_co_batches == 1:
+        log.info("full-graph training of %s at once (%s; estimate %s)", what, budget, whole.describe())
+        if preload:
+            loader = PreloadLoader(graph, num_layers, host_map=hmap, group=group, replica_group=replica_group,
+                                   features=features, labels=labels, train_idx=train_idx, device=device,
+                                   memory_limit=limit, seed=seed, share=(share, owner))
+        else:
+            loader = FullGraphLoader(graph, num_layers, partition=owner, features=features, labels=labels,
+                                     train_idx=train_idx, group=group, device=device, memory_limit=limit)
+    else:
+        log.info("full-graph training of %s in %d co-batches (%s; the whole needs %s, the largest co-batch %s)", what,
+                 choice.num_co_batches, "forced" if choice.forced else budget, whole.describe(),
+                 choice.estimate.describe())
+        local_feats = features if features is None or nodes is None else features[nodes.to(features.device)]
+        local_labels = labels if labels is None or nodes is None else torch.as_tensor(labels)[nodes]
+        loader = CoBatchLoader(sub, num_layers, targets=targets, partition=owner,
+                               num_co_batches=choice.num_co_batches, features=local_feats, labels=local_labels,
+                               group=group, device=device, num_global_targets=int(train.sum()), nodes=nodes,
+                               edge_ids=None if share is None else share.edge_ids, seed=seed)
+        loader.source.inner = inner
+        if preload:
+            loader.num_replicas, loader.host = num_hosts, host
+    loader.co_batch_choice = choice
+    return loader
