@@ -13,8 +13,8 @@ import torch
 
 import gsplit
 from gsplit.comm.gradients import allreduce_gradients, global_sum
-from gsplit.fullgraph.cobatch import (CoBatchLoader, check_co_batches, choose_co_batches, co_batch_estimate,
-                                      co_batch_targets, same_step)
+from gsplit.fullgraph.cobatch import (CoBatchLoader, check_co_batches, co_batch_estimate, co_batch_targets,
+                                      full_graph_loader, same_step)
 from gsplit.fullgraph.loader import FullGraphMemoryError, estimate_memory, layer_dims
 from gsplit.launcher import launch
 from gsplit.nn import split_cross_entropy
@@ -87,3 +87,62 @@ def test_one_process_in_co_batches_equals_full_graph_training():
 
 def test_two_ranks_of_one_host_in_co_batches_equal_one_process():
     check(launch(one_host_worker, 2, args=((3,),)), 2, training_vertices)
+
+
+# ---------------------------------------------------------------------------------------------- across hosts
+def preload_worker(rank, world_size, ranks_per_host, co_batches):
+    graph, feats, labels, train_idx = make_problem()
+    host, world = gsplit.host_groups(ranks_per_host=ranks_per_host)
+    hmap = partition_full_graph(graph, world_size // ranks_per_host, seed=1)
+    model = new_model("sage")
+    results = {}
+    for name in MODELS:
+        loader = full_graph_loader(graph, LAYERS, features=feats, labels=labels, train_idx=train_idx,
+                                   dims=layer_dims(model), co_batches=co_batches, host_map=hmap, group=host,
+                                   replica_group=world, seed=1)
+        assert isinstance(loader, CoBatchLoader) and len(loader) == co_batches
+        results[("preload", name)] = train_co_batches(name, loader, world)
+    return results
+
+
+@pytest.mark.parametrize("hosts,ranks_per_host", [(2, 2), (3, 1)], ids=["2x2", "3x1"])
+def test_preloading_hosts_in_co_batches_equal_one_process(hosts, ranks_per_host):
+    # each training vertex is the target of one co-batch of its own host, on one of the host's ranks
+    check(launch(preload_worker, hosts * ranks_per_host, args=(ranks_per_host, 3)), hosts * ranks_per_host,
+          training_vertices)
+
+
+# ---------------------------------------------------------------------------------------------- the count
+def test_co_batches_are_chosen_from_the_memory_budget():
+    graph, feats, labels, train_idx = make_problem()
+    dims = layer_dims(new_model("sage"))
+    owner = torch.zeros(graph.num_nodes, dtype=torch.int64)
+    whole = estimate_memory(full_graph_stats(graph, owner, 1), 0, feats.shape[1], dims, dtype_bytes=8)
+    kw = dict(features=feats, labels=labels, train_idx=train_idx, dims=dims, dtype_bytes=8)
+    fits = full_graph_loader(graph, LAYERS, memory_limit=whole.total, **kw)
+    assert isinstance(fits, gsplit.FullGraphLoader) and fits.co_batch_choice.num_co_batches == 1
+    # a budget below the whole graph's estimate: the fewest co-batches whose largest fits it
+    limit = int(whole.total * 0.9)
+    chosen = full_graph_loader(graph, LAYERS, memory_limit=limit, **kw)
+    n = chosen.co_batch_choice.num_co_batches
+    assert isinstance(chosen, CoBatchLoader) and len(chosen) == n > 1
+    assert chosen.co_batch_choice.estimate.total <= limit
+    fewer = max(co_batch_estimate(graph, c, owner, 1, LAYERS, feats.shape[1], dims, dtype_bytes=8).total
+                for c in co_batch_targets(graph, train_idx, n // 2, seed=0))
+    assert fewer > limit  # half as many co-batches would not have fit
+    with pytest.raises(FullGraphMemoryError, match="does not fit even in 70 co-batches"):
+        full_graph_loader(graph, LAYERS, memory_limit=1000, **kw)
+
+
+def test_co_batches_cover_the_targets_once_and_keep_neighbours_together():
+    graph, _, _, train_idx = make_problem()
+    chunks = co_batch_targets(graph, train_idx, 4)
+    assert [c.numel() for c in chunks] == [18, 18, 17, 17]
+    assert sorted(torch.cat(chunks).tolist()) == sorted(train_idx.tolist())
+
+
+@pytest.mark.parametrize("n,msg", [(0, "co_batches=0; pass at least 1"),
+                                   (71, "co_batches=71 but there are only 70 training vertices")])
+def test_bad_co_batch_counts_are_refused(n, msg):
+    with pytest.raises(ValueError, match=msg):
+        check_co_batches(n, 70)
