@@ -42,7 +42,7 @@ from gsplit.split.split_sampling import sp_sample
 log = logging.getLogger(__name__)
 
 __all__ = ["CoBatchLoader", "CoBatchChoice", "CoBatchSource", "choose_co_batches", "co_batch_targets",
-           "check_co_batches", "co_batch_estimate", "same_step", "full_graph_loader", "layer_dims"]
+           "check_co_batches", "co_batch_estimate", "same_step", "full_graph_loader"]
 
 
 def same_step(model, co_batch: int) -> None:
