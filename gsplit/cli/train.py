@@ -348,8 +348,8 @@ def _check_full_graph_memory(args, ds, owner, parts: int) -> None:
     from gsplit.nn.models import build_model
     from gsplit.partitioning import full_graph_stats
 
-    stats = full_graph_stats(ds.graph, owner if owner is not None else torch.zeros(ds.graph.num_nodes,
-                                                                                   dtype=torch.int64), parts)
+    stats_owner = owner if owner is not None else torch.zeros(ds.graph.num_nodes, dtype=torch.int64)
+    stats = full_graph_stats(ds.graph, stats_owner, parts)
     model = build_model(args.model, ds.features.shape[1], args.hidden, ds.num_classes,
                         num_layers=len(parse_fanouts(args.fanouts)), heads=args.heads)
     dims = layer_dims(model)
@@ -371,6 +371,18 @@ def _check_full_graph_memory(args, ds, owner, parts: int) -> None:
         print(f"full-graph training in {args.co_batches} co-batches (--co-batches)", flush=True)
         return
     if limit is not None and need[worst].total > limit and args.co_batches is None:
+        from gsplit.fullgraph.cobatch import co_batch_estimate
+
+        # the smallest co-batches hold one target each: the one of the target with most in-edges must fit
+        train = ds.train_idx.to(torch.int64)
+        widest = train[ds.graph.in_degrees()[train].argmax()].view(1)
+        one = co_batch_estimate(ds.graph, widest, stats_owner, parts, len(dims), ds.features.shape[1], dims,
+                                dtype_bytes=4, recompute=args.recompute, fused_attention=fused)
+        if one.total > limit:
+            raise CliError(f"full-graph training needs about {need[worst].total / 2**30:.2f} GiB on rank {worst}, and "
+                           f"even a co-batch of one target (vertex {int(widest)}) {one.total / 2**30:.4f} GiB, but "
+                           f"{limit / 2**30:.4f} GiB are available per rank; use more ranks, --recompute, a smaller "
+                           f"--hidden, or mini-batch training (leave out --full-graph)")
         print(f"the whole graph does not fit the {limit / 2**20:.1f} MiB per rank: the ranks train it in co-batches "
               "(the count is printed with the first epoch)", flush=True)
         return
