@@ -129,8 +129,9 @@ class CoBatchChoice:
 
     num_co_batches: int
     """Co-batches per epoch (1: the share at once)."""
-    estimate: MemoryEstimate
-    """The largest co-batch's estimate on its worst rank (with 1: the whole share's)."""
+    estimate: Optional[MemoryEstimate]
+    """The largest co-batch's estimate on its worst rank (with 1: the whole share's); ``None`` for a forced count
+    above 1 (see :func:`co_batch_estimate`)."""
     limit: Optional[int]
     """The budget per rank in bytes it was chosen for (``None``: unknown, not checked)."""
     forced: bool
@@ -154,12 +155,9 @@ def choose_co_batches(graph: Graph, targets: torch.Tensor, owner: torch.Tensor, 
     """
     targets = torch.as_tensor(targets, dtype=torch.int64).cpu()
     num_targets = targets.numel()
-    if forced is not None:
+    if forced is not None:  # not estimated: the chunks' dependency subgraphs cost time, and nothing is chosen
         n = check_co_batches(forced, num_targets)
-        est = whole if n == 1 else max((co_batch_estimate(graph, c, owner, world_size, num_layers, feat_dim, dims,
-                                                          **options)
-                                        for c in co_batch_targets(graph, targets, n, seed)), key=lambda e: e.total)
-        return CoBatchChoice(n, est, limit, forced=True)
+        return CoBatchChoice(n, whole if n == 1 else None, limit, forced=True)
     if limit is None or whole.total <= limit or num_targets <= 1:
         return CoBatchChoice(1, whole, limit, forced=False)
     n, best = 2, whole
@@ -441,9 +439,9 @@ def full_graph_loader(graph: Graph, num_layers: int, *, features, labels, train_
             loader = FullGraphLoader(graph, num_layers, partition=owner, features=features, labels=labels,
                                      train_idx=train_idx, group=group, device=device, memory_limit=limit)
     else:
-        log.info("full-graph training of %s in %d co-batches (%s; the whole needs %s, the largest co-batch %s)", what,
-                 choice.num_co_batches, "forced" if choice.forced else budget, whole.describe(),
-                 choice.estimate.describe())
+        log.info("full-graph training of %s in %d co-batches (%s; the whole needs %s%s)", what, choice.num_co_batches,
+                 "forced" if choice.forced else budget, whole.describe(),
+                 "" if choice.estimate is None else f", the largest co-batch {choice.estimate.describe()}")
         local_feats = features if features is None or nodes is None else features[nodes.to(features.device)]
         local_labels = labels if labels is None or nodes is None else torch.as_tensor(labels)[nodes]
         loader = CoBatchLoader(sub, num_layers, targets=targets, partition=owner,
