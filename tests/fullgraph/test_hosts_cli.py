@@ -91,6 +91,19 @@ def test_co_batches_train_like_one_process_and_are_printed(tmp_path, capsys):
     assert "3 co-batches" in out and "does not fit the 0.1 MiB per rank" in out
 
 
+def test_co_batches_resume_after_an_epoch_like_an_uninterrupted_run(tmp_path):
+    """A checkpoint every step (every epoch: its co-batches are one step), dropout on, resumed for a third epoch;
+    all three epochs as the whole graph at once trains them."""
+    argv = ["--num-ranks", "1", "--co-batches", "3", "--dropout", "0.3"]
+    whole = run(tmp_path, "whole", *argv, "--epochs", "3")
+    run(tmp_path, "first", *argv, "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "1")
+    resumed = run(tmp_path, "resumed", *argv, "--epochs", "3", "--checkpoint", str(tmp_path / "ck"), "--resume")
+    assert [e["epoch"] for e in resumed["epochs"]] == [2]
+    assert resumed["epochs"][0]["loss"] == pytest.approx(whole["epochs"][2]["loss"], rel=1e-6)
+    # and the co-batches drew the dropout masks of the whole graph's step
+    same_losses(whole, run(tmp_path, "plain", "--num-ranks", "1", "--dropout", "0.3", "--epochs", "3"), "dropout")
+
+
 @pytest.mark.slow
 def test_torchrun_two_nodes_train_co_batches_like_one_process(tmp_path):
     """Two torchrun nodes of 2 CPU ranks on loopback, each host its share in 2 co-batches."""
