@@ -30,8 +30,8 @@ from gsplit.comm.communicator import as_communicator, bind_group
 from gsplit.comm.shuffle import shuffle_rows
 from gsplit.data.graph import Graph
 from gsplit.fullgraph.hosts import host_subgraph
-from gsplit.fullgraph.loader import (FullGraphMemoryError, MemoryEstimate, check_split_safe, estimate_memory,
-                                     layer_dims)
+from gsplit.fullgraph.loader import FullGraphMemoryError, MemoryEstimate, check_split_safe, estimate_memory
+from gsplit.fullgraph.loader import layer_dims  # noqa: F401 - full_graph_loader's example calls it
 from gsplit.minibatch.rank_loader import IterationStats
 from gsplit.partitioning.full_graph import partition_full_graph
 from gsplit.partitioning.stats import full_graph_stats
@@ -412,9 +412,9 @@ def full_graph_loader(graph: Graph, num_layers: int, *, features, labels, train_
         targets = train.nonzero().flatten()
         what = f"the graph ({n} vertices)"
     feat_dim = 0 if features is None else int(features.shape[1])
-    options = dict(dtype_bytes=dtype_bytes, recompute=recompute,
-                   fused_attention=device.type == "cpu" and aggregate.extension_available(),
-                   feature_bytes=None if features is None else features.element_size())
+    options = {"dtype_bytes": dtype_bytes, "recompute": recompute,
+               "fused_attention": device.type == "cpu" and aggregate.extension_available(),
+               "feature_bytes": None if features is None else features.element_size()}
     if memory_limit == "auto":
         limit = available_memory(device, comm.world_size if device.type == "cpu" else 1)
     elif isinstance(memory_limit, str):

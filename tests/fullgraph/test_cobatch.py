@@ -63,7 +63,7 @@ def one_host_worker(rank, world_size, co_batches=(2, 5), models=MODELS):
 
 
 def check(per_rank, world_size, expect_targets):
-    for case, rank0 in per_rank[0].items():
+    for case in per_rank[0]:
         ref = reference(case[-1])
         what = f"{case} at world size {world_size}"
         # every training vertex is the target of exactly one co-batch of an epoch, on one rank
