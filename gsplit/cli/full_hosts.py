@@ -25,6 +25,62 @@ def add_host_mode_args(p: argparse.ArgumentParser) -> None:
                         "(seeded by --seed, the same on every rank; default: all)")
 
 
+def add_co_batch_args(p: argparse.ArgumentParser) -> None:
+    """``gsplit train``'s cooperative batching options of full-graph training."""
+    p.add_argument("--co-batches", type=int, default=None, metavar="N",
+                   help="--full-graph: train each host's share in N co-batches of its training vertices, each fetched "
+                        "once per host and split over its ranks, gradients accumulated into one step per epoch "
+                        "(exact); 1: the share at once; default: the fewest that fit --memory-limit by the memory "
+                        "estimate (1 where the share fits)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="--full-graph: the memory budget per rank the estimate is held against (e.g. 2G); default: "
+                        "the GPU's free memory, or the host's available memory shared by its CPU ranks")
+
+
+def check_co_batch_args(args) -> None:
+    """Refuse the co-batch options where they do not apply, ``--co-batches`` below 1 and a bad ``--memory-limit``."""
+    if args.system != "full":
+        if args.co_batches is not None or args.memory_limit is not None:
+            raise CliError("--co-batches and --memory-limit are full-graph training's; add --full-graph")
+        return
+    if args.co_batches is not None and args.co_batches < 1:
+        raise CliError(f"--co-batches {args.co_batches}; pass at least 1 (1: each host's share at once), or leave it "
+                       "out to let the memory estimate choose")
+    if args.memory_limit is not None:
+        from gsplit.data.feature_store import parse_size
+
+        try:
+            parse_size(args.memory_limit, "--memory-limit")
+        except ValueError as e:
+            raise CliError(str(e)) from None
+
+
+def check_co_batch_count(args, ds, owner, hosts: int) -> None:
+    """Refuse ``--co-batches N`` above the training vertices a host has (``owner``: the host map under
+    ``--host-mode preload``; else one host trains them all)."""
+    import torch
+
+    if args.system != "full" or args.co_batches is None or args.co_batches <= 1:
+        return
+    train = ds.train_idx.to(torch.int64)
+    if args.host_mode == "preload" and owner is not None:
+        counts = torch.bincount(torch.as_tensor(owner).to(torch.int64)[train], minlength=hosts).tolist()
+        host = min((h for h in range(hosts) if counts[h]), key=lambda h: counts[h], default=0)
+        fewest, where = counts[host], f"host {host} trains only"
+    else:
+        fewest, where = train.numel(), "the graph has only"
+    if args.co_batches > fewest:
+        raise CliError(f"--co-batches {args.co_batches} but {where} {fewest} training vertices; pass at most "
+                       f"{fewest}, or leave --co-batches out")
+
+
+def co_batch_config(args) -> dict:
+    """TrainConfig's co-batch fields (full-graph training only)."""
+    if args.system != "full":
+        return {}
+    return {"co_batches": args.co_batches, "memory_limit": args.memory_limit}
+
+
 def check_host_mode(args, ranks: int, parts: int, torchrun: bool) -> int:
     """The parts of a full-graph map for this job (its ranks, or with ``--host-mode preload`` its hosts), after
     refusing the host options where they do not apply; 0 when the run is not full-graph training."""

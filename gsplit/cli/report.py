@@ -16,6 +16,8 @@ def print_epoch(record: dict) -> None:
     Its parts (sample / load / fwd-bwd, the slowest rank's each) are measured within the epoch's time,
     so none exceeds it; the setup before the first epoch is in neither (the log's ``setup_s``)."""
     acc = "  ".join(f"{k[:-4]} acc {record[k]:.4f}" for k in ("val_acc", "test_acc") if k in record)
+    if record.get("co_batches"):  # full-graph training in co-batches: one step of this many batches per host
+        acc = f"{record['co_batches']} co-batches  {acc}"
     print(f"epoch {record['epoch']:>3}  loss {record['loss']:.4f}  time {record['epoch_s']:.2f}s "
           f"(sample {record['sample_s']:.2f} / load {record['load_s']:.2f} / fwd-bwd {record['train_s']:.2f})  "
           f"{acc}", flush=True)

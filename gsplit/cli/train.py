@@ -21,7 +21,8 @@ from gsplit.cli.common import (_load_dataset, _prepare_kernels, _print_full_grap
 from gsplit.cli.options import (CliError, _add_dataset_args, _add_presample_args, _add_sampling_args,
                                 check_dataset_options, layer_fanouts, parse_dataset_options, parse_fanouts)
 from gsplit.cli.report import EpochReport, tensorboard_writer
-from gsplit.cli.full_hosts import check_host_map, check_host_mode, host_mode_config, add_host_mode_args
+from gsplit.cli.full_hosts import (add_co_batch_args, add_host_mode_args, check_co_batch_args, check_co_batch_count,
+                                   check_host_map, check_host_mode, co_batch_config, host_mode_config)
 from gsplit.runtime.io import append_jsonl, check_writable, trim_run_log
 
 
@@ -203,6 +204,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     if ranks % parts:
         raise CliError(f"--ranks-per-host {args.ranks_per_host} does not divide the {ranks} ranks; pass a divisor")
     map_parts = check_host_mode(args, ranks, parts, torchrun)  # full-graph: parts of the map (ranks or hosts)
+    check_co_batch_args(args)
     cfg = TrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                       heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, system=args.system,
                       seed=args.seed, max_iters=args.max_iters, eval_every=args.eval_every, device=args.device,
@@ -212,7 +214,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
                       resume=args.resume, resume_anyway=args.resume_anyway, recompute=args.recompute,
                       overlap=args.overlap, input_features=args.input_features, macrobatch=args.macrobatch,
                       precision=args.precision, keep_epochs=1,  # every record goes to the log as its epoch ends
-                      **host_mode_config(args))  # (memory stays flat)
+                      **host_mode_config(args), **co_batch_config(args))  # (memory stays flat)
     partitioned = SYSTEMS[args.system].partitioned and parts > 1
     if partitioned and args.partition and not (Path(args.partition) / "meta.json").exists() and not torchrun:
         check_output_folder(args.partition, "--partition")  # the map made on the fly is saved there
@@ -238,6 +240,7 @@ def _train(args, closing: contextlib.ExitStack) -> int:
     owner, cache_weights = None, None
     if args.system == "full":
         owner = _full_graph_map(args, ds, map_parts, torchrun)
+        check_co_batch_count(args, ds, owner, map_parts)
         if args.host_mode != "preload":  # preload: each host's loader checks its share (the halo is known there)
             _check_full_graph_memory(args, ds, owner, map_parts)
     elif partitioned:
@@ -345,8 +348,8 @@ def _check_full_graph_memory(args, ds, owner, parts: int) -> None:
     from gsplit.nn.models import build_model
     from gsplit.partitioning import full_graph_stats
 
-    stats = full_graph_stats(ds.graph, owner if owner is not None else torch.zeros(ds.graph.num_nodes,
-                                                                                   dtype=torch.int64), parts)
+    stats_owner = owner if owner is not None else torch.zeros(ds.graph.num_nodes, dtype=torch.int64)
+    stats = full_graph_stats(ds.graph, stats_owner, parts)
     model = build_model(args.model, ds.features.shape[1], args.hidden, ds.num_classes,
                         num_layers=len(parse_fanouts(args.fanouts)), heads=args.heads)
     dims = layer_dims(model)
@@ -356,13 +359,37 @@ def _check_full_graph_memory(args, ds, owner, parts: int) -> None:
     fused = not on_gpu and extension_available()
     need = [estimate_memory(stats, r, ds.features.shape[1], dims, 4, args.recompute, fused) for r in range(parts)]
     worst = max(range(parts), key=lambda r: need[r].total)
-    limit = available_memory("cuda" if on_gpu else "cpu", 1 if on_gpu else parts)
+    if args.memory_limit is not None:
+        from gsplit.data.feature_store import parse_size
+
+        limit = parse_size(args.memory_limit, "--memory-limit")
+    else:
+        limit = available_memory("cuda" if on_gpu else "cpu", 1 if on_gpu else parts)
     print(f"full-graph memory estimate: {need[worst].describe()} on rank {worst} "
           f"(the largest of {parts}; {'recompute' if args.recompute else 'activations kept'})", flush=True)
+    if args.co_batches is not None and args.co_batches > 1:
+        print(f"full-graph training in {args.co_batches} co-batches (--co-batches)", flush=True)
+        return
+    if limit is not None and need[worst].total > limit and args.co_batches is None:
+        from gsplit.fullgraph.cobatch import co_batch_estimate
+
+        # the smallest co-batches hold one target each: the one of the target with most in-edges must fit
+        train = ds.train_idx.to(torch.int64)
+        widest = train[ds.graph.in_degrees()[train].argmax()].view(1)
+        one = co_batch_estimate(ds.graph, widest, stats_owner, parts, len(dims), ds.features.shape[1], dims,
+                                dtype_bytes=4, recompute=args.recompute, fused_attention=fused)
+        if one.total > limit:
+            raise CliError(f"full-graph training needs about {need[worst].total / 2**30:.2f} GiB on rank {worst}, and "
+                           f"even a co-batch of one target (vertex {int(widest)}) {one.total / 2**30:.4f} GiB, but "
+                           f"{limit / 2**30:.4f} GiB are available per rank; use more ranks, --recompute, a smaller "
+                           f"--hidden, or mini-batch training (leave out --full-graph)")
+        print(f"the whole graph does not fit the {limit / 2**20:.1f} MiB per rank: the ranks train it in co-batches "
+              "(the count is printed with the first epoch)", flush=True)
+        return
     if limit is not None and need[worst].total > limit:
         raise CliError(f"full-graph training needs about {need[worst].total / 2**30:.2f} GiB on rank {worst} but "
-                       f"{limit / 2**30:.2f} GiB are available per rank; use more ranks, --recompute, a smaller "
-                       f"--hidden, or mini-batch training (leave out --full-graph)")
+                       f"{limit / 2**30:.2f} GiB are available per rank; use more ranks, co-batches (leave out "
+                       f"--co-batches 1), --recompute, a smaller --hidden, or mini-batch training")
 
 
 def _finish_log(args, result: dict, ds, t0: float) -> None:
@@ -499,6 +526,7 @@ def add_parser(sub) -> None:
                         "in-edges (the loss over the training vertices); --fanouts gives the number of layers only; "
                         "the map is --partition's or a new full-graph one (gsplit prepare --full-graph)")
     add_host_mode_args(p)
+    add_co_batch_args(p)
     p.add_argument("--recompute", action="store_true",
                    help="recompute every layer in backward instead of keeping its intermediates (less memory)")
     # --log-file: under torchrun, whose own parser takes --log for an ambiguous abbreviation of its --log-dir

@@ -34,7 +34,7 @@ from gsplit.sampling.block import Block
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PreloadLoader", "HostFullGraph", "host_map_tensor"]
+__all__ = ["PreloadLoader", "HostFullGraph", "host_map_tensor", "host_share"]
 
 
 @dataclass
@@ -69,6 +69,32 @@ def host_map_tensor(host_map, graph: Graph, num_hosts: int) -> torch.Tensor:
     return owner
 
 
+def host_share(graph: Graph, host_map: torch.Tensor, host: int, num_layers: int, comm, *,
+               external_hops: Optional[int] = None, external_fanout: Optional[int] = None, seed: int = 0):
+    """Host ``host``'s share (:func:`gsplit.fullgraph.host_subgraph`) and the rank of the host (of ``comm``, its
+    split group) that owns each of its vertices: a full-graph METIS map of the share, made on every rank of the host
+    and compared (any map gives the same result).
+
+    Example:
+        >>> g = Graph.from_edges([0, 1, 2, 3], [1, 2, 3, 4])
+        >>> share, ranks = host_share(g, torch.tensor([0, 0, 0, 1, 1]), 1, 2, as_communicator(None))
+        >>> share.nodes.tolist(), ranks.tolist()
+        ([1, 2, 3, 4], [0, 0, 0, 0])
+    """
+    share = host_subgraph(graph, host_map, host, num_layers, external_hops=external_hops,
+                          external_fanout=external_fanout, seed=seed)
+    size = comm.world_size
+    if size > 1 and share.nodes.numel() < size:  # too few for METIS (a host map with an empty part): round robin
+        ranks = torch.arange(share.nodes.numel()) % size
+    elif size > 1:  # the host's ranks split its share by a full-graph map of it (any map gives the same result)
+        ranks = partition_full_graph(share.graph, size, seed=seed).assignment.to(torch.int64)
+        digest = hashlib.sha256(ranks.numpy().tobytes()).hexdigest()
+        check_same_everywhere([digest], comm, f"host {host}'s map of its share over its ranks")
+    else:
+        ranks = torch.zeros(share.nodes.numel(), dtype=torch.int64)
+    return share, ranks
+
+
 def _relabel(block: Block, share: HostSubgraph) -> Block:
     """``block`` with global vertex and edge ids (its rows and shuffle plan are positional: unchanged)."""
     nodes, edges = share.nodes.to(block.device), share.edge_ids.to(block.device)
@@ -91,6 +117,7 @@ class PreloadLoader(FullGraphLoader):
             ``blocks[-1].global_num_dst`` is the training set of the whole graph.
         external_hops, external_fanout, seed: expansion-aware sampling (see :mod:`gsplit.fullgraph.hosts`);
             ``None`` (default): the full halo, exact.
+        share: this host's ``(share, ranks)`` from :func:`host_share` when the caller made them already.
 
     The model's gradients must be summed over ``replica_group`` (``gsplit.allreduce_gradients(model, world)``),
     the loss likewise (``gsplit.global_sum(loss, world)``).
@@ -106,7 +133,7 @@ class PreloadLoader(FullGraphLoader):
                  train_idx=None, device: Union[str, torch.device, None] = None,
                  memory_limit: Union[str, int, None] = "auto", feat_key: str = "feat", label_key: str = "label",
                  overlap: bool = False, external_hops: Optional[int] = None, external_fanout: Optional[int] = None,
-                 seed: int = 0):
+                 seed: int = 0, share: Optional[tuple] = None):
         if int(num_layers) < 1:
             raise ValueError(f"num_layers={num_layers}; pass the number of layers of the model (at least 1)")
         self._skip, self._epoch, self._first = False, 0, True
@@ -128,22 +155,15 @@ class PreloadLoader(FullGraphLoader):
                                  "or depth; share it only between loaders of the same host and model depth")
             self._first = False
         else:
-            full = self._build_share(graph, features, external_hops, external_fanout, seed, overlap)
+            full = self._build_share(graph, features, external_hops, external_fanout, seed, overlap, share)
         self.full_graph = full
         self.blocks = self._labels_of_host(full, labels, train_idx)
 
-    def _build_share(self, graph, features, external_hops, external_fanout, seed, overlap) -> HostFullGraph:
-        share = host_subgraph(graph, self.owner, self.host, self.num_layers, external_hops=external_hops,
-                              external_fanout=external_fanout, seed=seed)
+    def _build_share(self, graph, features, external_hops, external_fanout, seed, overlap, made=None) -> HostFullGraph:
+        share, ranks = made if made is not None else host_share(
+            graph, self.owner, self.host, self.num_layers, self.comm, external_hops=external_hops,
+            external_fanout=external_fanout, seed=seed)
         size = self.comm.world_size
-        if size > 1 and share.nodes.numel() < size:  # too few for METIS (a host map with an empty part): round robin
-            ranks = torch.arange(share.nodes.numel()) % size
-        elif size > 1:  # the host's ranks split its share by a full-graph map of it (any map gives the same result)
-            ranks = partition_full_graph(share.graph, size, seed=seed).assignment.to(torch.int64)
-            digest = hashlib.sha256(ranks.numpy().tobytes()).hexdigest()
-            check_same_everywhere([digest], self.comm, f"host {self.host}'s map of its share over its ranks")
-        else:
-            ranks = torch.zeros(share.nodes.numel(), dtype=torch.int64)
         local = None
         if features is not None:
             if features.dim() != 2 or features.shape[0] != graph.num_nodes:

@@ -13,7 +13,8 @@ from typing import Optional
 import torch
 
 from gsplit.baselines.data_parallel import DataParallelLoader
-from gsplit.fullgraph.loader import FullGraphLoader, recompute_layers
+from gsplit.fullgraph.cobatch import CoBatchLoader, CoBatchSource, full_graph_loader
+from gsplit.fullgraph.loader import FullGraphLoader, layer_dims, recompute_layers
 from gsplit.fullgraph.preload import PreloadLoader
 from gsplit.minibatch.loader import DataLoader
 from gsplit.nn.loss import split_cross_entropy
@@ -106,6 +107,28 @@ class FullGraphSystem(SplitSystem):
 
     def make_loader(self, cfg, dataset, graph, indices, owner, device, sampler, shuffle, **options):
         features = options.get("features", dataset.features)
+        if isinstance(features, CoBatchSource):  # evaluation beside co-batched training: co-batches of its vertices
+            targets = features.local_targets(indices)
+            return CoBatchLoader(features.graph, len(cfg.fanouts), targets=targets, partition=features.owner,
+                                 num_co_batches=min(features.num_co_batches, max(targets.numel(), 1)),
+                                 features=features, labels=features.labels, group=options.get("group"),
+                                 device=device, seed=cfg.seed)
+        if "model" in options and (cfg.co_batches != 1 or cfg.memory_limit is not None):
+            # the training loader: the whole share at once where it fits the budget, else co-batches of it
+            model = options["model"]
+            params = list(model.parameters())
+            preload = options.get("replica_group") is not None
+            if preload and not self.splits_by_host(cfg):
+                raise ValueError("full-graph training over host groups is host_mode='preload'; pass it, or no "
+                                 "host groups for one split group spanning every host")
+            return full_graph_loader(graph, len(cfg.fanouts), features=features, labels=dataset.labels,
+                                     train_idx=indices, dims=layer_dims(model), co_batches=cfg.co_batches,
+                                     partition=None if preload else owner, host_map=owner if preload else None,
+                                     group=options.get("group"), replica_group=options.get("replica_group"),
+                                     device=device, memory_limit=cfg.memory_limit or "auto", recompute=cfg.recompute,
+                                     dtype_bytes=params[0].element_size() if params else 4,
+                                     external_hops=cfg.external_hops, external_fanout=cfg.external_fanout,
+                                     seed=cfg.seed)
         if options.get("replica_group") is not None:
             if not self.splits_by_host(cfg):
                 raise ValueError("full-graph training over host groups is host_mode='preload'; pass it, or no "

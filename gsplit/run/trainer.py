@@ -25,6 +25,7 @@ from gsplit.run.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_s
 from gsplit.comm.communicator import Communicator, TrafficCounter
 from gsplit.comm.gradients import GRADIENT_TAG, allreduce_gradients, global_sum
 from gsplit.comm.hosts import group_ranks, host_groups
+from gsplit.fullgraph.cobatch import same_step
 from gsplit.fullgraph.hosts import check_halo_options
 from gsplit.run.counters import (EpochCounters, _book_layer_time, _book_train_time, _collective_seconds, _faults_between,
                              _sum_tags, iteration_balance)
@@ -152,6 +153,13 @@ class TrainConfig:
     external_fanout: Optional[int] = None
     """``host_mode="preload"``: each halo vertex keeps at most this many in-edges from other halo vertices, picked by
     a hash of the seed and the edge id; ``None``: all of them."""
+    co_batches: Optional[int] = None
+    """Full-graph training: train each host's share in this many co-batches of its training vertices, gradients
+    accumulated into one step per epoch (cooperative batching, :mod:`gsplit.fullgraph.cobatch`); 1: the share at
+    once; ``None``: the fewest that fit ``memory_limit`` by the memory estimate (1 where the share fits)."""
+    memory_limit: Optional[str] = None
+    """Full-graph training: the memory budget per rank (``"2G"``) that the estimate is held against; ``None``: the
+    GPU's free memory, or the host's available memory shared by its CPU ranks."""
 
     def __post_init__(self):
         if self.system not in SYSTEMS:
@@ -183,6 +191,13 @@ class TrainConfig:
             raise ValueError("external_hops and external_fanout bound the halo of host_mode='preload'; pass that too")
         if self.host_mode == "preload":
             check_halo_options(len(self.fanouts), self.external_hops, self.external_fanout)
+        if (self.co_batches is not None or self.memory_limit is not None) and self.system != "full":
+            raise ValueError("co_batches and memory_limit are full-graph training's; pass system='full' too")
+        if self.co_batches is not None and self.co_batches < 1:
+            raise ValueError(f"co_batches={self.co_batches}; pass at least 1 (1: the share at once), or None for "
+                             "the automatic choice")
+        if self.memory_limit is not None:
+            parse_size(self.memory_limit, "memory_limit")
         if self.uva and self.device == "cpu":
             raise ValueError("uva=True samples a pinned host graph from the GPUs, but device='cpu'; use "
                              "device='cuda' or 'auto' on a GPU host, or uva=False")
@@ -407,9 +422,11 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     graph = rank_graph(dataset.graph, device, cfg.uva)
     hosts = _hosts(cfg, world_size, hosts)
     group_options = {} if hosts is None else {"group": hosts[0], "replica_group": hosts[1]}
+    # full-graph training chooses between the whole share and co-batches of it by the model's memory estimate
+    model_option = {"model": model} if cfg.system == "full" else {}
     with timed_step("setting up the training loader", logger=log) as setup:
         train_loader = system.make_loader(cfg, dataset, graph, dataset.train_idx, owner, device, sampler, True,
-                                          **split_options, **group_options)
+                                          **split_options, **group_options, **model_option)
         setup_s = setup.seconds  # outside every epoch (full-graph: the blocks' build), so in none of their times
     # evaluation reads the same feature cache, and does not prefetch (no backward to hide behind)
     model = system.prepare_model(cfg, model, train_loader)
@@ -436,6 +453,8 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
     position = _resume(cfg, model, opt, amp) if cfg.resume else TrainPosition()
     resumed_at = (position.epoch, position.iteration)
     loss_watch = LossWatch(cfg, rank, device)
+    # co-batches (cooperative batching): an epoch's batches are one step, their gradients accumulated
+    accumulate = bool(getattr(train_loader, "accumulates", False))
     for epoch in range(position.epoch, cfg.epochs):
         counters = EpochCounters()
         comm.traffic.reset()
@@ -456,20 +475,30 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             batches = tqdm(train_loader, desc=f"epoch {epoch}", unit="it", leave=False, dynamic_ncols=True)
         faults_before = minor_page_faults()
         save_at_end = False
-        for it, (_, _, blocks) in enumerate(batches, start=position.iteration if epoch == position.epoch else 0):
+        steps = 0  # optimiser steps of this epoch (with co-batches one, whatever the batches)
+        first_it = position.iteration if epoch == position.epoch else 0
+        for it, (_, _, blocks) in enumerate(batches, start=first_it):
             stats = train_loader.last_stats
             counters.add_iteration(stats)
+            # the epoch ends here: its last iteration, or the last one --max-iters lets it run
+            done = it + 1 == len(train_loader) or bool(cfg.max_iters and it + 1 >= cfg.max_iters)
+            stepped = not accumulate or done
             if cfg.log_iterations:  # hook-free per-rank compute time: the step's time minus its collectives'
                 step_collective_s = _collective_seconds(comm, job_comm)
             timer.start()
-            opt.zero_grad()
+            if not accumulate or it == first_it:
+                opt.zero_grad()
+            if accumulate:
+                same_step(model, it - first_it)  # one step: the dropout masks of one full-graph forward
             with amp.autocast():
                 logits = model(blocks, blocks[0].srcdata["feat"], comm, clock=clock)
                 loss = system.loss(logits, blocks[-1].dstdata["label"], blocks[-1], world_size)
             amp.backward(loss)
             clock.mark(None)  # layer 0's backward ends here (its input, the features, has no gradient)
-            allreduce_gradients(model, job_comm)
-            amp.step(opt)  # fp16: unscaled after the all-reduce, so every rank skips the same steps
+            if stepped:
+                allreduce_gradients(model, job_comm)
+                amp.step(opt)  # fp16: unscaled after the all-reduce, so every rank skips the same steps
+                steps += 1
             timer.stop(len(counters.per_iteration) if cfg.log_iterations else None)
             clock.close(len(counters.per_iteration) if cfg.log_iterations else None)
             if cfg.log_iterations:
@@ -496,11 +525,10 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
             _book_train_time(counters, timer.ready())
             _book_layer_time(counters, clock.ready())
             local_loss += loss.detach().to(torch.float64)
-            position.step += 1
-            # the epoch ends here: its last iteration, or the last one --max-iters lets it run
-            done = it + 1 == len(train_loader) or bool(cfg.max_iters and it + 1 >= cfg.max_iters)
-            if cfg.checkpoint_dir and rank == 0 and (position.step % cfg.checkpoint_every == 0 if cfg.checkpoint_every
-                                                     else done):
+            position.step += int(stepped)
+            # with co-batches only a whole epoch is saved: the gradients accumulated before its end are not
+            if cfg.checkpoint_dir and rank == 0 and stepped and (position.step % cfg.checkpoint_every == 0
+                                                                 if cfg.checkpoint_every else done):
                 if done:  # it claims the whole epoch: saved once the epoch's record is out (below), so that a
                     save_at_end = True  # stop in between never leaves an epoch done but absent from the log
                 else:
@@ -517,7 +545,9 @@ def train_rank(rank: int, world_size: int, cfg: TrainConfig, dataset, owner: Opt
         counters.traffic_rows, counters.traffic_bytes = traffic["rows"], traffic["bytes"]
         loss_watch.flush()
         loss_sum = global_sum(local_loss, job_comm)
-        record = {"epoch": epoch, "loss": loss_sum / max(counters.iterations, 1), "epoch_s": epoch_s}
+        record = {"epoch": epoch, "loss": loss_sum / max(steps, 1), "epoch_s": epoch_s}
+        if accumulate:  # the co-batches of each host (the largest), with their step
+            record["co_batches"] = max(job_comm.all_gather_object(len(train_loader)))
         if amp.scaler is not None:  # float16: the steps skipped so far (inf/nan gradients) and the loss scale
             record.update(skipped_steps=amp.settle(), loss_scale=amp.scale)
         if epoch == resumed_at[0] and resumed_at[1] > 0:  # resumed mid-epoch: only the iterations after it

@@ -75,7 +75,51 @@ def test_torchrun_two_nodes_train_the_full_graph_like_one_process(tmp_path, mode
     same_losses(got, run(tmp_path, "one", "--num-ranks", "1"), f"torchrun, {mode}")
 
 
+def test_co_batches_train_like_one_process_and_are_printed(tmp_path, capsys):
+    """Cooperative batching: forced on one host and on two preloading hosts, and chosen from --memory-limit."""
+    one = run(tmp_path, "one", "--num-ranks", "1")
+    assert "co_batches" not in one["epochs"][0]
+    forced = run(tmp_path, "forced", "--num-ranks", "1", "--co-batches", "3")
+    hosts = run(tmp_path, "hosts", "--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "preload",
+                "--co-batches", "2")
+    auto = run(tmp_path, "auto", "--num-ranks", "2", "--memory-limit", "150K")
+    for got, n, what in ((forced, 3, "forced"), (hosts, 2, "2 preloading hosts"), (auto, None, "auto")):
+        same_losses(got, one, what)
+        assert all(e["co_batches"] == (n or auto["epochs"][0]["co_batches"]) for e in got["epochs"]), what
+    assert auto["epochs"][0]["co_batches"] > 1
+    out = capsys.readouterr().out
+    assert "3 co-batches" in out and "does not fit the 0.1 MiB per rank" in out
+
+
+def test_co_batches_resume_after_an_epoch_like_an_uninterrupted_run(tmp_path):
+    """A checkpoint every step (every epoch: its co-batches are one step), dropout on, resumed for a third epoch;
+    all three epochs as the whole graph at once trains them."""
+    argv = ["--num-ranks", "1", "--co-batches", "3", "--dropout", "0.3"]
+    whole = run(tmp_path, "whole", *argv, "--epochs", "3")
+    run(tmp_path, "first", *argv, "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "1")
+    resumed = run(tmp_path, "resumed", *argv, "--epochs", "3", "--checkpoint", str(tmp_path / "ck"), "--resume")
+    assert [e["epoch"] for e in resumed["epochs"]] == [2]
+    assert resumed["epochs"][0]["loss"] == pytest.approx(whole["epochs"][2]["loss"], rel=1e-6)
+    # and the co-batches drew the dropout masks of the whole graph's step
+    same_losses(whole, run(tmp_path, "plain", "--num-ranks", "1", "--dropout", "0.3", "--epochs", "3"), "dropout")
+
+
+@pytest.mark.slow
+def test_torchrun_two_nodes_train_co_batches_like_one_process(tmp_path):
+    """Two torchrun nodes of 2 CPU ranks on loopback, each host its share in 2 co-batches."""
+    torchrun_two_nodes(tmp_path, ["train", *TINY, *COMMON, "--host-mode", "preload", "--co-batches", "2",
+                                  "--log-file", str(tmp_path / "torchrun.json")])
+    got = read_run_log(tmp_path / "torchrun.json")
+    assert got["hosts"] == 2 and got["epochs"][0]["co_batches"] == 2
+    same_losses(got, run(tmp_path, "one", "--num-ranks", "1"), "torchrun, preload, co-batches")
+
+
 @pytest.mark.parametrize("argv,msg", [
+    (["--num-ranks", "1", "--co-batches", "0"], "--co-batches 0; pass at least 1"),
+    (["--num-ranks", "1", "--co-batches", "301"], "--co-batches 301 but the graph has only 300 training vertices"),
+    (["--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "preload", "--co-batches", "200"],
+     "trains only"),
+    (["--num-ranks", "1", "--memory-limit", "lots"], "--memory-limit"),
     (["--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "preload", "--external-hops", "0"],
      "--external-hops 0; pass at least 1"),
     (["--num-ranks", "4", "--ranks-per-host", "2", "--host-mode", "preload", "--external-fanout", "0"],
@@ -95,6 +139,8 @@ def test_bad_host_options_get_one_line(argv, msg, capsys, monkeypatch):
 def test_preload_without_full_graph_is_refused(capsys):
     assert main(["train", *TINY, "--device", "cpu", "--host-mode", "preload"]) == 2
     assert "add --full-graph" in capsys.readouterr().err
+    assert main(["train", *TINY, "--device", "cpu", "--co-batches", "2"]) == 2
+    assert "--co-batches and --memory-limit are full-graph training's; add --full-graph" in capsys.readouterr().err
 
 
 def test_a_host_map_for_another_host_count_is_refused(tmp_path, capsys):
