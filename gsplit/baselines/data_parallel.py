@@ -6,6 +6,11 @@ micro-batches of one iteration are consecutive slices of the same global order t
 :class:`gsplit.DataLoader` splits, so their union is exactly the split loader's global mini-batch and
 the two systems' counters compare like for like. The overlap between the micro-batches' k-hop
 neighbourhoods is the redundancy that split parallelism removes.
+
+With an edge sampler (:func:`gsplit.as_edge_prediction_sampler`, link prediction) the micro-batch of a rank is
+its slice of the global mini-batch's edges, with its share of the negatives
+(:meth:`~gsplit.link.sampler.EdgePredictionSampler.plan_slice`), sampled and scored by the rank alone, as each
+rank of DGL's data-parallel loader does.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import torch
 
 from gsplit.data.feature_store import CacheCounts, FeatureStore
 from gsplit.data.graph import Graph
+from gsplit.link.loading import unwrap_edge_sampler
+from gsplit.link.sampler import attach_pairs
 from gsplit.minibatch.rank_loader import IterationStats, RankLoader
 from gsplit.sampling.block import MiniBatch
 from gsplit.sampling.macrobatch import BatchInputs, union_positions
@@ -48,7 +55,12 @@ class DataParallelLoader(RankLoader):
                  group=None, partition=None, cache_size: Union[int, str] = 0, cache_weights=None,
                  macrobatch: int = 1, macrobatch_memory=None):
         del partition  # accepted so both loaders take the same arguments; data parallelism ignores it
-        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last)
+        self.edge_sampler, sampler = unwrap_edge_sampler(sampler, "gsplit", None)
+        self._init_rank(graph, indices, group, use_ddp, batch_size, ddp_seed, shuffle, drop_last,
+                        edges=self.edge_sampler is not None)
+        if self.edge_sampler is not None:
+            self.edge_sampler.check(graph)
+            self._no_owner = torch.zeros(graph.num_nodes, dtype=torch.int64)  # a rank's pairs: all its own
         self.sampler = sampler
         self.device = torch.device(device) if device is not None else graph.device
         # as DGL's multi-GPU example: rows gathered on the GPU from pinned host memory (or from device memory,
@@ -58,8 +70,9 @@ class DataParallelLoader(RankLoader):
         self.labels = labels
         self.last_stats = IterationStats()
         row_bytes = 0 if self.feature_store is None else self.feature_store.row_bytes
-        self.macrobatch = self._init_macrobatch(macrobatch, macrobatch_memory, sampler, batch_size, row_bytes,
-                                                shuffled=False)
+        per_target = 1 if self.edge_sampler is None else self.edge_sampler.targets_per_edge()
+        self.macrobatch = self._init_macrobatch(macrobatch, macrobatch_memory, sampler, batch_size * per_target,
+                                                row_bytes, shuffled=False)
         self.loads_union = self.features is not None and self.features.device != self.device
         """Whether a macrobatch reads the union of its micro-batches' input rows once (they travel: host memory to a
         GPU) rather than each batch's rows when it is yielded (a CPU rank reading the table: a copy out of the
@@ -69,8 +82,11 @@ class DataParallelLoader(RankLoader):
         b = self.schedule.batch_size
         for group in self._macrobatches(epoch, start):
             t0 = time.perf_counter()
-            seeds = [global_batch[self.rank * b:(self.rank + 1) * b] for _, global_batch in group]  # this rank's
-            batches = self.sampler.sample_many(self.graph, seeds, epoch, [it for it, _ in group])
+            if self.edge_sampler is not None:
+                seeds, batches = self._sample_edges(group, epoch)
+            else:
+                seeds = [global_batch[self.rank * b:(self.rank + 1) * b] for _, global_batch in group]  # this rank's
+                batches = self.sampler.sample_many(self.graph, seeds, epoch, [it for it, _ in group])
             if self.device != self.graph.device:
                 batches = [batch.to(self.device) for batch in batches]
             t1 = time.perf_counter()
@@ -98,6 +114,17 @@ class DataParallelLoader(RankLoader):
                                                           counts, macrobatch=len(batches))
                 self.last_stats.input_rows = rows_loaded
                 yield batch
+
+    def _sample_edges(self, group, epoch: int):
+        """This rank's micro-batches of edges of the global mini-batches ``group``: their targets (the pairs'
+        endpoints) and their :class:`~gsplit.link.LinkMiniBatch` es (every pair scored by this rank)."""
+        b = self.schedule.batch_size
+        planned = [self.edge_sampler.plan_slice(self.graph, eids, epoch, it, self.rank * b, (self.rank + 1) * b)
+                   for it, eids in group]
+        seeds = [p.seeds for p in planned]
+        sampler = self.edge_sampler.node_sampler(self.graph, planned)
+        batches = sampler.sample_many(self.graph, seeds, epoch, [p.iteration for p in planned])
+        return seeds, [attach_pairs(p, mb, self._no_owner, 0, 1) for p, mb in zip(planned, batches)]
 
     def _gather(self, ids: torch.Tensor) -> Tuple[torch.Tensor, CacheCounts]:
         """The feature rows of ``ids`` on the loader's device (through the store: cache, GPU gather), and their counts."""

@@ -23,7 +23,7 @@ from gsplit.cli.options import (CliError, check_dataset_options, layer_fanouts, 
 from gsplit.runtime.io import append_jsonl, check_writable
 
 # options of node classification that link prediction does not take yet, with their defaults
-_NODE_ONLY = {"system": "split", "full_graph": False, "resume_anyway": False, "cache_size": "0",
+_NODE_ONLY = {"full_graph": False, "resume_anyway": False, "cache_size": "0",
               "uva": False, "ranks_per_host": 0, "recompute": False, "precision": "fp32"}
 
 
@@ -44,7 +44,10 @@ def _check_options(args) -> tuple:
         if getattr(args, name, default) != default:
             flag = "--" + name.replace("_", "-")
             raise CliError(f"{flag} is not supported with --task link yet; leave it out (link prediction trains "
-                           "split-parallel on one host)")
+                           "split-parallel or data-parallel on one host)")
+    if getattr(args, "system", "split") not in ("split", "dp"):
+        raise CliError(f"--system {args.system} is not supported with --task link; pass --system split (the "
+                       "default) or --system dp (data parallelism, DGL's use_ddp=True)")
     if args.launcher == "torchrun":
         raise CliError("--task link runs on the ranks gsplit starts; torchrun is not supported for it yet")
     return edge_split_fractions(args)
@@ -61,7 +64,7 @@ def cmd_train_link(args) -> int:
     check_dataset_options(args.dataset, parse_dataset_options(args.dataset_opts))
     # the same default and --layers rule as node classification (without --fanouts: 15,10,5)
     fanouts = parse_fanouts(layer_fanouts(args.fanouts, args.layers, False))
-    cfg = LinkTrainConfig(model=args.model, fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
+    cfg = LinkTrainConfig(model=args.model, system=getattr(args, "system", "split"), fanouts=fanouts, batch_size=args.batch_size, hidden=args.hidden,
                           heads=args.heads, dropout=args.dropout, epochs=args.epochs, lr=args.lr, seed=args.seed,
                           neg_ratio=args.neg_ratio, exclude=None if args.exclude == "none" else args.exclude,
                           predictor=args.predictor, eval_negatives=args.eval_negatives, hits_k=args.hits_k,
@@ -78,14 +81,14 @@ def cmd_train_link(args) -> int:
     ranks = args.num_ranks or default_num_ranks()
     _prepare_kernels()
     owner = None
-    if ranks > 1:
+    if ranks > 1 and cfg.system == "split":  # data parallelism needs no map
         owner = map_for_training(args, split, cfg, ranks, val, test)
     report = EpochReport(args.log, tensorboard_writer(args))
     if args.log:
         Path(args.log).write_bytes(b"")  # a new run starts its log afresh
         append_jsonl(args.log, {"type": "run", "task": "link", "dataset": ds.name, "world_size": ranks,
                                 "config": asdict(cfg), "command": "gsplit " + " ".join(sys.argv[1:])})
-    print(f"training {args.model} for link prediction with split on {ranks} rank(s)", flush=True)
+    print(f"training {args.model} for link prediction with {cfg.system} on {ranks} rank(s)", flush=True)
     t = time.perf_counter()
     run_args = (cfg, split, ds.features, ds.graph, owner, report)
     if ranks == 1:

@@ -103,25 +103,34 @@ class ExcludingSampler(NeighborSampler):
         if reduced is None or reduced.vertices.numel() == 0:
             return super().sample_neighbors(graph, nodes, layer, epoch, iteration)
         vertices = reduced.vertices.to(nodes.device)
-        local = torch.searchsorted(vertices, nodes).clamp_max(vertices.numel() - 1)
-        lost = vertices.index_select(0, local) == nodes
+        # which rows lost in-edges: a lookup in a mask of the graph's vertices (a binary search of every row in
+        # ``vertices`` cost more than the mask), then the few lost rows' places in ``vertices``
+        is_lost = torch.zeros(graph.num_nodes, dtype=torch.bool, device=nodes.device)
+        is_lost[vertices] = True
+        lost = is_lost.index_select(0, nodes)
         kept_rows = torch.nonzero(~lost).squeeze(1)
         lost_rows = torch.nonzero(lost).squeeze(1)
+        local = torch.searchsorted(vertices, nodes.index_select(0, lost_rows))
         key = counter_rng.stream_key(self.seed, epoch, iteration, layer)
         fanout = self.fanouts[layer]
         src1, dst1, eid1 = ops.sample_neighbors(graph, nodes.index_select(0, kept_rows), fanout, self.replace, key)
-        src2, dst2, eid2 = ops.sample_neighbors(reduced.graph, local.index_select(0, lost_rows), fanout,
+        src2, dst2, eid2 = ops.sample_neighbors(reduced.graph, local, fanout,
                                                 self.replace, counter_rng.mix64_int(key ^ _EXCLUDED_SALT))
         src2, dst2, eid2 = (t.to(nodes.device) for t in (src2, dst2, eid2))
         eid2 = reduced.edge_ids.to(eid2.device).index_select(0, eid2)
         rows1, rows2 = kept_rows.index_select(0, dst1), lost_rows.index_select(0, dst2)
-        # merge the two parts by destination row (each ascends, no row is in both): an edge's place is its place
-        # in its part plus the other part's edges of smaller rows; each destination's edges keep CSC order
+        # merge the two parts by destination row (each ascends, no row is in both; each destination's edges keep
+        # CSC order): a lost row's edge goes to its place in its part plus the kept edges of smaller rows (a
+        # binary search of the few lost edges in the many kept ones); the kept edges fill the other places in
+        # order. Searching every kept edge in the lost ones instead was 4x slower (most of a batch's sampling).
         dev = rows1.device
-        place = torch.cat([torch.arange(rows1.numel(), device=dev) + torch.searchsorted(rows2, rows1),
-                           torch.arange(rows2.numel(), device=dev) + torch.searchsorted(rows1, rows2)])
         n = rows1.numel() + rows2.numel()
+        place2 = torch.arange(rows2.numel(), device=dev) + torch.searchsorted(rows1, rows2)
+        kept_places = torch.ones(n, dtype=torch.bool, device=dev)
+        kept_places[place2] = False
         merged = []
         for a, b in ((src1, src2), (rows1, rows2), (eid1, eid2)):
-            merged.append(torch.empty(n, dtype=a.dtype, device=a.device).index_copy_(0, place, torch.cat([a, b])))
+            out = torch.empty(n, dtype=a.dtype, device=a.device)
+            out[place2] = b
+            merged.append(out.masked_scatter_(kept_places, a))
         return SampledEdges(src=merged[0], dst_index=merged[1], edge_ids=merged[2])

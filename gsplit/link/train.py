@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gsplit.run.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state, save_checkpoint, set_rng_state
+from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator
 from gsplit.comm.gradients import allreduce_gradients, global_sum
 from gsplit.minibatch.inference import gather_rows, layerwise_inference
@@ -34,6 +35,7 @@ from gsplit.sampling.neighbor import NeighborSampler
 log = logging.getLogger(__name__)
 
 PREDICTORS = ("dot", "mlp")
+SYSTEMS = ("split", "dp")
 EVAL_EPOCH = 1 << 30
 """The epoch slot of the evaluation negatives' stream key: no training epoch reaches it."""
 
@@ -43,6 +45,9 @@ class LinkTrainConfig:
     """One link prediction run besides the data and the partition map."""
 
     model: str = "sage"
+    system: str = "split"
+    """``split`` (each global mini-batch split by the partition map) or ``dp`` (data parallelism, DGL's
+    ``use_ddp=True``: each rank samples, loads and scores its own micro-batch of ``batch_size`` edges)."""
     fanouts: List[int] = field(default_factory=lambda: [15, 10, 5])
     batch_size: int = 512
     """Training edges per rank per iteration."""
@@ -82,6 +87,8 @@ class LinkTrainConfig:
     """``{"name": ..., "options": {...}}``: how ``model.pt`` says to reload the dataset."""
 
     def __post_init__(self):
+        if self.system not in SYSTEMS:
+            raise ValueError(f"system={self.system!r}; link prediction trains with one of {list(SYSTEMS)}")
         if self.predictor not in PREDICTORS:
             raise ValueError(f"predictor={self.predictor!r}; choose one of {list(PREDICTORS)}")
         if isinstance(self.neg_ratio, bool) or int(self.neg_ratio) != self.neg_ratio or self.neg_ratio < 1:
@@ -112,11 +119,12 @@ def evaluation_negatives(split: EdgeSplit, cfg: LinkTrainConfig, full_graph) -> 
     """Per kind of held-out edges: per-edge negative destinations ``[n, eval_negatives]`` (counter-based, the
     source kept: ogbl-citation2's), and ``shared_negatives`` pairs that are edges of no part of the graph."""
     out = {}
+    shared_sampler = negative.GlobalUniform(1)  # one: it sorts the graph's edge keys once (seconds at 1.5M edges)
     for i, (name, (src, dst)) in enumerate((("val", split.val), ("test", split.test))):
         key = counter_rng.stream_key(cfg.seed, EVAL_EPOCH, i, negative.NEGATIVE_STREAM)
         _, per_edge = negative.Uniform(cfg.eval_negatives).sample(full_graph, src, src, dst, key)
         shared_key = counter_rng.stream_key(cfg.seed, EVAL_EPOCH, i + 2, negative.NEGATIVE_STREAM)
-        shared = negative.GlobalUniform(1).sample(full_graph, torch.arange(cfg.shared_negatives),
+        shared = shared_sampler.sample(full_graph, torch.arange(cfg.shared_negatives),
                                                   torch.zeros(0), torch.zeros(0), shared_key)
         out[name] = (per_edge.view(src.numel(), cfg.eval_negatives), shared)
     return out
@@ -201,9 +209,16 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
     sampler = as_edge_prediction_sampler(NeighborSampler(cfg.fanouts, seed=cfg.seed), exclude=exclude,
                                          reverse_eids=split.reverse_eids if exclude == "reverse_id" else None,
                                          negative_sampler=negative.Uniform(cfg.neg_ratio))
-    loader = DataLoader(split.graph, split.train_eids, sampler, partition=owner, device=device,
-                        use_ddp=world_size > 1, batch_size=cfg.batch_size, shuffle=True, ddp_seed=cfg.seed,
-                        features=features, prefetch=cfg.prefetch, macrobatch=cfg.macrobatch)
+    if cfg.system == "dp":  # each rank its own micro-batch; the mean loss of each, gradients averaged (DDP's)
+        owner, scale = None, 1.0 / world_size
+        loader = DataParallelLoader(split.graph, split.train_eids, sampler, device=device, use_ddp=world_size > 1,
+                                    batch_size=cfg.batch_size, shuffle=True, ddp_seed=cfg.seed, features=features,
+                                    macrobatch=cfg.macrobatch)
+    else:  # the global mini-batch's mean loss, split: the ranks' shares add up to it
+        scale = 1.0
+        loader = DataLoader(split.graph, split.train_eids, sampler, partition=owner, device=device,
+                            use_ddp=world_size > 1, batch_size=cfg.batch_size, shuffle=True, ddp_seed=cfg.seed,
+                            features=features, prefetch=cfg.prefetch, macrobatch=cfg.macrobatch)
     comm = loader.comm
     history = []
     start_epoch, start_it, step = 0, 0, 0
@@ -217,14 +232,17 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
         loader.set_epoch(epoch, first)
         t_epoch, local_loss, iters = time.perf_counter(), torch.zeros((), dtype=torch.float64), 0
         sample_s = load_s = train_s = 0.0
+        input_rows, edges = 0, [0] * len(cfg.fanouts)  # the work this rank did: rows loaded, edges per layer
         for it, (_, pos, neg, blocks) in enumerate(loader, start=first):
             stats = loader.last_stats
             sample_s, load_s = sample_s + stats.sample_s, load_s + stats.load_s
+            input_rows += stats.input_rows
+            edges = [a + b for a, b in zip(edges, stats.edges)]
             t0 = time.perf_counter()
             opt.zero_grad()
             h = pair_rows(model(blocks, blocks[0].srcdata["feat"]), pos)
             loss = split_bce_with_logits(score_pairs(predictor, h[pos.src], h[pos.dst]),
-                                         score_pairs(predictor, h[neg.src], h[neg.dst]), pos, neg)
+                                         score_pairs(predictor, h[neg.src], h[neg.dst]), pos, neg) * scale
             loss.backward()
             allreduce_gradients(params, comm)
             opt.step()
@@ -241,11 +259,15 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
             report_progress()
             if done:
                 break
-        per_rank = comm.all_gather_object([sample_s, load_s, train_s, time.perf_counter() - t_epoch])
+        per_rank = comm.all_gather_object([sample_s, load_s, train_s, time.perf_counter() - t_epoch, input_rows,
+                                           edges])
         record = {"epoch": epoch, "loss": global_sum(local_loss, comm) / max(iters, 1),
                   "epoch_s": max(r[3] for r in per_rank), "iterations": iters,  # the slowest rank's, as each part
                   "sample_s": max(r[0] for r in per_rank), "load_s": max(r[1] for r in per_rank),
-                  "train_s": max(r[2] for r in per_rank)}
+                  "train_s": max(r[2] for r in per_rank),
+                  # summed over ranks: the edges sampled (and computed) per layer and the input rows loaded
+                  "input_rows": sum(r[4] for r in per_rank),
+                  "edges": [sum(r[5][i] for r in per_rank) for i in range(len(edges))]}
         if first:  # the loss and times cover the iterations run after the resume only
             record.update(partial=True, first_iteration=first)
         history.append(record)

@@ -54,7 +54,7 @@ def _has_tensorboard() -> bool:
 @pytest.mark.parametrize("extra, message", [
     (["--neg-ratio", "0"], "--neg-ratio 0: pass at least 1"),
     (["--full-graph"], "--full-graph is not supported with --task link yet"),
-    (["--system", "dp"], "--system is not supported with --task link yet"),
+    (["--system", "full"], "--system full is not supported with --task link"),
     (["--precision", "bf16"], "--precision is not supported with --task link yet"),
     (["--edge-split", "0.6,0.5"], "leave none for training"),
     (["--edge-split", "half"], "pass two fractions VAL,TEST"),
