@@ -44,6 +44,8 @@ in order, each stopped when ``--budget`` runs out (what did not run says so in t
 
    ``train_bf16`` (not in the default ``--parts``: name it after ``train``): the same rows with bfloat16
    features (2-byte rows everywhere: host memory, gathers, the floor's feature term) and bfloat16 autocast.
+   ``full_graph_bf16`` (not in the default ``--parts``: name it): part 8 with bfloat16 features and both models
+   (gsplit's and PyG's) under bfloat16 autocast.
 
 9. ``shares`` (issue 34, not in the default ``--parts``: name it): every rank's share of real mini-batches of the
    split plans for 1, 2, 4 and 8 ranks (``edge`` METIS maps), built in this one process and timed on the GPU --
@@ -187,15 +189,15 @@ def main(argv=None) -> int:
                 got = train(half, dev, sync, QUICK_ROWS if quick else ROWS, warmup, iters, profile_iters, rates,
                             budget, precision="bf16")
                 del half
-            elif part == "full_graph":
-                got = full_graph(full_nodes, dev, sync, 2 if quick else 3)
+            elif part in ("full_graph", "full_graph_bf16"):
+                got = full_graph(full_nodes, dev, sync, 2 if quick else 3, "bf16" if part.endswith("bf16") else "fp32")
             elif part == "shares":
                 got = shares(ds, dev, iters, budget, args.out, result["parts"].get("kernels"))
             elif part == "macrobatch":
                 got = macrobatch(ds, dev, [int(b) for b in args.macrobatches.split(",")], iters, budget)
             else:
                 raise SystemExit(f"unknown part {part!r}; parts are system, gpu_start, pin_probe, first_iteration, bandwidth, "
-                                 "kernels, layers, train, train_bf16, full_graph, macrobatch, shares")
+                                 "kernels, layers, train, train_bf16, full_graph, full_graph_bf16, macrobatch, shares")
         except Exception as exc:  # noqa: BLE001 - one failed part must not hide the others' numbers
             got = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "traceback": traceback.format_exc()[-4000:]}
         got["seconds"] = time.monotonic() - t0

@@ -5,7 +5,8 @@ Accuracy (``--part accuracy``): for each dataset (Cora and CiteSeer: Planetoid s
 seed and mode (split mini-batch, full-graph), one run per variant, all through ``gsplit.run.trainer`` on 2 CPU
 ranks: ``fp32`` (float32 features, no autocast), ``bf16`` (bfloat16 features + bfloat16 autocast), ``fp16``
 (float16 features + float16 autocast with the gradient scaler). The number is the final layer-wise test accuracy;
-the table gives the mean over the seeds and the difference to fp32.
+the table gives the mean over the seeds and the difference to fp32. One launch per (variant, seed), the JSON
+saved after each (``partial`` until the end), so a long float16 run stopped part-way keeps its seeds.
 
 Speed and memory (``--part speed``): 2 ranks, split and dp, fp32 against ``bf16-features`` (bfloat16 storage,
 float32 arithmetic) and bf16 (features and autocast), on the synthetic graph; the median epoch time after the first and each rank's peak resident memory (VmHWM, the
@@ -14,8 +15,14 @@ drifts hit both. Also: the bytes of a prepared folder in float32 and bfloat16, a
 decide how bfloat16 products run (``avx512_bf16``, ``amx_bf16``: native; without them oneDNN converts to
 float32 around each product).
 
+Bytes (``--part bytes``): ``gsplit prepare --dataset-out`` of the synthetic graph (``--nodes``,
+``--feature-dim``) in float32, then again from that folder with ``--feature-dtype bfloat16``; every file's bytes,
+and per vertex scaled to ``--extrapolate`` vertices (arithmetic, said so). DGL's float32 epoch beside split and
+dp in bf16 is ``experiments/vs_dgl.py --systems dgl,split,dp,split-bf16,dp-bf16``.
+
     python experiments/precision.py --quick
     python experiments/precision.py --part speed --nodes 100000
+    python experiments/precision.py --part bytes --nodes 2000000 --feature-dim 128
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ import dataclasses
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from harness import report, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
+from harness import report, rounds, runs, setup  # noqa: I001 - first: it sets OpenMP's wait policy before torch loads
 from harness.memory import vm_hwm
 
 import gsplit
@@ -51,7 +59,9 @@ def with_dtype(ds, dtype: str):
     return ds if dtype == "float32" else dataclasses.replace(ds, features=cast_features(ds.features, dtype))
 
 
-def accuracy(args) -> tuple:
+def accuracy(args, save=lambda partial: None) -> tuple:
+    """One launch per (variant, seed): its mini-batch and full-graph runs; ``save`` gets what has run after each
+    launch (a long fp16 run stopped part-way keeps its finished seeds)."""
     results, rows, data_info = [], [], {}
     for key, label, ds in setup.each_dataset(args.datasets, args.nodes, 0, data_info, data_dir=args.data_dir):
         small = key != "synthetic"
@@ -64,32 +74,35 @@ def accuracy(args) -> tuple:
         acc = {}
         for variant in args.variants:
             fdt, precision = VARIANTS[variant]
-            jobs, keys = [], []
+            cast = with_dtype(ds, fdt)
             for seed in args.seeds:
-                jobs.append((TrainConfig(model=args.model, fanouts=args.fanouts, batch_size=mb["batch"],
-                                         epochs=mb["epochs"], lr=args.lr, system="split", seed=seed,
-                                         eval_every=mb["epochs"], device="cpu", log_iterations=False,
-                                         precision=precision), maps[seed]))
-                keys.append(("mini-batch", seed))
-                jobs.append((TrainConfig(model=args.model, fanouts=[-1] * len(args.fanouts), epochs=full_epochs,
-                                         lr=args.lr, system="full", seed=seed, eval_every=full_epochs, device="cpu",
-                                         log_iterations=False, precision=precision), full_owner))
-                keys.append(("full-graph", seed))
-            print(f"  {variant}: {len(jobs)} runs", flush=True)
-            for (mode, seed), log in zip(keys, runs.run_jobs(with_dtype(ds, fdt), 2, jobs)):
-                acc.setdefault((mode, variant), []).append(log["final_test_acc"])
-                results.append({"dataset": label, "mode": mode, "variant": variant, "seed": seed,
-                                "final_test_acc": log["final_test_acc"], "final_val_acc": log.get("final_val_acc"),
-                                "skipped_steps": log["epochs"][-1].get("skipped_steps")})
+                jobs = [(TrainConfig(model=args.model, fanouts=args.fanouts, batch_size=mb["batch"],
+                                     epochs=mb["epochs"], lr=args.lr, system="split", seed=seed,
+                                     eval_every=mb["epochs"], device="cpu", log_iterations=False,
+                                     precision=precision), maps[seed]),
+                        (TrainConfig(model=args.model, fanouts=[-1] * len(args.fanouts), epochs=full_epochs,
+                                     lr=args.lr, system="full", seed=seed, eval_every=full_epochs, device="cpu",
+                                     log_iterations=False, precision=precision), full_owner)]
+                print(f"  {variant} seed {seed}: mini-batch and full-graph", flush=True)
+                t = time.perf_counter()
+                logs = runs.run_jobs(cast, 2, jobs)
+                wall = time.perf_counter() - t
+                for mode, log in zip(("mini-batch", "full-graph"), logs):
+                    acc.setdefault((mode, variant), []).append(log["final_test_acc"])
+                    results.append({"dataset": label, "mode": mode, "variant": variant, "seed": seed,
+                                    "final_test_acc": log["final_test_acc"], "final_val_acc": log.get("final_val_acc"),
+                                    "skipped_steps": log["epochs"][-1].get("skipped_steps"),
+                                    "launch_wall_s": wall, "load_average": report.load_average()})
+                save({"datasets": data_info, "results": results, "partial": True})
+            del cast
         for mode in ("mini-batch", "full-graph"):
             base = statistics.mean(acc[(mode, "fp32")]) if (mode, "fp32") in acc else None
             for variant in args.variants:
                 vals = acc[(mode, variant)]
                 mean = statistics.mean(vals)
-                rows.append([label, mode, variant, 100 * mean, 100 * (max(vals) - min(vals)),
+                rows.append([label, mode, variant, len(vals), 100 * mean, 100 * (max(vals) - min(vals)),
                              "" if base is None else f"{100 * (mean - base):+.2f}"])
-    headers = ["graph", "mode", "variant", f"test acc % (mean of {len(args.seeds)})", "spread (points)",
-               "vs fp32 (points)"]
+    headers = ["graph", "mode", "variant", "seeds", "test acc % (mean)", "spread (points)", "vs fp32 (points)"]
     return {"datasets": data_info, "results": results}, report.format_table(headers, rows, ".2f")
 
 
@@ -143,9 +156,41 @@ def speed(args) -> tuple:
     return data, table
 
 
+def folder_bytes(args) -> tuple:
+    """``gsplit prepare --dataset-out`` of the synthetic graph in float32, then ``--feature-dtype bfloat16`` from
+    that folder; the bytes of every file written (folders already there are counted, not written again), and
+    the same per vertex times ``--extrapolate`` (arithmetic, labelled so)."""
+    scratch = Path(args.scratch) if args.scratch else setup.scratch(args.out, "precision")
+    n = args.nodes
+    folders = {dtype: scratch / f"synthetic-{n}-d{args.feature_dim}-{dtype}" for dtype in ("float32", "bfloat16")}
+    sources = {"float32": ["--dataset", "synthetic", "-D", f"num_nodes={n}", "-D", f"feature_dim={args.feature_dim}"],
+               "bfloat16": ["--dataset", f"folder:{folders['float32']}", "--feature-dtype", "bfloat16"]}
+    out = {"nodes": n, "feature_dim": args.feature_dim, "commands": {}, "wall_s": {}, "files": {}}
+    for dtype, folder in folders.items():
+        cmd = setup.GSPLIT_CLI + ["prepare", *sources[dtype], "--num-parts", 2, "--method", "random",
+                                  "--out", scratch / f"map-{n}-{dtype}", "--dataset-out", folder]
+        out["commands"][dtype] = " ".join(str(c) for c in cmd[3:])
+        if not (folder / "meta.json").exists():
+            out["wall_s"][dtype] = rounds.run_command(cmd, log=scratch / f"prepare-{n}-{dtype}.log",
+                                                      cwd=setup.REPO).seconds
+        out["files"][dtype] = {str(f.relative_to(folder)): f.stat().st_size for f in sorted(folder.rglob("*"))
+                               if f.is_file()}
+    rows = []
+    for dtype, files in out["files"].items():
+        total = sum(files.values())
+        out.setdefault("total", {})[dtype] = total
+        rows.append([dtype, files["features.npy"] / 1e6, total / 1e6, total / n,
+                     files["features.npy"] / n * args.extrapolate / 1e9, total / n * args.extrapolate / 1e9])
+    out["extrapolate_to"] = args.extrapolate
+    headers = ["dtype", f"features.npy MB ({n:,} vertices)", "whole folder MB", "bytes per vertex",
+               f"features GB at {args.extrapolate:,} (extrapolated)", "folder GB (extrapolated)"]
+    return out, report.format_table(headers, rows, ".1f")
+
+
 def main(argv=None) -> int:
     p = setup.make_parser(__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("accuracy", "speed", "all"), default="all")
+    p.add_argument("--part", choices=("accuracy", "speed", "bytes", "all"), default="all",
+                   help="all: accuracy and speed; bytes (a prepared folder's files in each dtype) only by name")
     p.add_argument("--datasets", default="cora,citeseer,synthetic")
     p.add_argument("--data-dir", default=str(setup.DATA), help="where cora.npz and citeseer.npz are")
     p.add_sized("--nodes", quick=20_000, full=100_000, type=int, help="synthetic graph size")
@@ -164,17 +209,23 @@ def main(argv=None) -> int:
     p.add_sized("--speed-epochs", quick=3, full=4, type=int, help="epochs per speed run (the first is not timed)")
     p.add_sized("--rounds", quick=2, full=2, type=int, help="speed: ABAB rounds")
     p.add_argument("--scratch", default=None, help="where the folders of the bytes count are written")
+    p.add_argument("--extrapolate", type=int, default=10_000_000, help="bytes part: vertices to scale to")
+    p.add_argument("--name", default=None, help="the JSON's name in --out (default precision_PART)")
     args = p.parse_args(argv)
-    stem = report.output_stem(args, "precision" if args.part == "all" else f"precision_{args.part}")
+    stem = report.output_stem(args, args.name or ("precision" if args.part == "all" else f"precision_{args.part}"))
     data = {"experiment": "half precision on CPU ranks", "cpu": cpu_flags(), "model": args.model,
             "fanouts": args.fanouts, "lr": args.lr}
     print(f"CPU: {data['cpu']['model']}; {data['cpu']['flags']}", flush=True)
     tables = []
     if args.part in ("accuracy", "all"):
-        data["accuracy"], table = accuracy(args)
+        data["accuracy"], table = accuracy(args, lambda partial: report.save_json(stem, {**data, "accuracy": partial},
+                                                                                   announce=False))
         tables.append(table)
     if args.part in ("speed", "all"):
         data["speed"], table = speed(args)
+        tables.append(table)
+    if args.part == "bytes":
+        data["bytes"], table = folder_bytes(args)
         tables.append(table)
     data["table"] = "\n\n".join(tables)
     print("\n" + data["table"])

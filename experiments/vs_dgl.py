@@ -27,6 +27,8 @@ and hidden size, all on CPU ranks over gloo:
   table on CPU ranks;
 * ``split-prefetch`` (not in the default): ``split`` with ``--prefetch``: the next mini-batch sampled and loaded
   in a background thread (on its own process group) while one trains;
+* ``split-bf16``, ``dp-bf16``, ``split-bf16feat``, ``dp-bf16feat`` (issue 54, not in the default): ``split`` / ``dp``
+  with ``--feature-dtype bfloat16 --precision bf16`` (features and autocast), or the features alone;
 * ``split-mbB``, ``dp-mbB``, ``split-shuffle-mbB``, ``split-prefetch-mbB``, ``split-shm-mbB`` (issue 33,
   ``--macrobatch 4,16`` adds them after their base system): the same with ``--macrobatch B``: B mini-batches
   sampled and loaded in one exchange, then trained one by one (the same steps). Every gsplit run also reports its
@@ -66,21 +68,26 @@ from gsplit.runtime.io import read_run_log
 from gsplit.runtime.resources import HostMemoryMeter, keep_freed_heap_env
 
 SYSTEMS = ("dgl", "split", "dp", "split-plain", "dgl-1proc", "gsplit-1proc", "split-shm", "split-shuffle",
-           "dgl-keepheap", "split-prefetch")
+           "dgl-keepheap", "split-prefetch", "split-bf16", "dp-bf16", "split-bf16feat", "dp-bf16feat")
 """The compared systems, in the order of even rounds."""
-NOT_BY_DEFAULT = ("dgl-keepheap", "split-prefetch")
+NOT_BY_DEFAULT = ("dgl-keepheap", "split-prefetch", "split-bf16", "dp-bf16", "split-bf16feat", "dp-bf16feat")
 """Systems run only when ``--systems`` names them."""
 LABELS = {"dgl": "DGL", "split": "split", "dp": "dp", "split-plain": "split no-overlap", "dgl-1proc": "DGL 1proc",
           "gsplit-1proc": "gsplit 1proc", "split-shm": "split-shm", "split-shuffle": "split shuffled inputs",
-          "dgl-keepheap": "DGL kept heap", "split-prefetch": "split prefetch"}
+          "dgl-keepheap": "DGL kept heap", "split-prefetch": "split prefetch", "split-bf16": "split bf16",
+          "dp-bf16": "dp bf16", "split-bf16feat": "split bf16 features", "dp-bf16feat": "dp bf16 features"}
 """Column names of the main table."""
+
+BF16, BF16_FEATURES = ["--feature-dtype", "bfloat16", "--precision", "bf16"], ["--feature-dtype", "bfloat16"]
 
 ONE_PROCESS = ("dgl-1proc", "gsplit-1proc")
 """Systems that train in one process with every core and the global batch of ``ranks`` processes."""
 
 SPLIT_VARIANTS = {"split": [], "split-plain": ["--no-overlap"], "split-shm": [],
-                  "split-shuffle": ["--input-features", "shuffle"], "split-prefetch": ["--prefetch"]}
-"""``gsplit train --system split`` runs and the arguments each adds (``split-shm`` differs by environment)."""
+                  "split-shuffle": ["--input-features", "shuffle"], "split-prefetch": ["--prefetch"],
+                  "split-bf16": BF16, "split-bf16feat": BF16_FEATURES}
+DP_VARIANTS = {"dp-bf16": BF16, "dp-bf16feat": BF16_FEATURES}
+"""``gsplit train --system split`` (``dp``) runs and the arguments each adds (``split-shm`` differs by environment)."""
 
 DGL_KEEP_HEAP_ENV = keep_freed_heap_env()
 """``dgl-keepheap``: DGL's ranks with the glibc setting gsplit's CPU ranks make at start
@@ -220,13 +227,14 @@ def run_system(system: str, model: str, world: int, args, opts, data_dir: Path, 
         cmd = [args.dgl_python, setup.REPO / "experiments" / "dgl_peer.py", "--data", data_dir, "--ranks",
                processes, "--json", log, *common_args]
     else:
-        gsplit_system = "split" if system in SPLIT_VARIANTS else {"gsplit-1proc": "dp"}.get(system, system)
+        gsplit_system = ("split" if system in SPLIT_VARIANTS else "dp" if system in DP_VARIANTS
+                         else {"gsplit-1proc": "dp"}.get(system, system))
         cmd = setup.GSPLIT_CLI + ["train", "--dataset", "synthetic", *dash_d(opts), "--num-ranks", processes,
                         "--system", gsplit_system, "--device", "cpu", "--log", log, "--eval-every", "0",
                         *common_args]
         if gsplit_system == "split":
             cmd += ["--partition", maps[world]["dir"]]
-        cmd += SPLIT_VARIANTS.get(system, [])
+        cmd += SPLIT_VARIANTS.get(system, []) + DP_VARIANTS.get(system, [])
         if macrobatch > 1:
             cmd += ["--macrobatch", macrobatch]
     env = (rounds.peer_env(**(DGL_KEEP_HEAP_ENV if system == "dgl-keepheap" else {})) if dgl else

@@ -17,12 +17,17 @@ from gpu import HIDDEN
 
 
 # ---------------------------------------------------------------------------------------- 8. full graph
-def full_graph(nodes: int, dev: torch.device, sync, epochs: int) -> dict:
-    ds = gsplit.datasets.load("synthetic", num_nodes=nodes, feature_dim=128, seed=1)
-    out = {"nodes": nodes, "edges": ds.graph.num_edges, "hidden": HIDDEN, "layers": 3}
+def full_graph(nodes: int, dev: torch.device, sync, epochs: int, precision: str = "fp32") -> dict:
+    """Part 8 (``precision="fp32"``) and ``full_graph_bf16`` (``"bf16"``: bfloat16 features, both models under
+    bfloat16 autocast): ms per epoch and peak device memory of gsplit's full-graph system and PyG's GraphSAGE."""
+    ds = gsplit.datasets.load("synthetic", num_nodes=nodes, feature_dim=128, seed=1,
+                              feature_dtype="bfloat16" if precision == "bf16" else "float32")
+    out = {"nodes": nodes, "edges": ds.graph.num_edges, "hidden": HIDDEN, "layers": 3, "precision": precision,
+           "feature_dtype": str(ds.features.dtype).removeprefix("torch.")}
     for system in ("gsplit", "pyg"):
         try:
-            out[system] = _timed_epochs(runs.full_graph_step(system, ds, dev, HIDDEN), epochs, sync, dev)
+            out[system] = _timed_epochs(runs.full_graph_step(system, ds, dev, HIDDEN, precision=precision), epochs,
+                                        sync, dev)
         except ImportError as exc:
             out[system] = {"status": f"not importable ({type(exc).__name__})"}
         except torch.cuda.OutOfMemoryError as exc:

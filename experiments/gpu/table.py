@@ -38,13 +38,15 @@ def print_table(result: dict) -> None:
         for r in first:
             lines.append(f"{r['source']:16s} {r['system']:10s} {r.get('setup_s', float('nan')):8.2f} "
                          f"{r.get('first_iteration_s', float('nan')):11.2f} {r['status']}")
-    full = parts.get("full_graph", {})
-    if "gsplit" in full:
-        lines.append("")
-        for who in ("gsplit", "pyg"):
-            r = full.get(who, {})
-            lines.append(f"full graph {who:6s} {full['nodes']:,} vertices: {r.get('ms_per_epoch', float('nan')):.1f} "
-                         f"ms/epoch, peak {r.get('peak_device_GiB', float('nan')):.2f} GiB ({r.get('status')})")
+    for key, tag in (("full_graph", ""), ("full_graph_bf16", " bf16")):
+        full = parts.get(key, {})
+        if "gsplit" in full:
+            lines.append("")
+            for who in ("gsplit", "pyg"):
+                r = full.get(who, {})
+                lines.append(f"full graph{tag} {who:6s} {full['nodes']:,} vertices: "
+                             f"{r.get('ms_per_epoch', float('nan')):.1f} ms/epoch, "
+                             f"peak {r.get('peak_device_GiB', float('nan')):.2f} GiB ({r.get('status')})")
     macro = [r for r in parts.get("macrobatch", {}).get("rows", []) if "ms_per_iteration" in r]
     if macro:
         lines.append("")

@@ -114,10 +114,19 @@ def id_bytes(traffic_bytes_by_tag: Dict[str, int]) -> int:
     return sum(n for tag, n in traffic_bytes_by_tag.items() if tag.startswith("ids/"))
 
 
-def full_graph_step(system: str, dataset, device: torch.device, hidden: int, num_layers: int = 3):
+def full_graph_step(system: str, dataset, device: torch.device, hidden: int, num_layers: int = 3,
+                    precision: str = "fp32"):
     """One full-batch SAGE training step as a function, ``system`` ``"gsplit"`` (gsplit's full-graph system, one
     rank) or ``"pyg"`` (torch-geometric's ``GraphSAGE`` over an ``edge_index``): what the GPU benchmark times
-    and ``full_graph_memory.py`` measures, built once here so both compare the same two models."""
+    and ``full_graph_memory.py`` measures, built once here so both compare the same two models.
+
+    ``precision`` ``"bf16"``/``"fp16"``: both models' forward and loss under ``torch.autocast`` in that dtype
+    (gsplit's :class:`~gsplit.run.amp.MixedPrecision`, the trainer's recipe, float16 with its scaler); the
+    features keep whatever dtype ``dataset`` has (gsplit's first layer upcasts half-precision rows, PyG's
+    layers take them as they are)."""
+    from gsplit.run.amp import MixedPrecision
+
+    amp = MixedPrecision(precision, device)
     if system == "pyg":
         from torch_geometric.nn.models import GraphSAGE
 
@@ -132,9 +141,11 @@ def full_graph_step(system: str, dataset, device: torch.device, hidden: int, num
         def step():
             model.train()
             opt.zero_grad()
-            out = model(x, edge_index)
-            torch.nn.functional.cross_entropy(out[train], y[train]).backward()
-            opt.step()
+            with amp.autocast():
+                out = model(x, edge_index)
+                loss = torch.nn.functional.cross_entropy(out[train], y[train])
+            amp.backward(loss)
+            amp.step(opt)
 
         return step
     if system != "gsplit":
@@ -152,8 +163,10 @@ def full_graph_step(system: str, dataset, device: torch.device, hidden: int, num
     def step():
         for _, _, blocks in loader:
             opt.zero_grad()
-            logits = model(blocks, blocks[0].srcdata["feat"], loader.comm)
-            impl.loss(logits, blocks[-1].dstdata["label"], blocks[-1], 1).backward()
-            opt.step()
+            with amp.autocast():
+                logits = model(blocks, blocks[0].srcdata["feat"], loader.comm)
+                loss = impl.loss(logits, blocks[-1].dstdata["label"], blocks[-1], 1)
+            amp.backward(loss)
+            amp.step(opt)
 
     return step

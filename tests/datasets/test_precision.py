@@ -116,6 +116,33 @@ def test_cli_refuses_a_bad_dtype_and_a_float16_overflow_in_one_line(tmp_path, ca
     assert code == 2 and len(err) == 1 and "features row 7 holds 1000000.0, beyond float16's range" in err[0]
 
 
+def test_cli_refuses_a_float16_folder_holding_inf_at_prepare_time_in_one_line(tmp_path, capsys):
+    """A float16 folder whose values overflowed before gsplit saw it (written by another tool, or edited after
+    gsplit wrote it, its meta.json still saying finite): prepare names the file and the row, in one line."""
+    import numpy as np
+
+    small = gsplit.datasets.load("synthetic", num_nodes=300, seed=0, feature_dtype="float16")
+    folder = save_folder(small, tmp_path / "f16")
+    table = np.load(folder / "features.npy", mmap_mode="r+")
+    assert table.dtype == np.float16
+    with np.errstate(over="ignore"):
+        table[7, 2] = np.float16(60000) * np.float16(2)  # float16 arithmetic overflows to inf
+    table.flush()
+    del table
+    code = main(["prepare", "--dataset", f"folder:{folder}", "--num-parts", "2", "--method", "random",
+                 "--out", str(tmp_path / "m")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "features.npy: features row 7 contains NaN or inf" in err[0]
+
+
+@pytest.mark.parametrize("flag, value", [("--feature-dtype", "int8"), ("--precision", "fp8")])
+def test_cli_train_refuses_a_bad_dtype_or_precision_in_one_line(tmp_path, capsys, flag, value):
+    code = main(["train", "-D", "num_nodes=300", "--epochs", "1", "--num-ranks", "1", "--device", "cpu", flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{flag}: invalid choice: '{value}'" in err[0], err
+
+
 def test_train_converts_the_features_once(tmp_path, capsys):
     code = main(["train", "-D", "num_nodes=800", "--fanouts", "4,4", "--batch-size", "64", "--epochs", "1",
                  "--num-ranks", "1", "--device", "cpu", "--feature-dtype", "bfloat16", "--log", str(tmp_path / "r.jsonl")])

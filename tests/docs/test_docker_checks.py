@@ -216,6 +216,20 @@ def test_first_gpu_run_script_keeps_whole_logs_and_checks_skip_names(tmp_path):
 
 
 @pytest.mark.slow
+def test_gpu_bench_full_graph_bf16_part_times_both_models_in_bfloat16(tmp_path):
+    """The part the next GPU run adds (not in the default parts): gsplit and PyG full-graph under bf16."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / "gpu_bench.py"), "--quick", "--device", "cpu",
+                           "--parts", "system,full_graph_bf16", "--workdir", str(tmp_path / "work"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    part = json.loads(out.read_text())["parts"]["full_graph_bf16"]
+    assert (part["precision"], part["feature_dtype"]) == ("bf16", "bfloat16")
+    assert part["gsplit"]["status"] == "ok" and part["gsplit"]["ms_per_epoch"] > 0
+    assert "full graph bf16 gsplit" in done.stdout
+
+
+@pytest.mark.slow
 def test_gpu_bench_quick_runs_every_part_on_the_cpu(tmp_path):
     """The five-minute GPU benchmark's code path at small sizes: the same parts, JSON and table (the GPU-only
     parts and rows say they were skipped)."""

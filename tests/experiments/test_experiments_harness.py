@@ -202,3 +202,36 @@ def test_no_experiment_script_is_longer_than_its_job():
     long = {str(p.relative_to(EXPERIMENTS)): n for p in [*SCRIPTS, *PART_MODULES, *HARNESS.glob("*.py")]
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines: {long}; split them into their parts (see experiments/gpu/)"
+
+
+@pytest.mark.parametrize("system", ["gsplit", "pyg"])
+def test_full_graph_step_under_bf16_runs_the_products_in_bfloat16(isolated_imports, system):
+    """gpu_bench.py's ``full_graph_bf16`` part times ``harness.runs.full_graph_step(..., precision="bf16")``: both
+    models' linear layers must run under bfloat16 autocast on the bfloat16 features (and the weights stay
+    float32 and move), or the part would time float32 under a bf16 label."""
+    if system == "pyg":
+        pytest.importorskip("torch_geometric")
+    import torch
+
+    import gsplit
+
+    runs = importlib.import_module("harness.runs")
+    ds = gsplit.datasets.load("synthetic", num_nodes=300, feature_dim=8, seed=0, feature_dtype="bfloat16")
+    seen, params = [], []
+
+    def linear(mod, args, out):  # torch's nn.Linear and PyG's own Linear
+        if type(mod).__name__ == "Linear":
+            seen.append(out.dtype)
+            params.extend(mod.parameters(recurse=False))
+
+    hook = torch.nn.modules.module.register_module_forward_hook(linear)
+    try:
+        step = runs.full_graph_step(system, ds, torch.device("cpu"), hidden=16, num_layers=2, precision="bf16")
+        step()
+        before = [p.detach().clone() for p in params]
+        step()
+    finally:
+        hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}, seen
+    assert all(p.dtype == torch.float32 for p in params)
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, params)), "the optimiser steps"
