@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dgl_peer import SAGE, free_port, summarise
+from dgl_peer import SAGE, count_iteration, end_epoch, free_port
 
 
 def dot_scores(pairs, h):
@@ -120,24 +120,11 @@ def run_rank(rank: int, world: int, port: int, g, train_eids, reverse_eids, args
             opt.zero_grad()
             loss.backward()
             opt.step()
-            rec["train_s"] += time.perf_counter() - t1
-            rec["sample_s"] += t1 - t0
-            rec["iterations"] += 1
-            rec["input_rows"] += int(input_nodes.numel())
-            for layer, block in enumerate(blocks):
-                rec["edges"][layer] += int(block.num_edges())
-                rec["dst_vertices"][layer] += int(block.num_dst_nodes())
+            count_iteration(rec, t0, t1, input_nodes, blocks)
             loss_sum += float(loss.detach())
             if args.max_iters and rec["iterations"] >= args.max_iters:
                 break
-        rec["epoch_s"] = time.perf_counter() - t_epoch
-        rec["loss"] = loss_sum / max(rec["iterations"], 1)
-        per_rank = [None] * world
-        if distributed:
-            dist.all_gather_object(per_rank, rec)
-        else:
-            per_rank = [rec]
-        epochs.append(summarise(epoch, per_rank))
+        epochs.append(end_epoch(epoch, rec, t_epoch, loss_sum, world, distributed))
         if rank == 0:
             e = epochs[-1]
             print(f"dgl link {world} ranks epoch {epoch}: {e['epoch_s']:.2f}s (sample {e['sample_s']:.2f} / "

@@ -168,24 +168,11 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
             opt.zero_grad()
             loss.backward()
             opt.step()
-            rec["train_s"] += time.perf_counter() - t1
-            rec["sample_s"] += t1 - t0
-            rec["iterations"] += 1
-            rec["input_rows"] += int(input_nodes.numel())
-            for layer, block in enumerate(blocks):
-                rec["edges"][layer] += int(block.num_edges())
-                rec["dst_vertices"][layer] += int(block.num_dst_nodes())
+            count_iteration(rec, t0, t1, input_nodes, blocks)
             loss_sum += float(loss.detach())
             if args.max_iters and rec["iterations"] >= args.max_iters:
                 break
-        rec["epoch_s"] = time.perf_counter() - t_epoch
-        rec["loss"] = loss_sum / max(rec["iterations"], 1)
-        per_rank = [None] * world
-        if distributed:
-            dist.all_gather_object(per_rank, rec)
-        else:
-            per_rank = [rec]
-        epochs.append(summarise(epoch, per_rank))
+        epochs.append(end_epoch(epoch, rec, t_epoch, loss_sum, world, distributed))
         if rank == 0:
             e = epochs[-1]
             print(f"dgl {args.model} {world} ranks epoch {epoch}: {e['epoch_s']:.2f}s (sample {e['sample_s']:.2f} "
@@ -201,6 +188,30 @@ def run_rank(rank: int, world: int, port: int, g, train_idx, num_classes: int, a
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def count_iteration(rec: dict, t0: float, t1: float, input_nodes, blocks) -> None:
+    """Add one iteration to a rank's epoch record: sampling from ``t0`` to ``t1``, training from ``t1`` to now,
+    the input rows and each layer's edges and destinations."""
+    rec["train_s"] += time.perf_counter() - t1
+    rec["sample_s"] += t1 - t0
+    rec["iterations"] += 1
+    rec["input_rows"] += int(input_nodes.numel())
+    for layer, block in enumerate(blocks):
+        rec["edges"][layer] += int(block.num_edges())
+        rec["dst_vertices"][layer] += int(block.num_dst_nodes())
+
+
+def end_epoch(epoch: int, rec: dict, t_epoch: float, loss_sum: float, world: int, distributed: bool) -> dict:
+    """Close a rank's epoch record and gather every rank's into :func:`summarise`'s record (all ranks call it)."""
+    rec["epoch_s"] = time.perf_counter() - t_epoch
+    rec["loss"] = loss_sum / max(rec["iterations"], 1)
+    per_rank = [None] * world
+    if distributed:
+        dist.all_gather_object(per_rank, rec)
+    else:
+        per_rank = [rec]
+    return summarise(epoch, per_rank)
 
 
 def summarise(epoch: int, per_rank) -> dict:
