@@ -138,6 +138,39 @@ def test_link_trainer_is_the_same_on_one_and_two_ranks():
         assert one[key] == pytest.approx(two[0][key], abs=1e-3) and two[0][key] == two[1][key], key
 
 
+@pytest.mark.parametrize("predictor", ["dot", "mlp"])
+def test_link_evaluation_in_chunks_equals_all_at_once(predictor, monkeypatch):
+    """The per-edge negatives are scored in chunks of edges (all at once they would hold edges x negatives x
+    hidden floats: GBs at 100k vertices); chunks of 3 edges give the MRR and Hits@K of one chunk."""
+    import torch
+
+    import gsplit
+    from gsplit.comm import Communicator
+    from gsplit.link import train as link_train
+    from gsplit.link.edge_split import split_edges
+    from gsplit.nn import build_model
+
+    ds = gsplit.datasets.load("synthetic", num_nodes=400, seed=2, feature_dim=6)
+    split = split_edges(ds.graph, 0.05, 0.1, seed=0)
+    cfg = link_train.LinkTrainConfig(fanouts=[4, 3], hidden=8, eval_negatives=20, hits_k=10, predictor=predictor)
+    torch.manual_seed(0)
+    model = build_model("sage", 6, 8, 8, num_layers=2)
+    pred = None if predictor == "dot" else torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                                                                 torch.nn.Linear(8, 1))
+    negs = link_train.evaluation_negatives(split, cfg, ds.graph)
+    args = (model, pred, split, ds.features, negs, None, Communicator(), torch.device("cpu"), 10)
+    whole = link_train.evaluate_link(*args)
+    monkeypatch.setattr(link_train, "_EVAL_CHUNK_VALUES", 3 * 20 * 8)  # 3 edges per chunk
+    calls, real = [], link_train.score_pairs
+    monkeypatch.setattr(link_train, "score_pairs", lambda p, u, v: (calls.append(u.shape[0]), real(p, u, v))[1])
+    chunked = link_train.evaluate_link(*args)
+    held_out = split.val[0].numel() + split.test[0].numel()
+    assert calls.count(3) >= held_out // 3 - 2, calls  # the per-edge negatives went 3 edges at a time
+    for key in ("final_val_mrr", "final_test_mrr", "final_test_hits@10"):
+        assert chunked[key] == pytest.approx(whole[key], abs=1e-6), key
+    assert 1 / 21 <= whole["final_test_mrr"] <= 1
+
+
 def test_edge_presampling_counts_the_edge_sampler_s_batches(capsys):
     """The top level of the weights is how often a vertex is a target: an endpoint of a positive or negative
     pair of a global edge mini-batch, as the edge sampler plans them; a map made from them partitions."""
