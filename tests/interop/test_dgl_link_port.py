@@ -8,7 +8,6 @@ files: run ``python tests/interop/test_dgl_link_port.py`` to rewrite it after ch
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import subprocess
@@ -18,39 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from test_dgl_port import MARKER, changed_code_lines
+from dgl_ports import DGLPort
 
 ROOT = Path(__file__).resolve().parents[2]
-ORIGINAL = ROOT / "tests" / "data" / "dgl_multi_gpu_link_prediction.py.txt"
-PORT = ROOT / "examples" / "dgl_link_port.py"
-GUIDE = ROOT / "docs" / "guides" / "link-prediction.md"  # shows the diff and the count
+LINK_PORT = DGLPort(original=ROOT / "tests" / "data" / "dgl_multi_gpu_link_prediction.py.txt",
+                    port=ROOT / "examples" / "dgl_link_port.py", guide=ROOT / "docs" / "guides" / "link-prediction.md",
+                    dgl_name="dgl/examples/pytorch/multigpu/multi_gpu_link_prediction.py (v2.1.0)")
+PORT, GUIDE = LINK_PORT.port, LINK_PORT.guide
 MAX_CHANGED = 8
 
 
-def original_lines():
-    """DGL's file as DGL ships it (the attribution header above the marker left out)."""
-    text = ORIGINAL.read_text()
-    assert MARKER in text, f"{ORIGINAL} lost its marker line"
-    return text.split(MARKER, 1)[1].splitlines(keepends=True)
-
-
-def port_lines(without_header: bool = False):
-    lines = PORT.read_text().splitlines(keepends=True)
-    if without_header:  # the port's leading comment block (what changed and how to run it)
-        while lines and lines[0].startswith("#"):
-            lines.pop(0)
-    return lines
-
-
-def guide_diff() -> str:
-    """The diff the guide shows: DGL's file -> the port without its header comment, one line of context."""
-    return "".join(difflib.unified_diff(original_lines(), port_lines(without_header=True),
-                                        "dgl/examples/pytorch/multigpu/multi_gpu_link_prediction.py (v2.1.0)",
-                                        "gsplit/examples/dgl_link_port.py", n=1))
-
-
 def test_port_changes_at_most_8_code_lines():
-    changed, removed, added = changed_code_lines(original_lines(), port_lines())
+    changed, removed, added = LINK_PORT.changed()
     assert 0 < changed <= MAX_CHANGED, f"{changed} changed code lines (-{removed} +{added}); the guide promises <= 8"
     port = PORT.read_text()
     # what the port keeps: DGL's model, its own negative sampler and loss on DGL pair graphs, its evaluation
@@ -62,12 +40,7 @@ def test_port_changes_at_most_8_code_lines():
 
 
 def test_guide_diff_is_generated_from_the_port():
-    guide = GUIDE.read_text()
-    blocks = re.findall(r"```diff\n(.*?)```", guide, flags=re.S)
-    assert blocks, f"{GUIDE} has no ```diff block"
-    assert blocks[0] == guide_diff(), f"{GUIDE}'s DGL diff is stale: run python tests/interop/test_dgl_link_port.py"
-    changed = changed_code_lines(original_lines(), port_lines())[0]
-    assert f"{changed} changed code lines" in guide
+    LINK_PORT.check_guide("tests/interop/test_dgl_link_port.py")
 
 
 SHIMS = {
@@ -168,9 +141,4 @@ def test_port_runs_on_two_cpu_ranks(tmp_path):
 
 
 if __name__ == "__main__":  # rewrite the guide's diff block (and its count) from the two files
-    text = GUIDE.read_text()
-    new = re.sub(r"```diff\n.*?```", lambda m: "```diff\n" + guide_diff() + "```", text, count=1, flags=re.S)
-    n = changed_code_lines(original_lines(), port_lines())[0]
-    new = re.sub(r"\d+ changed code lines", f"{n} changed code lines", new)
-    GUIDE.write_text(new)
-    print(f"{GUIDE}: diff rewritten ({n} changed code lines)")
+    LINK_PORT.rewrite_guide()

@@ -7,7 +7,6 @@ where it imports (``./dev test-dgl``). The diff in docs/guides/dgl.md is generat
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import subprocess
@@ -17,55 +16,18 @@ from pathlib import Path
 
 import pytest
 
+from dgl_ports import DGLPort
+
 ROOT = Path(__file__).resolve().parents[2]
-ORIGINAL = ROOT / "tests" / "data" / "dgl_node_classification_sage.py.txt"
-PORT = ROOT / "examples" / "dgl_port.py"
-GUIDE = ROOT / "docs" / "guides" / "dgl.md"  # shows the diff and the count
-MARKER = "# ---- 8< ---- DGL's file follows, unchanged ----\n"
+NODE_PORT = DGLPort(original=ROOT / "tests" / "data" / "dgl_node_classification_sage.py.txt",
+                    port=ROOT / "examples" / "dgl_port.py", guide=ROOT / "docs" / "guides" / "dgl.md",
+                    dgl_name="dgl/examples/multigpu/node_classification_sage.py (v2.1.0)")
+PORT, GUIDE = NODE_PORT.port, NODE_PORT.guide
 MAX_CHANGED = 8
 
 
-def original_lines():
-    """DGL's file as DGL ships it (the attribution header above the marker left out)."""
-    text = ORIGINAL.read_text()
-    assert MARKER in text, f"{ORIGINAL} lost its marker line"
-    return text.split(MARKER, 1)[1].splitlines(keepends=True)
-
-
-def port_lines(without_header: bool = False):
-    lines = PORT.read_text().splitlines(keepends=True)
-    if without_header:  # the port's leading comment block (what changed and how to run it)
-        while lines and lines[0].startswith("#"):
-            lines.pop(0)
-    return lines
-
-
-def is_code(line: str) -> bool:
-    stripped = line.strip()
-    return bool(stripped) and not stripped.startswith("#")
-
-
-def changed_code_lines(a, b):
-    """``(changed, removed, added)`` code lines: a replaced line counts once (per hunk, the larger side)."""
-    changed = removed = added = 0
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if tag == "equal":
-            continue
-        r = sum(map(is_code, a[i1:i2]))
-        d = sum(map(is_code, b[j1:j2]))
-        changed, removed, added = changed + max(r, d), removed + r, added + d
-    return changed, removed, added
-
-
-def readme_diff() -> str:
-    """The diff the DGL guide shows: DGL's file -> the port without its header comment, one line of context."""
-    return "".join(difflib.unified_diff(original_lines(), port_lines(without_header=True),
-                                        "dgl/examples/multigpu/node_classification_sage.py (v2.1.0)",
-                                        "gsplit/examples/dgl_port.py", n=1))
-
-
 def test_port_changes_at_most_8_code_lines():
-    changed, removed, added = changed_code_lines(original_lines(), port_lines())
+    changed, removed, added = NODE_PORT.changed()
     assert 0 < changed <= MAX_CHANGED, f"{changed} changed code lines (-{removed} +{added}); the DGL guide promises <= 8"
     port = PORT.read_text()
     # what the port keeps: DGL's model class with dgl.nn layers, the DGLGraph and its loaders, DGL's inference
@@ -75,12 +37,7 @@ def test_port_changes_at_most_8_code_lines():
 
 
 def test_readme_diff_is_generated_from_the_port():
-    guide = GUIDE.read_text()
-    blocks = re.findall(r"```diff\n(.*?)```", guide, flags=re.S)
-    assert blocks, f"{GUIDE} has no ```diff block"
-    assert blocks[0] == readme_diff(), f"{GUIDE}'s DGL diff is stale: run python tests/interop/test_dgl_port.py to rewrite it"
-    changed, removed, added = changed_code_lines(original_lines(), port_lines())
-    assert f"{changed} changed code lines" in guide
+    NODE_PORT.check_guide("tests/interop/test_dgl_port.py")
 
 
 SHIMS = {
@@ -136,16 +93,6 @@ def test_port_runs_on_two_cpu_ranks(tmp_path):
     assert "Testing..." in proc.stdout
 
 
-if __name__ == "__main__":  # rewrite the DGL guide's diff block (and its count) from the two files
-    readme_path = GUIDE
-    text = readme_path.read_text()
-    new = re.sub(r"```diff\n.*?```", lambda m: "```diff\n" + readme_diff() + "```", text, count=1, flags=re.S)
-    n = changed_code_lines(original_lines(), port_lines())[0]
-    new = re.sub(r"\d+ changed code lines", f"{n} changed code lines", new)
-    readme_path.write_text(new)
-    print(f"{GUIDE}: diff rewritten ({n} changed code lines)")
-
-
 def test_readme_dgl_snippet():
     """The DGL guide's "make the map once" block, as written, with the names the port defines around it."""
     dgl = pytest.importorskip("dgl", reason="DGL is not installed here; ./dev test-dgl runs this test")
@@ -164,3 +111,7 @@ def test_readme_dgl_snippet():
     _, output_nodes, blocks = next(iter(namespace["train_dataloader"]))
     assert all(b.is_block for b in blocks) and "feat" in blocks[0].srcdata and "label" in blocks[-1].dstdata
     assert namespace["pmap"].num_parts == 1
+
+
+if __name__ == "__main__":  # rewrite the DGL guide's diff block (and its count) from the two files
+    NODE_PORT.rewrite_guide()
