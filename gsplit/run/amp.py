@@ -66,8 +66,9 @@ class MixedPrecision:
         first = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0  # said once per job
         if first and self.device.type == "cpu" and self.dtype is not None and not native_half_products(self.dtype):
             log.warning("--precision %s on a CPU without %s: its products run through a slower path than float32 "
-                        "(measured on AVX-512 without them: bfloat16 2x, float16 27x float32's time); the memory "
-                        "saving stays", self.precision, _NATIVE[self.dtype][0])
+                        "(measured on AVX-512 without them: bfloat16 2-3x, float16 27x float32's time), and autocast's "
+                        "half-precision copies add memory; half-precision features (--feature-dtype) still halve "
+                        "the feature bytes", self.precision, _NATIVE[self.dtype][0])
         self.skipped = 0
         """Optimiser steps skipped so far (float16: inf/nan gradients); the same on every rank."""
         self._pending = []  # per step: whether its scale went down (device booleans, read at the epoch's end)
