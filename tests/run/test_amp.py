@@ -98,3 +98,19 @@ def test_cli_fp16_logs_its_skipped_steps_and_a_resume_at_another_precision_is_re
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--precision fp16 -> bf16" in err[0], err
     assert _train(tmp_path, "--resume", "--epochs", "2", "--precision", "fp16") == 0  # the same one continues
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cpu_warning_says_what_half_precision_costs_there(precision, monkeypatch, caplog):
+    """Without native half-precision products the CPU warning names the slower path and autocast's added memory
+    (it once said the memory saving stays, which holds only for half-precision features)."""
+    from gsplit.run import amp
+
+    monkeypatch.setattr(amp, "native_half_products", lambda dtype: False)
+    with caplog.at_level("WARNING", logger="gsplit.run.amp"):
+        MixedPrecision(precision, torch.device("cpu"))
+    text = caplog.text
+    assert f"--precision {precision} on a CPU without" in text and "add memory" in text and "--feature-dtype" in text
+    caplog.clear()
+    MixedPrecision("fp32", torch.device("cpu"))
+    assert "on a CPU without" not in caplog.text
