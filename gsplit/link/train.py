@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gsplit.run.checkpoint import load_checkpoint, prepare_checkpoint_dir, rng_state, save_checkpoint, set_rng_state
+from gsplit.run.counters import EpochCounters
 from gsplit.baselines.data_parallel import DataParallelLoader
 from gsplit.comm.communicator import Communicator
 from gsplit.comm.gradients import allreduce_gradients, global_sum
@@ -238,14 +239,9 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
     for epoch in range(start_epoch, cfg.epochs):
         first = start_it if epoch == start_epoch else 0  # a resumed epoch continues where its checkpoint was
         loader.set_epoch(epoch, first)
-        t_epoch, local_loss, iters = time.perf_counter(), torch.zeros((), dtype=torch.float64), 0
-        sample_s = load_s = train_s = 0.0
-        input_rows, edges = 0, [0] * len(cfg.fanouts)  # the work this rank did: rows loaded, edges per layer
+        t_epoch, local_loss, counts = time.perf_counter(), torch.zeros((), dtype=torch.float64), EpochCounters()
         for it, (_, pos, neg, blocks) in enumerate(loader, start=first):
-            stats = loader.last_stats
-            sample_s, load_s = sample_s + stats.sample_s, load_s + stats.load_s
-            input_rows += stats.input_rows
-            edges = [a + b for a, b in zip(edges, stats.edges)]
+            counts.add_iteration(loader.last_stats)  # the work this rank did: times, rows loaded, edges per layer
             t0 = time.perf_counter()
             opt.zero_grad()
             h = pair_rows(model(blocks, blocks[0].srcdata["feat"]), pos)
@@ -254,9 +250,8 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
             loss.backward()
             allreduce_gradients(params, comm)
             opt.step()
-            train_s += time.perf_counter() - t0
+            counts.train_s += time.perf_counter() - t0
             local_loss += loss.detach().double().cpu()
-            iters += 1
             step += 1
             done = it + 1 == len(loader) or bool(cfg.max_iters and it + 1 >= cfg.max_iters)
             if cfg.checkpoint_dir and rank == 0 and cfg.checkpoint_every and step % cfg.checkpoint_every == 0 \
@@ -267,15 +262,17 @@ def train_link_rank(rank: int, world_size: int, cfg: LinkTrainConfig, split: Edg
             report_progress()
             if done:
                 break
-        per_rank = comm.all_gather_object([sample_s, load_s, train_s, time.perf_counter() - t_epoch, input_rows,
-                                           edges])
+        per_rank = comm.all_gather_object([counts.sample_s, counts.load_s, counts.train_s,
+                                           time.perf_counter() - t_epoch, counts.input_rows,
+                                           counts.edges or [0] * len(cfg.fanouts)])
+        iters = counts.iterations
         record = {"epoch": epoch, "loss": global_sum(local_loss, comm) / max(iters, 1),
                   "epoch_s": max(r[3] for r in per_rank), "iterations": iters,  # the slowest rank's, as each part
                   "sample_s": max(r[0] for r in per_rank), "load_s": max(r[1] for r in per_rank),
                   "train_s": max(r[2] for r in per_rank),
                   # summed over ranks: the edges sampled (and computed) per layer and the input rows loaded
                   "input_rows": sum(r[4] for r in per_rank),
-                  "edges": [sum(r[5][i] for r in per_rank) for i in range(len(edges))]}
+                  "edges": [sum(r[5][i] for r in per_rank) for i in range(len(cfg.fanouts))]}
         if first:  # the loss and times cover the iterations run after the resume only
             record.update(partial=True, first_iteration=first)
         history.append(record)
