@@ -145,22 +145,12 @@ def train(rank, world_size, batch, dgl_loss=False):
     return losses, grads
 
 
-def test_two_ranks_train_as_one_process():
-    one = train(0, 1, 2 * BATCH)
-    two = gsplit.launch(train, 2, args=(BATCH,))
-    assert len(one[0]) == len(two[0][0]) == 4
-    for it, loss in enumerate(one[0]):
-        assert abs(two[0][0][it] - loss) <= 1e-10 * abs(loss)
-        for name, g_ref in one[1][it].items():
-            for r in range(2):
-                assert rel_err(two[r][1][it][name], g_ref) < 1e-10, (it, name, r)
-
-
-def test_dgl_example_loss_under_split_parallel_is_exact():
-    """DGL's example loop as it is (``pos_graph.ndata["h"] = model(blocks, x)``, the mean BCE over the rank's
-    pairs): SplitParallel's pair rows and its scale make two ranks' gradients one process's."""
-    one = train(0, 1, 2 * BATCH, True)
-    two = gsplit.launch(train, 2, args=(BATCH, True))
+@pytest.mark.parametrize("dgl_loss", [False, True], ids=["split-loss", "dgl-example-loss"])
+def test_two_ranks_train_as_one_process(dgl_loss):
+    """gsplit's split loss, and DGL's example loop as it is (``pos_graph.ndata["h"] = model(blocks, x)``, the mean
+    BCE over the rank's pairs: SplitParallel's pair rows and its scale make two ranks' gradients one process's)."""
+    one = train(0, 1, 2 * BATCH, dgl_loss)
+    two = gsplit.launch(train, 2, args=(BATCH, dgl_loss))
     assert len(one[0]) == len(two[0][0]) == 4
     for it, loss in enumerate(one[0]):
         assert abs(two[0][0][it] - loss) <= 1e-10 * abs(loss)
